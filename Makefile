@@ -1,0 +1,42 @@
+# omnistream: the two set-up commands are `make run` and `make test`.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(VENV)/bin/pip
+STAMP  := $(VENV)/.installed
+TINY   := .cache/tiny-model
+PROTOS := $(wildcard protos/omni/v1/*.proto)
+
+.PHONY: setup proto tiny-model run generate test test-slow lint bench clean
+
+setup: $(STAMP) proto
+
+# torch first and pinned: it comes from a local CPU wheel; an unpinned torch pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+proto: $(STAMP)
+	$(PY) -m omnistream.protogen
+
+tiny-model: setup
+	$(PY) -c "from omnistream.cli import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
+
+run: tiny-model
+	$(VENV)/bin/omnistream generate --model $(TINY) --prompt "Tell me a short story about the sea." \
+		--max-tokens 64 --max-audio-frames 100 --output-dir out/run
+
+test: setup
+	$(PY) -m pytest -q
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow
+
+lint: setup
+	$(VENV)/bin/ruff check .
+
+clean:
+	rm -rf $(VENV) .cache out omnistream/proto

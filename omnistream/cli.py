@@ -1,0 +1,113 @@
+"""The `omnistream` command."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import sys
+from pathlib import Path
+
+DEFAULT_TINY_DIR = Path(".cache/tiny-model")
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model", default=str(DEFAULT_TINY_DIR), help="Hugging Face Qwen3-Omni checkpoint directory"
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+
+
+def ensure_tiny_model(directory: Path) -> Path:
+    """Build the embedded tiny checkpoint once (it is deterministic for its seed)."""
+    if not (directory / "config.json").exists():
+        from omnistream.tiny import make_tiny_model
+
+        print(f"building the tiny model in {directory} ...", file=sys.stderr)
+        make_tiny_model(directory)
+    return directory
+
+
+def cmd_make_tiny_model(args: argparse.Namespace) -> int:
+    from omnistream.tiny import make_tiny_model
+
+    path = make_tiny_model(
+        args.dir, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers, experts=args.experts
+    )
+    print(path)
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from omnistream.generate import run_generate
+
+    if Path(args.model) == DEFAULT_TINY_DIR:
+        ensure_tiny_model(DEFAULT_TINY_DIR)
+    return asyncio.run(run_generate(args))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="omnistream", description=__doc__)
+    parser.add_argument("--log-level", default="WARNING")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("make-tiny-model", help="write the tiny random Qwen3-Omni checkpoint")
+    p.add_argument("dir")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--hidden-size", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--experts", type=int, default=4)
+    p.set_defaults(func=cmd_make_tiny_model)
+
+    p = sub.add_parser("generate", help="run one request through the in-process pipeline")
+    _add_model_args(p)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--system", default="You are a helpful assistant.")
+    p.add_argument("--mode", default="async", choices=["async", "sequential"])
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument(
+        "--max-audio-frames",
+        type=int,
+        default=200,
+        help="at most this many codec frames (80 ms each); the reference's talker_max_new_tokens = this + 1",
+    )
+    p.add_argument("--temperature", type=float, default=0.0, help="thinker temperature; 0 = greedy")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--top-k", type=int, default=0)
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--talker-temperature", type=float, default=0.0, help="0 = greedy")
+    p.add_argument("--talker-top-k", type=int, default=50)
+    p.add_argument("--talker-top-p", type=float, default=1.0)
+    p.add_argument("--talker-repetition-penalty", type=float, default=1.0)
+    p.add_argument("--speaker", default="ethan")
+    p.add_argument("--ignore-eos", action="store_true")
+    p.add_argument("--no-audio", action="store_true")
+    p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    p.add_argument("--output-dir", required=True)
+    p.set_defaults(func=cmd_generate)
+
+    from omnistream import cli_services
+
+    cli_services.add_commands(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    from omnistream.errors import OmniError
+
+    try:
+        return int(args.func(args) or 0)
+    except OmniError as exc:
+        print(
+            json.dumps({"error": {"type": exc.kind, "message": exc.message, "field": exc.field}}),
+            file=sys.stderr,
+        )
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""The generic part of a stage engine: a scheduler thread, request bookkeeping, output channels.
+
+Model forwards run in one worker thread (torch releases the GIL), so the asyncio side (gRPC, the
+in-process pipeline) keeps flowing while the model computes. The asyncio side only touches
+thread-safe entry points (`add`, `feed`, `abort`); results come back through a bounded
+`OutputStream` per request. A request whose output is full, or whose next input has not arrived,
+is skipped for that step: it never blocks the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import torch
+
+from omnistream.errors import InternalError, InvalidRequest, OmniError, Overloaded
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+
+class OutputStream(Generic[T]):
+    """Bounded channel from the engine thread to one asyncio consumer.
+
+    The engine checks `has_room()` before producing for a request, so the bound holds without ever
+    blocking the engine thread. Items end with exactly one terminal item or an error.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int, on_consume=None) -> None:
+        self._loop = loop
+        self._capacity = capacity
+        self._items: deque[T] = deque()
+        self._lock = threading.Lock()
+        self._event = asyncio.Event()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._on_consume = on_consume
+
+    def has_room(self) -> bool:
+        with self._lock:
+            return len(self._items) < self._capacity
+
+    def _notify(self) -> None:
+        with contextlib.suppress(RuntimeError):  # loop closed: nobody is listening any more
+            self._loop.call_soon_threadsafe(self._event.set)
+
+    def put(self, item: T) -> None:
+        with self._lock:
+            self._items.append(item)
+        self._notify()
+
+    def fail(self, error: BaseException) -> None:
+        with self._lock:
+            self._error = error
+        self._notify()
+
+    def close(self) -> None:
+        with self._lock:
+            self._closed = True
+        self._notify()
+
+    async def get(self) -> T | None:
+        """Next item; None once closed and drained; raises the error the engine reported."""
+        while True:
+            with self._lock:
+                if self._items:
+                    item = self._items.popleft()
+                    if self._on_consume is not None:
+                        self._on_consume()
+                    return item
+                if self._error is not None:
+                    raise self._error
+                if self._closed:
+                    return None
+            self._event.clear()
+            with self._lock:
+                if self._items or self._error is not None or self._closed:
+                    continue
+            await self._event.wait()
+
+    async def __aiter__(self) -> AsyncIterator[T]:
+        while (item := await self.get()) is not None:
+            yield item
+
+
+@dataclass
+class RequestState:
+    """What every engine keeps per request; engines subclass it."""
+
+    request_id: str
+    output: OutputStream
+    arrived: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    finished: bool = False
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for metrics: read from any thread."""
+
+    running: int = 0
+    waiting: int = 0
+    steps: int = 0
+    last_batch_size: int = 0
+    last_step_seconds: float = 0.0
+    aborted: int = 0
+    errors: int = 0
+    finished: int = 0
+
+
+class Engine:
+    """Base class: subclasses implement `_schedule` (pick work, under the lock) and `_run` (compute)."""
+
+    name = "engine"
+
+    def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
+        self.max_requests = max_requests
+        self.output_capacity = output_capacity
+        self._cond = threading.Condition()
+        self._requests: dict[str, RequestState] = {}
+        self._released: list[RequestState] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = EngineStats()
+        self._step_listeners: list[Any] = []
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"{self.name}-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # --- asyncio-side entry points ----------------------------------------------------------------
+    def _admit(self, state: RequestState) -> None:
+        with self._cond:
+            if self._stopping:
+                raise Overloaded(f"{self.name} engine is stopping")
+            if state.request_id in self._requests:
+                raise InvalidRequest(f"request {state.request_id!r} is already running", field="request_id")
+            if len(self._requests) >= self.max_requests:
+                raise Overloaded(f"{self.name} engine is at its limit of {self.max_requests} requests")
+            self._requests[state.request_id] = state
+            self._cond.notify_all()
+
+    def new_output(self) -> OutputStream:
+        return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
+
+    def abort(self, request_id: str) -> bool:
+        """Forget the request now; its KV slot is released before the next step."""
+        with self._cond:
+            state = self._requests.pop(request_id, None)
+            if state is None:
+                return False
+            state.finished = True
+            self._released.append(state)
+            self.stats.aborted += 1
+            self._cond.notify_all()
+        state.output.close()
+        return True
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def num_requests(self) -> int:
+        with self._cond:
+            return len(self._requests)
+
+    def has_request(self, request_id: str) -> bool:
+        with self._cond:
+            return request_id in self._requests
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _finish(self, state: RequestState) -> None:
+        """Called by subclasses on the engine thread once the terminal output is queued."""
+        with self._cond:
+            if self._requests.get(state.request_id) is state:
+                del self._requests[state.request_id]
+                self.stats.finished += 1
+            state.finished = True
+            self._released.append(state)
+        state.output.close()
+
+    def _fail(self, state: RequestState, error: OmniError) -> None:
+        with self._cond:
+            if self._requests.get(state.request_id) is state:
+                del self._requests[state.request_id]
+            state.finished = True
+            self._released.append(state)
+            self.stats.errors += 1
+        state.output.fail(error)
+
+    def _release(self, state: RequestState) -> None:
+        """Free the model-side resources of a finished or aborted request (engine thread)."""
+
+    def _schedule(self) -> Any | None:
+        """Under the lock: return the work for one step, or None when nothing can progress."""
+        raise NotImplementedError
+
+    def _run(self, work: Any) -> None:
+        """Outside the lock: run one step of model work."""
+        raise NotImplementedError
+
+    def _work_states(self, work: Any) -> list[RequestState]:
+        return list(work)
+
+    def _update_counts(self) -> None:
+        running = sum(1 for s in self._requests.values() if s.slot is not None)
+        self.stats.running = running
+        self.stats.waiting = len(self._requests) - running
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while True:
+                    released, self._released = self._released, []
+                    for state in released:
+                        self._release(state)
+                    if self._stopping:
+                        return
+                    work = self._schedule()
+                    self._update_counts()
+                    if work is not None:
+                        break
+                    self._cond.wait(timeout=1.0)
+            started = time.perf_counter()
+            try:
+                with torch.inference_mode():
+                    self._run(work)
+            except OmniError as exc:
+                for state in self._work_states(work):
+                    self._fail(state, exc)
+            except Exception as exc:  # a model failure ends the requests in that batch, not the engine
+                log.exception("%s step failed", self.name)
+                for state in self._work_states(work):
+                    self._fail(state, InternalError(f"{self.name} step failed: {exc}"))
+            elapsed = time.perf_counter() - started
+            self.stats.steps += 1
+            self.stats.last_step_seconds = elapsed
+            for listener in self._step_listeners:
+                listener(self, elapsed)
+
+    def add_step_listener(self, listener) -> None:
+        """`listener(engine, seconds)` runs on the engine thread after each step (metrics hook)."""
+        self._step_listeners.append(listener)

@@ -1,0 +1,100 @@
+"""One table from internal errors to gRPC and HTTP status.
+
+Engines raise these domain errors and know nothing about transports; the gRPC servicers and the
+gateway translate them through `STATUS_TABLE` so a given failure always surfaces the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import grpc
+
+
+class OmniError(Exception):
+    """Base class: every error a client may see carries a message meant for that client."""
+
+    kind = "internal"
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.field = field
+
+
+class InvalidRequest(OmniError):
+    """Bad parameters or malformed input; the request is rejected, the service keeps serving."""
+
+    kind = "invalid_request"
+
+
+class SequenceError(InvalidRequest):
+    """A chunk arrived out of order or twice: never handled silently."""
+
+    kind = "sequence_error"
+
+
+class Overloaded(OmniError):
+    """Admission refused because the bound on concurrent work is reached."""
+
+    kind = "overloaded"
+
+
+class Unavailable(OmniError):
+    """The service is starting, draining or has no healthy replica."""
+
+    kind = "unavailable"
+
+
+class DeadlineExceeded(OmniError):
+    kind = "deadline_exceeded"
+
+
+class Cancelled(OmniError):
+    kind = "cancelled"
+
+
+class NotFound(OmniError):
+    kind = "not_found"
+
+
+class InternalError(OmniError):
+    kind = "internal"
+
+
+@dataclass(frozen=True)
+class Status:
+    grpc_code: grpc.StatusCode
+    http_status: int
+
+
+STATUS_TABLE: dict[str, Status] = {
+    InvalidRequest.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    SequenceError.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    Overloaded.kind: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
+    Unavailable.kind: Status(grpc.StatusCode.UNAVAILABLE, 503),
+    DeadlineExceeded.kind: Status(grpc.StatusCode.DEADLINE_EXCEEDED, 504),
+    Cancelled.kind: Status(grpc.StatusCode.CANCELLED, 499),
+    NotFound.kind: Status(grpc.StatusCode.NOT_FOUND, 404),
+    InternalError.kind: Status(grpc.StatusCode.INTERNAL, 500),
+}
+
+_BY_GRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
+    grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
+    grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
+    grpc.StatusCode.CANCELLED: Cancelled,
+    grpc.StatusCode.NOT_FOUND: NotFound,
+}
+
+
+def status_of(error: BaseException) -> Status:
+    kind = error.kind if isinstance(error, OmniError) else InternalError.kind
+    return STATUS_TABLE[kind]
+
+
+def from_grpc(code: grpc.StatusCode, message: str) -> OmniError:
+    """Turn a stage's gRPC status back into the domain error (the gateway re-raises it)."""
+    return _BY_GRPC.get(code, InternalError)(message)

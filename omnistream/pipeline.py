@@ -1,0 +1,275 @@
+"""The in-process pipeline: the three engines in one process, wired by asyncio.
+
+This is the offline API and the performance floor the services are measured against. Async-chunk
+mode hands each stage its input as soon as the previous stage produces it; sequential mode hands
+over only once the previous stage finished. Both run the same code path, so they produce identical
+tokens, codes and audio and their timings compare fairly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omnistream.checkpoint import LoadOptions
+from omnistream.errors import InvalidRequest
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames, flush_points
+from omnistream.sampling import SamplingParams
+from services.code2wav.engine import SAMPLE_RATE, Code2WavEngine
+from services.talker.engine import TalkerEngine, TalkerParams
+from services.thinker.engine import ThinkerEngine, ThinkerParams
+
+MODES = ("async", "sequential")
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, str]] | None = None
+    prompt_ids: list[int] | None = None
+    max_tokens: int = 256
+    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    return_audio: bool = True
+    speaker: str = "ethan"
+    max_audio_frames: int = 4096
+    talker_sampling: SamplingParams = field(default_factory=SamplingParams)
+    initial_codec_chunk_frames: int | None = None  # None: chosen from load
+    codec_chunk_frames: int = 25
+    codec_left_context_frames: int = 25
+    mode: str = "async"
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
+
+
+@dataclass
+class TextEvent:
+    token_ids: list[int]
+    delta: str
+
+
+@dataclass
+class CodesEvent:
+    frame: int
+    codes: list[int]
+
+
+@dataclass
+class AudioEvent:
+    audio: np.ndarray
+    first_sample: int
+    sample_rate: int = SAMPLE_RATE
+
+
+@dataclass
+class DoneEvent:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    frames: int
+    audio_samples: int
+    ttft: float | None
+    ttfp: float | None
+    e2e: float
+
+
+Event = TextEvent | CodesEvent | AudioEvent | DoneEvent
+
+
+class Pipeline:
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_model_len: int = 4096,
+    ) -> None:
+        self.thinker = ThinkerEngine(model_dir, options, max_batch=max_batch, max_model_len=max_model_len)
+        self.talker = TalkerEngine(model_dir, options, max_batch=max_batch, max_model_len=max_model_len * 2)
+        self.code2wav = Code2WavEngine(model_dir, options, max_batch=max_batch)
+        self.max_batch = max_batch
+        self._active = 0
+        self._ids = itertools.count()
+
+    def start(self) -> Pipeline:
+        for engine in (self.thinker, self.talker, self.code2wav):
+            engine.start()
+        return self
+
+    def stop(self) -> None:
+        for engine in (self.thinker, self.talker, self.code2wav):
+            engine.stop()
+
+    def __enter__(self) -> Pipeline:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    @property
+    def engines(self):
+        return (self.thinker, self.talker, self.code2wav)
+
+    def chunk_plan(self, request: GenerationRequest) -> ChunkPlan:
+        initial = request.initial_codec_chunk_frames
+        if initial is None:
+            initial = dynamic_initial_frames(self._active, self.max_batch, request.codec_chunk_frames)
+        return ChunkPlan(initial, request.codec_chunk_frames, request.codec_left_context_frames).validate()
+
+    async def generate(
+        self, request: GenerationRequest, request_id: str | None = None
+    ) -> AsyncIterator[Event]:
+        """Stream events for one request; closing the iterator aborts it in every engine."""
+        request.validate()
+        rid = request_id or uuid.uuid4().hex
+        started = time.perf_counter()
+        prompt_ids = request.prompt_ids
+        if prompt_ids is None:
+            prompt_ids = self.thinker.encode_chat(request.messages or [])
+        sequential = request.mode == "sequential"
+        out: asyncio.Queue[Event | BaseException | None] = asyncio.Queue(maxsize=1024)
+        thinker_out = self.thinker.add_request(
+            rid, prompt_ids, ThinkerParams(request.max_tokens, request.ignore_eos, request.sampling)
+        )
+        talker_out = code2wav_out = None
+        try:
+            if request.return_audio:
+                talker_out = self.talker.add_request(
+                    rid, TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
+                )
+                plan = self.chunk_plan(request)
+                code2wav_out = self.code2wav.add_request(rid, plan)
+        except BaseException:
+            for engine in self.engines:
+                engine.abort(rid)
+            raise
+        self._active += 1
+        output_ids: list[int] = []
+        frames: list[list[int]] = []
+        marks: dict[str, float] = {}
+        finish = {"reason": "stop", "samples": 0}
+
+        async def pump_thinker() -> None:
+            first = True
+            async for step in thinker_out:
+                output_ids.extend(step.token_ids)
+                marks.setdefault("ttft", time.perf_counter())
+                await out.put(TextEvent(step.token_ids, step.text_delta))
+                if talker_out is not None and not sequential:
+                    self.talker.feed(
+                        rid, step.token_ids, step.finished, prompt_ids=prompt_ids if first else None
+                    )
+                first = False
+                if step.finished:
+                    finish["reason"] = step.finish_reason or "stop"
+            if talker_out is not None and sequential:
+                self.talker.feed(rid, output_ids, True, prompt_ids=prompt_ids)
+
+        async def pump_talker() -> None:
+            assert talker_out is not None
+            points = flush_points(plan)
+            next_flush = next(points)
+            shipped = 0
+            async for step in talker_out:
+                if step.codes is not None:
+                    frames.append(step.codes)
+                    await out.put(CodesEvent(step.frame, step.codes))
+                if sequential:
+                    continue
+                if step.finished or len(frames) >= next_flush:
+                    self.code2wav.feed(rid, _frames_tensor(frames[shipped:]), step.finished)
+                    shipped = len(frames)
+                    while next_flush <= shipped:
+                        next_flush = next(points)
+            if sequential:
+                self.code2wav.feed(rid, _frames_tensor(frames), True)
+
+        async def pump_code2wav() -> None:
+            assert code2wav_out is not None
+            async for chunk in code2wav_out:
+                if chunk.audio.size:
+                    marks.setdefault("ttfp", time.perf_counter())
+                    finish["samples"] += chunk.audio.size
+                    await out.put(AudioEvent(chunk.audio, chunk.first_sample))
+
+        async def run_all() -> None:
+            try:
+                pumps = [pump_thinker()]
+                if talker_out is not None:
+                    pumps += [pump_talker(), pump_code2wav()]
+                await asyncio.gather(*pumps)
+                await out.put(None)
+            except BaseException as exc:
+                await out.put(exc)
+                raise
+
+        runner = asyncio.create_task(run_all())
+        try:
+            while (item := await out.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+            yield DoneEvent(
+                prompt_ids=list(prompt_ids),
+                output_ids=output_ids,
+                finish_reason=finish["reason"],
+                frames=len(frames),
+                audio_samples=finish["samples"],
+                ttft=marks["ttft"] - started if "ttft" in marks else None,
+                ttfp=marks["ttfp"] - started if "ttfp" in marks else None,
+                e2e=time.perf_counter() - started,
+            )
+        finally:
+            self._active -= 1
+            runner.cancel()
+            with contextlib.suppress(BaseException):
+                await runner
+            for engine in self.engines:
+                engine.abort(rid)
+
+
+def _frames_tensor(frames: list[list[int]]) -> torch.Tensor:
+    if not frames:
+        return torch.zeros((16, 0), dtype=torch.long)
+    return torch.tensor(frames, dtype=torch.long).T.contiguous()
+
+
+@dataclass
+class GenerationResult:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    text: str
+    codes: np.ndarray  # [16, T]
+    audio: np.ndarray  # float32
+    done: DoneEvent
+
+
+async def collect(
+    pipeline: Pipeline, request: GenerationRequest, request_id: str | None = None
+) -> GenerationResult:
+    text, frames, audio = [], [], []
+    done = None
+    async for event in pipeline.generate(request, request_id):
+        if isinstance(event, TextEvent):
+            text.append(event.delta)
+        elif isinstance(event, CodesEvent):
+            frames.append(event.codes)
+        elif isinstance(event, AudioEvent):
+            audio.append(event.audio)
+        elif isinstance(event, DoneEvent):
+            done = event
+    assert done is not None
+    codes = np.array(frames, dtype=np.int64).T if frames else np.zeros((16, 0), np.int64)
+    wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
+    return GenerationResult(done.prompt_ids, done.output_ids, "".join(text), codes, wav, done)

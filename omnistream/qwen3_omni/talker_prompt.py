@@ -1,0 +1,116 @@
+"""Thinker -> Talker edge of Qwen3-Omni: how thinker output becomes talker input.
+
+This is the layout of `Qwen3OmniMoeForConditionalGeneration.generate`, made incremental:
+- the talker prompt = the user turns (text rows through `text_projection`, multimodal rows through
+  `hidden_projection`) + 9 assistant rows built from the first 4 tokens of the assistant turn;
+- every later assistant token becomes one "trailing" text row, consumed one per codec frame, followed
+  by `tts_eos`, then `tts_pad` forever.
+The assistant turn starts at the last `<|im_start|>assistant`; it is the prompt's tail plus the
+generated tokens ("the assistant stream"), so the talker can start after the thinker's first token.
+"""
+
+from __future__ import annotations
+
+import torch
+
+ASSISTANT_PROMPT_TOKENS = 4  # im_start, "assistant", "\n", first content token
+
+
+def user_positions(prompt_ids: list[int], im_start_id: int, user_id: int) -> list[int]:
+    """Positions whose enclosing turn (the last `<|im_start|>` at or before them) is a user turn."""
+    positions = []
+    last_start = 0
+    n = len(prompt_ids)
+    for i, token in enumerate(prompt_ids):
+        if token == im_start_id:
+            last_start = i
+        role_at = min(last_start + 1, n - 1)
+        if prompt_ids[role_at] == user_id:
+            positions.append(i)
+    return positions
+
+
+def assistant_start(prompt_ids: list[int], im_start_id: int, assistant_id: int) -> int:
+    for i in range(len(prompt_ids) - 2, -1, -1):
+        if prompt_ids[i] == im_start_id and prompt_ids[i + 1] == assistant_id:
+            return i
+    raise ValueError("the prompt has no '<|im_start|>assistant' turn for the talker to speak")
+
+
+class TalkerPromptBuilder:
+    """Turns thinker ids (and deep hidden rows at multimodal positions) into talker input rows."""
+
+    def __init__(self, config, talker, thinker_embed: torch.nn.Embedding) -> None:
+        self.config = config
+        self.tc = config.talker_config
+        self.talker = talker
+        self.thinker_embed = thinker_embed
+        self.multimodal_ids = {
+            config.thinker_config.audio_token_id,
+            config.thinker_config.image_token_id,
+            config.thinker_config.video_token_id,
+        }
+        device = thinker_embed.weight.device
+        special = torch.tensor(
+            [[config.tts_bos_token_id, config.tts_eos_token_id, config.tts_pad_token_id]], device=device
+        )
+        rows = talker.text_projection(thinker_embed(special))
+        self.tts_bos, self.tts_eos, self.tts_pad = rows.chunk(3, dim=1)  # each [1, 1, H]
+
+    def text_rows(self, token_ids: list[int]) -> torch.Tensor:
+        """[1, n, H] talker text rows for thinker tokens."""
+        ids = torch.tensor([token_ids], dtype=torch.long, device=self.thinker_embed.weight.device)
+        return self.talker.text_projection(self.thinker_embed(ids))
+
+    def prompt(
+        self,
+        prompt_ids: list[int],
+        assistant_head: list[int],
+        speaker_id: int,
+        multimodal_hidden: dict[int, torch.Tensor] | None = None,
+    ) -> torch.Tensor:
+        """Talker prompt rows [1, U + 9, H].
+
+        `assistant_head` is the first 4 tokens of the assistant stream. `multimodal_hidden` maps a
+        prompt position holding an audio/image/video token to its deep thinker hidden row.
+        """
+        cfg = self.config
+        users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+        user_ids = [prompt_ids[p] for p in users]
+        parts = []
+        if users:
+            user_rows = self.text_rows(user_ids)
+            mm = [j for j, p in enumerate(users) if prompt_ids[p] in self.multimodal_ids]
+            if mm:
+                if multimodal_hidden is None or any(users[j] not in multimodal_hidden for j in mm):
+                    raise ValueError("multimodal prompt positions need the thinker's deep hidden rows")
+                hidden = torch.stack([multimodal_hidden[users[j]] for j in mm]).to(user_rows.dtype)
+                user_rows = user_rows.clone()
+                user_rows[0, mm] = self.talker.hidden_projection(hidden.unsqueeze(0))[0]
+            parts.append(user_rows)
+        head = self.text_rows(assistant_head)  # [1, 4, H]
+        text = torch.cat((head[:, :3], self.tts_pad.expand(1, 4, -1), self.tts_bos, head[:, 3:4]), dim=1)
+        tc = self.tc
+        codec_ids = torch.tensor(
+            [
+                [
+                    tc.codec_nothink_id,
+                    tc.codec_think_bos_id,
+                    tc.codec_think_eos_id,
+                    speaker_id,
+                    tc.codec_pad_id,
+                    tc.codec_bos_id,
+                ]
+            ],
+            dtype=torch.long,
+            device=text.device,
+        )
+        codec = torch.cat(
+            (
+                torch.zeros((1, 3, text.shape[-1]), dtype=text.dtype, device=text.device),
+                self.talker.get_input_embeddings()(codec_ids),
+            ),
+            dim=1,
+        )
+        parts.append(text + codec)
+        return torch.cat(parts, dim=1)

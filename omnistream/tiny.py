@@ -1,0 +1,257 @@
+"""Build the embedded tiny Qwen3-Omni checkpoint.
+
+No model hub is reachable where this project is developed and tested, so the default model is a
+randomly initialised `Qwen3OmniMoeForConditionalGeneration` with the real architecture shrunk to a few
+megabytes, saved in the standard Hugging Face layout next to a byte-level tokenizer whose special
+tokens match the config. Everything that loads a real checkpoint loads this one the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+# Order matters: the special tokens take the ids right after the BPE vocabulary, in this order.
+SPECIAL_TOKENS = [
+    "<|endoftext|>",
+    "<|im_start|>",
+    "<|im_end|>",
+    "<|audio_start|>",
+    "<|audio_end|>",
+    "<|AUDIO|>",
+    "<|vision_start|>",
+    "<|vision_end|>",
+    "<|IMAGE|>",
+    "<|VIDEO|>",
+    "<tts_pad>",
+    "<tts_text_bos>",
+    "<tts_text_eod>",
+]
+BPE_VOCAB = 480
+THINKER_VOCAB = 512  # BPE_VOCAB + specials, rounded up
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+_CORPUS_WORDS = (
+    "the quick brown fox jumps over the lazy dog while a small bird sings in the morning light "
+    "hello world how are you today I am fine thank you please tell me a story about the sea "
+    "streaming audio text speech model thinker talker voice sound music answer question system "
+    "user assistant you are a helpful assistant what is the weather like it is sunny and warm "
+    "numbers one two three four five six seven eight nine ten zero 0 1 2 3 4 5 6 7 8 9 "
+    "punctuation , . ! ? ; : ' \" ( ) - caf\u00e9 na\u00efve \u00fcber \u4f60\u597d \U0001f600"
+)
+
+
+def _corpus() -> list[str]:
+    turns = [
+        "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n",
+        "<|im_start|>user\nHello, how are you?<|im_end|>\n",
+        "<|im_start|>assistant\nI am fine, thank you.<|im_end|>\n",
+    ]
+    words = _CORPUS_WORDS.split()
+    lines = [" ".join(words[i : i + 12]) for i in range(0, len(words), 3)]
+    return turns * 50 + lines * 20 + ["system user assistant"] * 100
+
+
+def build_tokenizer(directory: Path) -> dict[str, int]:
+    """Train a deterministic byte-level BPE and save it as a `PreTrainedTokenizerFast` directory."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=BPE_VOCAB,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        special_tokens=[],
+        show_progress=False,
+    )
+    tok.train_from_iterator(_corpus(), trainer=trainer)
+    # The chat roles are single tokens in the real vocabulary; the talker finds turns by them.
+    tok.add_tokens(["system", "user", "assistant"])
+    # Pad the BPE part to a fixed size so the special ids never move.
+    while tok.get_vocab_size() < BPE_VOCAB:
+        tok.add_tokens([f"<|unused_{tok.get_vocab_size()}|>"])
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIAL_TOKENS[1:],
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(str(directory))
+    ids = {t: tok.token_to_id(t) for t in SPECIAL_TOKENS}
+    for word in ("system", "user", "assistant"):
+        encoded = tok.encode(word).ids
+        if len(encoded) != 1:
+            raise RuntimeError(f"tiny tokenizer must keep {word!r} as one token, got {encoded}")
+        ids[word] = encoded[0]
+    return ids
+
+
+def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, experts: int = 4):
+    from transformers import Qwen3OmniMoeConfig
+
+    heads = 4
+    head_dim = hidden_size // heads
+    half = head_dim // 2
+    mrope = [half - 2 * (half // 4), half // 4, half // 4]
+    rope = {"rope_type": "default", "rope_theta": 10000.0, "mrope_section": mrope, "mrope_interleaved": True}
+    text = {
+        "vocab_size": THINKER_VOCAB,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "moe_intermediate_size": hidden_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "num_experts": experts,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 8192,
+        "rope_parameters": rope,
+    }
+    thinker = {
+        "text_config": text,
+        "audio_config": {
+            "num_mel_bins": 16,
+            "encoder_layers": 1,
+            "encoder_attention_heads": 2,
+            "encoder_ffn_dim": 32,
+            "d_model": 16,
+            "output_dim": hidden_size,
+            "downsample_hidden_size": 8,
+            "n_window": 4,
+            "n_window_infer": 8,
+            "conv_chunksize": 16,
+        },
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 16,
+            "intermediate_size": 32,
+            "num_heads": 2,
+            "out_hidden_size": hidden_size,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [0],
+            "patch_size": 4,
+        },
+        "audio_token_id": ids["<|AUDIO|>"],
+        "image_token_id": ids["<|IMAGE|>"],
+        "video_token_id": ids["<|VIDEO|>"],
+        "audio_start_token_id": ids["<|audio_start|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "user_token_id": ids["user"],
+    }
+    talker_text = {
+        "vocab_size": 3072,
+        "hidden_size": hidden_size,
+        "intermediate_size": hidden_size * 2,
+        "moe_intermediate_size": hidden_size,
+        "shared_expert_intermediate_size": hidden_size,
+        "num_hidden_layers": layers,
+        "num_attention_heads": heads,
+        "num_key_value_heads": 2,
+        "head_dim": head_dim,
+        "num_experts": experts,
+        "num_experts_per_tok": 2,
+        "max_position_embeddings": 8192,
+        "rope_parameters": rope,
+    }
+    talker = {
+        "text_config": talker_text,
+        "code_predictor_config": {
+            "vocab_size": 2048,
+            "hidden_size": hidden_size,
+            "intermediate_size": hidden_size * 2,
+            "num_hidden_layers": 1,
+            "num_attention_heads": heads,
+            "num_key_value_heads": 2,
+            "head_dim": head_dim,
+            "num_code_groups": 16,
+            "max_position_embeddings": 64,
+        },
+        "num_code_groups": 16,
+        "thinker_hidden_size": hidden_size,
+        "accept_hidden_layer": layers,
+        "codec_eos_token_id": 2150,
+        "codec_pad_id": 2148,
+        "codec_bos_id": 2149,
+        "codec_nothink_id": 2155,
+        "codec_think_bos_id": 2156,
+        "codec_think_eos_id": 2157,
+        "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303},
+        "audio_token_id": ids["<|AUDIO|>"],
+        "image_token_id": ids["<|IMAGE|>"],
+        "video_token_id": ids["<|VIDEO|>"],
+        "audio_start_token_id": ids["<|audio_start|>"],
+        "vision_start_token_id": ids["<|vision_start|>"],
+        "spatial_merge_size": 2,
+    }
+    code2wav = {
+        "codebook_size": 2048,
+        "num_quantizers": 16,
+        "hidden_size": 32,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "intermediate_size": 64,
+        "num_hidden_layers": 1,
+        "sliding_window": 72,
+        "decoder_dim": 64,
+        "upsample_rates": [8, 5, 4, 3],
+        "upsampling_ratios": [2, 2],
+    }
+    return Qwen3OmniMoeConfig(
+        thinker_config=thinker,
+        talker_config=talker,
+        code2wav_config=code2wav,
+        im_start_token_id=ids["<|im_start|>"],
+        im_end_token_id=ids["<|im_end|>"],
+        tts_pad_token_id=ids["<tts_pad>"],
+        tts_bos_token_id=ids["<tts_text_bos>"],
+        tts_eos_token_id=ids["<tts_text_eod>"],
+        system_token_id=ids["system"],
+        user_token_id=ids["user"],
+        assistant_token_id=ids["assistant"],
+    )
+
+
+def _rescale_code2wav(model, target_rms: float, seed: int) -> None:
+    """Random init makes ~1e-6 audio; scale the last conv so the output sits near `target_rms`."""
+    gen = torch.Generator().manual_seed(seed)
+    codes = torch.randint(0, model.config.code2wav_config.codebook_size, (1, 16, 12), generator=gen)
+    last = model.code2wav.decoder[-1].conv
+    for _ in range(3):  # the output clamps at +-1, so converge in a few rounds
+        with torch.no_grad():
+            rms = model.code2wav(codes).pow(2).mean().sqrt().item()
+            last.weight.mul_(target_rms / max(rms, 1e-12))
+            if last.bias is not None:
+                last.bias.zero_()
+
+
+def make_tiny_model(
+    directory: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2, experts: int = 4
+) -> Path:
+    """Write a deterministic tiny checkpoint (config, safetensors, tokenizer) into `directory`."""
+    from transformers import Qwen3OmniMoeForConditionalGeneration
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    ids = build_tokenizer(directory)
+    config = tiny_config(ids, hidden_size=hidden_size, layers=layers, experts=experts)
+    torch.manual_seed(seed)
+    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _rescale_code2wav(model, target_rms=0.1, seed=seed)
+    model.save_pretrained(str(directory))
+    (directory / "omnistream_tiny.json").write_text(
+        json.dumps({"seed": seed, "hidden_size": hidden_size, "layers": layers, "experts": experts})
+    )
+    return directory

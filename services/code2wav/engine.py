@@ -1,0 +1,163 @@
+"""Code2Wav engine: streaming decode of codec frames into 24 kHz audio, batched across requests.
+
+Windows come from `ChunkPlan`; ready windows of several requests are right-padded and decoded in one
+forward (Code2Wav is causal, so padding after a window does not change it).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from omnistream.checkpoint import LoadOptions, load_stage
+from omnistream.engine import Engine, OutputStream, RequestState
+from omnistream.errors import InvalidRequest
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+
+SAMPLE_RATE = 24000
+
+
+@dataclass
+class AudioOutput:
+    audio: np.ndarray  # float32 samples
+    first_sample: int
+    window: int
+    finished: bool = False
+
+
+@dataclass
+class _Code2WavState(RequestState):
+    plan: ChunkPlan = field(default_factory=ChunkPlan)
+    frames: list[torch.Tensor] = field(default_factory=list)  # [16, n] pieces
+    codes: torch.Tensor | None = None  # [16, T] all frames so far
+    available: int = 0
+    done: bool = False
+    start: int = 0  # first frame of the next window
+    window: int = 0
+    samples: int = 0
+
+
+class Code2WavEngine(Engine):
+    name = "code2wav"
+
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_requests: int | None = None,
+        output_capacity: int = 64,
+        max_frames: int = 16384,
+    ) -> None:
+        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        holder = load_stage("code2wav", model_dir, options)
+        self.config = holder.config
+        self.code2wav = holder.code2wav
+        self.device = options.device
+        c = self.config.code2wav_config
+        self.num_quantizers = c.num_quantizers
+        self.codebook_size = c.codebook_size
+        self.upsample = int(self.code2wav.total_upsample)
+        self.max_batch = max_batch
+        self.max_frames = max_frames
+
+    def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream:
+        plan.validate()
+        state = _Code2WavState(request_id=request_id, output=self.new_output(), plan=plan)
+        self._admit(state)
+        return state.output
+
+    def feed(self, request_id: str, codes: torch.Tensor | None, last: bool) -> None:
+        """Append frames ([16, n] int64, may be empty) for a request; `last` ends its input."""
+        if codes is not None and codes.numel():
+            if codes.dim() != 2 or codes.shape[0] != self.num_quantizers:
+                raise InvalidRequest(f"codes must have shape [{self.num_quantizers}, n]", field="codes")
+            if codes.dtype not in (torch.int64, torch.int32):
+                raise InvalidRequest("codes must be integers", field="codes")
+            if int(codes.min()) < 0 or int(codes.max()) >= self.codebook_size:
+                raise InvalidRequest(f"codes must be in [0, {self.codebook_size})", field="codes")
+        with self._cond:
+            state = self._requests.get(request_id)
+            if state is None:
+                raise InvalidRequest(f"code2wav has no running request {request_id!r}", field="request_id")
+            if state.done:
+                raise InvalidRequest(f"request {request_id!r} already received its last input")
+            if codes is not None and codes.numel():
+                if state.available + codes.shape[1] > self.max_frames:
+                    raise InvalidRequest(f"more than {self.max_frames} frames for one request", field="codes")
+                state.frames.append(codes.to(torch.long))
+                state.available += codes.shape[1]
+            state.done = state.done or last
+            self._cond.notify_all()
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _schedule(self):
+        ready = []
+        for state in self._requests.values():
+            if state.finished or not state.output.has_room():
+                continue
+            if state.done and state.available == state.start:
+                ready.append(state)  # only the end marker is left to send
+            elif state.plan.ready(state.start, state.available, state.done):
+                ready.append(state)
+            if len(ready) >= self.max_batch:
+                break
+        if not ready:
+            return None
+        for state in ready:
+            if state.frames:
+                pieces = ([state.codes] if state.codes is not None else []) + state.frames
+                state.codes = torch.cat(pieces, dim=1)
+                state.frames = []
+            state.slot = 0
+        return [(s, s.available, s.done) for s in ready]
+
+    def _work_states(self, work):
+        return [s for s, _, _ in work]
+
+    def _run(self, work) -> None:
+        jobs = []
+        for state, available, done in work:
+            if state.finished:
+                continue
+            if done and available == state.start:
+                state.output.put(
+                    AudioOutput(np.zeros(0, np.float32), state.samples, state.window, finished=True)
+                )
+                self._finish(state)
+                continue
+            begin, end, stop, lookahead = state.plan.span(state.start, available, done)
+            jobs.append((state, begin, end, stop, lookahead, done))
+        if not jobs:
+            return
+        self.stats.last_batch_size = len(jobs)
+        longest = max(stop - begin for _, begin, _, stop, _, _ in jobs)
+        batch = torch.zeros((len(jobs), self.num_quantizers, longest), dtype=torch.long, device=self.device)
+        for row, (state, begin, _, stop, _, _) in enumerate(jobs):
+            batch[row, :, : stop - begin] = state.codes[:, begin:stop]
+        wav = self.code2wav(batch)[:, 0]  # [B, samples]
+        for row, (state, begin, end, stop, lookahead, done) in enumerate(jobs):
+            context = state.start - begin
+            keep_from = context * self.upsample
+            if lookahead:
+                keep_to = (context + end - state.start) * self.upsample
+            else:  # the true end: everything this window yields
+                keep_to = (stop - begin) * self.upsample - self.trailing_loss
+            audio = wav[row, keep_from:keep_to].to(torch.float32).cpu().numpy()
+            final = done and end >= state.available
+            state.output.put(AudioOutput(audio, state.samples, state.window, finished=final))
+            state.samples += audio.shape[0]
+            state.window += 1
+            state.start = end
+            if final:
+                self._finish(state)
+
+    @property
+    def trailing_loss(self) -> int:
+        """Samples a decode of T frames falls short of T * upsample (555 for the real model)."""
+        if not hasattr(self, "_trailing_loss"):
+            probe = torch.zeros((1, self.num_quantizers, 2), dtype=torch.long, device=self.device)
+            self._trailing_loss = 2 * self.upsample - int(self.code2wav(probe).shape[-1])
+        return self._trailing_loss

@@ -1,0 +1,305 @@
+"""Talker engine: codec frames from thinker tokens, batched across requests.
+
+One step per frame: a batched talker forward yields codebook 0 of the next frame for every request
+whose next text row is there, then the 15-step code predictor (KV-cached, batched) fills codebooks
+1..15. A request whose next thinker token has not arrived waits; the others go on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import DynamicCache
+
+from omnistream.checkpoint import LoadOptions, load_stage
+from omnistream.engine import Engine, OutputStream, RequestState
+from omnistream.errors import InvalidRequest
+from omnistream.kvcache import SlotKVCache
+from omnistream.qwen3_omni.talker_prompt import (
+    ASSISTANT_PROMPT_TOKENS,
+    TalkerPromptBuilder,
+    assistant_start,
+)
+from omnistream.sampling import SamplingParams, choose
+
+# The reference's code predictor samples with these whenever the talker samples.
+CODE_PREDICTOR_TOP_K = 50
+CODE_PREDICTOR_TOP_P = 0.8
+
+
+@dataclass(frozen=True)
+class TalkerParams:
+    speaker: str = "ethan"
+    max_frames: int = 4096
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass
+class TalkerOutput:
+    codes: list[int] | None  # 16 codes of one frame, or None on a bare end marker
+    frame: int
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class _TalkerState(RequestState):
+    params: TalkerParams = field(default_factory=TalkerParams)
+    speaker_id: int = 0
+    generator: torch.Generator | None = None
+    cp_generator: torch.Generator | None = None
+    prompt_ids: list[int] | None = None
+    multimodal_hidden: dict[int, torch.Tensor] | None = None
+    stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
+    input_done: bool = False
+    frames: int = 0
+    code0_history: list[int] = field(default_factory=list)
+    pending_code0: int | None = None
+    past_hidden: torch.Tensor | None = None
+    next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
+
+
+class TalkerEngine(Engine):
+    name = "talker"
+
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_model_len: int = 8192,
+        max_requests: int | None = None,
+        output_capacity: int = 512,
+    ) -> None:
+        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        holder = load_stage("talker", model_dir, options)
+        self.config = holder.config
+        self.talker = holder.talker
+        self.cp = self.talker.code_predictor
+        self.device = options.device
+        tc = self.config.talker_config
+        self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        self.num_groups = tc.num_code_groups
+        self.codec_eos = tc.codec_eos_token_id
+        vocab = tc.text_config.vocab_size
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=options.device)
+        self.suppress[vocab - 1024 :] = True
+        self.suppress[self.codec_eos] = False
+        self.prompts = TalkerPromptBuilder(self.config, self.talker, holder.thinker.model.embed_tokens)
+        self.thinker_vocab = self.config.thinker_config.text_config.vocab_size
+        text = tc.text_config
+        self.max_batch = max_batch
+        self.max_model_len = max_model_len
+        self.cache = SlotKVCache(
+            num_layers=text.num_hidden_layers,
+            num_kv_heads=text.num_key_value_heads,
+            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
+            slots=max_batch,
+            capacity=max_model_len,
+            dtype=options.torch_dtype(),
+            device=options.device,
+        )
+
+    # --- public API ---------------------------------------------------------------------------------
+    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
+        speaker_id = self.speakers.get(params.speaker.lower())
+        if speaker_id is None:
+            raise InvalidRequest(
+                f"unknown speaker {params.speaker!r}; choose from {sorted(self.speakers)}", field="speaker"
+            )
+        if not 1 <= params.max_frames <= self.max_model_len:
+            raise InvalidRequest(f"max_frames must be in [1, {self.max_model_len}]", field="max_frames")
+        params.sampling.validate("talker_")
+        sampled = not params.sampling.greedy
+        state = _TalkerState(
+            request_id=request_id,
+            output=self.new_output(),
+            params=params,
+            speaker_id=speaker_id,
+            generator=params.sampling.generator(self.device),
+            cp_generator=params.sampling.generator(self.device) if sampled else None,
+        )
+        if state.cp_generator is not None and params.sampling.seed is not None:
+            state.cp_generator.manual_seed(params.sampling.seed + 1)
+        self._admit(state)
+        return state.output
+
+    def feed(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        last: bool,
+        prompt_ids: list[int] | None = None,
+        multimodal_hidden: dict[int, torch.Tensor] | None = None,
+    ) -> None:
+        """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
+        if any(not 0 <= t < self.thinker_vocab for t in token_ids):
+            raise InvalidRequest(f"token ids must be in [0, {self.thinker_vocab})", field="token_ids")
+        with self._cond:
+            state = self._requests.get(request_id)
+            if state is None:
+                raise InvalidRequest(f"talker has no running request {request_id!r}", field="request_id")
+            if state.input_done:
+                raise InvalidRequest(f"request {request_id!r} already received its last input")
+            if prompt_ids is not None:
+                if state.prompt_ids is not None:
+                    raise InvalidRequest("the prompt was already given", field="prompt_ids")
+                if any(not 0 <= t < self.thinker_vocab for t in prompt_ids):
+                    raise InvalidRequest(
+                        f"prompt ids must be in [0, {self.thinker_vocab})", field="prompt_ids"
+                    )
+                cfg = self.config
+                try:
+                    start = assistant_start(prompt_ids, cfg.im_start_token_id, cfg.assistant_token_id)
+                except ValueError as exc:
+                    raise InvalidRequest(str(exc), field="prompt_ids") from exc
+                prompt_rows = len(prompt_ids) + 9  # the user turns plus the assistant rows, at most
+                if prompt_rows + state.params.max_frames > self.max_model_len:
+                    raise InvalidRequest(
+                        f"prompt ({len(prompt_ids)} tokens) + max_frames ({state.params.max_frames}) exceeds "
+                        f"the talker length {self.max_model_len}",
+                        field="max_frames",
+                    )
+                state.prompt_ids = list(prompt_ids)
+                state.stream = list(prompt_ids[start:])
+                state.multimodal_hidden = multimodal_hidden
+            elif state.prompt_ids is None:
+                raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
+            state.stream.extend(token_ids)
+            if last:
+                state.input_done = True
+                if len(state.stream) < ASSISTANT_PROMPT_TOKENS:
+                    raise InvalidRequest("the talker needs at least one generated token to speak")
+            self._cond.notify_all()
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _release(self, state: _TalkerState) -> None:
+        if state.slot is not None:
+            self.cache.release(state.slot)
+            state.slot = None
+
+    def _text_row_ready(self, state: _TalkerState) -> bool:
+        # Frame k+1 consumes assistant-stream token 4 + k, or the end marker once the stream ended.
+        return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
+
+    def _schedule(self):
+        prefill, predict, decode = [], [], []
+        for state in self._requests.values():
+            if state.finished or not state.output.has_room():
+                continue
+            if state.slot is None:
+                ready = state.prompt_ids is not None and len(state.stream) >= ASSISTANT_PROMPT_TOKENS
+                if ready and self.cache.free_slots > len(prefill) and not prefill:
+                    prefill.append(state)
+            elif state.pending_code0 is not None:
+                predict.append(state)
+            elif self._text_row_ready(state):
+                decode.append(state)
+        for state in prefill:
+            state.slot = self.cache.allocate()
+        if not (prefill or predict or decode):
+            return None
+        return prefill, predict, decode
+
+    def _work_states(self, work):
+        return [s for group in work for s in group]
+
+    def _talker_forward(self, states: list[_TalkerState], embeds: torch.Tensor) -> torch.Tensor:
+        """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H]."""
+        self.cache.plan([s.slot for s in states], embeds.shape[1])
+        out = self.talker.model(
+            inputs_embeds=embeds,
+            position_ids=self.cache.positions().unsqueeze(0).expand(3, -1, -1),
+            attention_mask=self.cache.attention_mask(),
+            cache=self.cache,
+            use_cache=True,
+        )
+        self.cache.commit()
+        return out.last_hidden_state[:, -1:]
+
+    def _take_code0(self, states: list[_TalkerState], hidden: torch.Tensor) -> None:
+        logits = self.talker.codec_head(hidden[:, -1])
+        for row, state in enumerate(states):
+            if state.finished:
+                continue
+            code0 = choose(
+                logits[row],
+                state.params.sampling,
+                state.generator,
+                previous=state.code0_history,
+                suppress=self.suppress,
+            )
+            state.code0_history.append(code0)
+            if code0 == self.codec_eos:
+                state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
+                self._finish(state)
+                continue
+            state.pending_code0 = code0
+            state.past_hidden = hidden[row : row + 1]
+
+    def _run(self, work) -> None:
+        prefill, predict, decode = work
+        for state in prefill:
+            head = state.stream[:ASSISTANT_PROMPT_TOKENS]
+            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+            self._take_code0([state], self._talker_forward([state], rows))
+        predict = [s for s in predict if not s.finished]
+        if predict:
+            self._predict_residuals(predict)
+        decode = [s for s in decode if not s.finished]
+        if decode:
+            self.stats.last_batch_size = len(decode)
+            embeds = torch.cat([self._next_input(s) for s in decode], dim=0)
+            self._take_code0(decode, self._talker_forward(decode, embeds))
+
+    def _next_input(self, state: _TalkerState) -> torch.Tensor:
+        """Codec sum of the last frame + the next trailing text row (or tts_eos / tts_pad)."""
+        index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
+        if index < len(state.stream):
+            row = self.prompts.text_rows([state.stream[index]])
+        elif index == len(state.stream):
+            row = self.prompts.tts_eos
+        else:
+            row = self.prompts.tts_pad
+        return state.next_codec_sum + row
+
+    def _predict_residuals(self, states: list[_TalkerState]) -> None:
+        """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
+        device = self.device
+        code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
+        code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
+        past = torch.cat([s.past_hidden for s in states], dim=0)
+        cache = DynamicCache(config=self.cp.config)
+        embeds = torch.cat((past, code0_embed), dim=1)
+        codes = [code0[:, 0].tolist()]
+        hiddens = [code0_embed]
+        embedding = self.cp.model.get_input_embeddings()
+        for group in range(self.num_groups - 1):
+            out = self.cp.model(inputs_embeds=embeds, cache=cache, use_cache=True)
+            logits = self.cp.lm_head[group](out.last_hidden_state[:, -1])
+            picked = []
+            for row, state in enumerate(states):
+                sampling = state.params.sampling
+                if not sampling.greedy:
+                    sampling = SamplingParams(
+                        temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P
+                    )
+                picked.append(choose(logits[row], sampling, state.cp_generator))
+            codes.append(picked)
+            ids = torch.tensor(picked, dtype=torch.long, device=device).view(-1, 1)
+            embeds = embedding[group](ids)
+            hiddens.append(embeds)
+        codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
+        for row, state in enumerate(states):
+            frame = [codes[g][row] for g in range(self.num_groups)]
+            state.pending_code0 = None
+            state.past_hidden = None
+            state.next_codec_sum = codec_sum[row : row + 1]
+            state.frames += 1
+            done = state.frames >= state.params.max_frames
+            state.output.put(
+                TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
+            )
+            if done:
+                self._finish(state)

@@ -1,0 +1,28 @@
+"""Shared fixtures: the tiny checkpoint is built once per test session."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from omnistream import tiny
+from omnistream.tiny import make_tiny_model
+
+# Keyed by the builder's source so a change to the tiny model rebuilds it.
+_DIGEST = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]
+CACHE = Path(__file__).resolve().parent.parent / ".cache" / f"test-tiny-model-{_DIGEST}"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir() -> str:
+    """A deterministic tiny checkpoint (seed 0), reused across sessions when already built."""
+    if not (CACHE / "config.json").exists():
+        make_tiny_model(CACHE, seed=0)
+    return str(CACHE)
+
+
+def pytest_configure(config) -> None:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
