@@ -87,6 +87,20 @@ class OutputStream(Generic[T]):
                     continue
             await self._event.wait()
 
+    async def get_batch(self) -> list[T]:
+        """Wait for at least one item, then take everything already there (a producer that is
+        ahead ships several steps in one message). Empty once closed and drained."""
+        first = await self.get()
+        if first is None:
+            return []
+        items = [first]
+        with self._lock:
+            while self._items:
+                items.append(self._items.popleft())
+        if self._on_consume is not None and len(items) > 1:
+            self._on_consume()
+        return items
+
     async def __aiter__(self) -> AsyncIterator[T]:
         while (item := await self.get()) is not None:
             yield item
@@ -107,8 +121,6 @@ class RequestState:
 class EngineStats:
     """A snapshot for metrics: read from any thread."""
 
-    running: int = 0
-    waiting: int = 0
     steps: int = 0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
@@ -222,10 +234,11 @@ class Engine:
     def _work_states(self, work: Any) -> list[RequestState]:
         return list(work)
 
-    def _update_counts(self) -> None:
-        running = sum(1 for s in self._requests.values() if s.slot is not None)
-        self.stats.running = running
-        self.stats.waiting = len(self._requests) - running
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) right now: running holds model state, waiting waits for a slot or input."""
+        with self._cond:
+            running = sum(1 for s in self._requests.values() if s.slot is not None)
+            return running, len(self._requests) - running
 
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
@@ -238,11 +251,11 @@ class Engine:
                     if self._stopping:
                         return
                     work = self._schedule()
-                    self._update_counts()
                     if work is not None:
                         break
                     self._cond.wait(timeout=1.0)
             started = time.perf_counter()
+            self.stats.last_batch_size = 0
             try:
                 with torch.inference_mode():
                     self._run(work)

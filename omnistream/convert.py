@@ -1,0 +1,47 @@
+"""Proto <-> domain conversions shared by servicers and clients."""
+
+from __future__ import annotations
+
+from omnistream.proto.omni.v1 import common_pb2
+from omnistream.qwen3_omni.codec_chunks import (
+    DEFAULT_CHUNK_FRAMES,
+    DEFAULT_INITIAL_FRAMES,
+    DEFAULT_LEFT_CONTEXT_FRAMES,
+    ChunkPlan,
+)
+from omnistream.sampling import SamplingParams
+
+
+def sampling_from_proto(msg: common_pb2.Sampling, prefix: str = "") -> SamplingParams:
+    """Proto3 zeros mean "unset": top_p 0 -> 1, repetition_penalty 0 -> 1; temperature 0 is greedy."""
+    return SamplingParams(
+        temperature=float(msg.temperature),
+        top_p=float(msg.top_p) if msg.top_p else 1.0,
+        top_k=int(msg.top_k),
+        repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
+        seed=int(msg.seed) if msg.HasField("seed") else None,
+    ).validate(prefix)
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.Sampling:
+    msg = common_pb2.Sampling(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        repetition_penalty=params.repetition_penalty,
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+def plan_from_fields(initial: int, chunk: int, left_context: int) -> ChunkPlan:
+    """Zero means "the default" for each field (proto3 has no presence for scalars)."""
+    return ChunkPlan(
+        initial or DEFAULT_INITIAL_FRAMES,
+        chunk or DEFAULT_CHUNK_FRAMES,
+        left_context if left_context else DEFAULT_LEFT_CONTEXT_FRAMES,
+    ).validate()
+
+
+MODE_TO_PROTO = {"async": common_pb2.MODE_ASYNC_CHUNK, "sequential": common_pb2.MODE_SEQUENTIAL}

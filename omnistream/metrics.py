@@ -1,0 +1,71 @@
+"""Prometheus metrics of a stage service: unit-suffixed names, explicit buckets, no colons."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class StageMetrics:
+    def __init__(self, stage: str, engine, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.stage = stage
+        labels = {"stage": stage}
+        r = self.registry
+        self.running = Gauge(
+            "omnistream_stage_running_requests", "Requests the engine is computing", ["stage"], registry=r
+        ).labels(**labels)
+        self.waiting = Gauge(
+            "omnistream_stage_waiting_requests",
+            "Requests admitted but waiting (for a batch slot or for input)",
+            ["stage"],
+            registry=r,
+        ).labels(**labels)
+        self.streams = Gauge(
+            "omnistream_stage_open_streams", "gRPC streams currently open", ["stage"], registry=r
+        ).labels(**labels)
+        self.batch_size = Histogram(
+            "omnistream_stage_batch_size",
+            "Requests per batched step",
+            ["stage"],
+            buckets=BATCH_BUCKETS,
+            registry=r,
+        ).labels(**labels)
+        self.step_seconds = Histogram(
+            "omnistream_stage_step_seconds",
+            "Wall time of one engine step",
+            ["stage"],
+            buckets=STEP_BUCKETS,
+            registry=r,
+        ).labels(**labels)
+        self.chunks_in = Counter(
+            "omnistream_stage_chunks_in_total", "Input chunks received", ["stage"], registry=r
+        ).labels(**labels)
+        self.chunks_out = Counter(
+            "omnistream_stage_chunks_out_total", "Output chunks sent", ["stage"], registry=r
+        ).labels(**labels)
+        self.aborts = Counter(
+            "omnistream_stage_aborts_total", "Requests aborted (cancelled or failed)", ["stage"], registry=r
+        ).labels(**labels)
+        self.errors = Counter(
+            "omnistream_stage_errors_total",
+            "Requests ended with an error, by kind",
+            ["stage", "kind"],
+            registry=r,
+        )
+        self.requests = Counter(
+            "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
+        ).labels(**labels)
+        self.running.set_function(lambda: engine.counts()[0])
+        self.waiting.set_function(lambda: engine.counts()[1])
+        engine.add_step_listener(self._on_step)
+
+    def _on_step(self, engine, seconds: float) -> None:
+        self.step_seconds.observe(seconds)
+        if engine.stats.last_batch_size:
+            self.batch_size.observe(engine.stats.last_batch_size)
+
+    def error(self, kind: str) -> None:
+        self.errors.labels(stage=self.stage, kind=kind).inc()

@@ -1,0 +1,88 @@
+"""gRPC face of the Code2Wav engine: codec chunks in, audio chunks out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import torch
+
+from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
+from omnistream.convert import plan_from_fields
+from omnistream.errors import InvalidRequest, OmniError, SequenceError
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.stage_service import MODES, StageServicer
+from omnistream.tensors import from_proto, to_proto
+from services.code2wav.engine import SAMPLE_RATE
+
+MAX_FRAMES_PER_CHUNK = 4096
+
+
+class Code2WavServicer(StageServicer, stage_pb2_grpc.Code2WavServiceServicer):
+    stage = Stage.CODE2WAV
+    input_stage = Stage.TALKER
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[stage_pb2.Code2WavRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[stage_pb2.AudioChunk]:
+        first = await self._first(request_iterator, context)
+        open_ = first.open
+        try:
+            rid = validate_request_id(open_.request_id)
+            checker = self._checker(rid, first.key)
+            mode = MODES.get(open_.mode)
+            if mode is None:
+                raise InvalidRequest("unknown mode", field="mode")
+            plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+            out = self.engine.add_request(rid, plan)
+        except OmniError as exc:
+            await self._reject(context, exc)
+
+        received = 0
+        held: list[torch.Tensor] = []
+
+        def handle(msg: stage_pb2.CodecInput) -> bool:
+            nonlocal received
+            codes = from_proto(
+                msg.codes,
+                field="codes",
+                expect_dtype=("int64", "int32"),
+                max_elements=16 * MAX_FRAMES_PER_CHUNK,
+            )
+            if codes.numel() and codes.dim() != 2:
+                raise InvalidRequest("codes must be [16, frames]", field="codes")
+            frames = codes.shape[1] if codes.dim() == 2 else 0
+            if msg.first_frame != received:
+                raise SequenceError(
+                    f"chunk for request {rid!r} starts at frame {msg.first_frame}, expected frame {received}",
+                    field="first_frame",
+                )
+            received += frames
+            if mode == "sequential":
+                if frames:
+                    held.append(codes)
+                if msg.last:
+                    self.engine.feed(rid, torch.cat(held, dim=1) if held else None, True)
+                return msg.last
+            self.engine.feed(rid, codes if frames else None, msg.last)
+            return msg.last
+
+        async def chunks():
+            index = 0
+            while pieces := await out.get_batch():
+                for piece in pieces:
+                    yield stage_pb2.AudioChunk(
+                        key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
+                        audio=to_proto(piece.audio),
+                        sample_rate=SAMPLE_RATE,
+                        first_sample=piece.first_sample,
+                        finished=piece.finished,
+                    )
+                    index += 1
+
+        def pump(output_done: asyncio.Event):
+            return self._pump(request_iterator, checker, out, handle, output_done)
+
+        async for chunk in self._serve(context, rid, chunks(), pump):
+            yield chunk

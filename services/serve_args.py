@@ -1,0 +1,22 @@
+"""Command-line arguments of `omnistream serve` (no heavy imports)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("stage", choices=["thinker", "talker", "code2wav"])
+    p.add_argument("--model", required=True)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
+    p.add_argument("--metrics-host", default="127.0.0.1")
+    p.add_argument("--metrics-port", type=int, default=0)
+    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument("--max-requests", type=int, default=None, help="concurrency backstop (default 4x batch)")
+    p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024)
+    p.add_argument("--grace-seconds", type=float, default=30.0)
+    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")

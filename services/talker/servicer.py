@@ -1,0 +1,120 @@
+"""gRPC face of the talker engine: thinker chunks in, codec chunks out."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import torch
+
+from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
+from omnistream.convert import plan_from_fields, sampling_from_proto
+from omnistream.errors import InvalidRequest, OmniError
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.qwen3_omni.codec_chunks import flush_points
+from omnistream.stage_service import MODES, StageServicer
+from omnistream.tensors import from_proto, to_proto
+from services.talker.engine import TalkerParams
+
+DEFAULT_MAX_FRAMES = 2048
+
+
+class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
+    stage = Stage.TALKER
+    input_stage = Stage.THINKER
+
+    async def Stream(
+        self, request_iterator: AsyncIterator[stage_pb2.TalkerRequest], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[stage_pb2.TalkerChunk]:
+        first = await self._first(request_iterator, context)
+        open_ = first.open
+        try:
+            rid = validate_request_id(open_.request_id)
+            checker = self._checker(rid, first.key)
+            mode = MODES.get(open_.mode)
+            if mode is None:
+                raise InvalidRequest("unknown mode", field="mode")
+            plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+            params = TalkerParams(
+                speaker=open_.speaker or "ethan",
+                max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
+                sampling=sampling_from_proto(open_.sampling, "talker_"),
+            )
+            out = self.engine.add_request(rid, params)
+        except OmniError as exc:
+            await self._reject(context, exc)
+
+        held: list[stage_pb2.TalkerInput] = []  # sequential mode: input is released at the end
+
+        def feed(msg: stage_pb2.TalkerInput) -> None:
+            hidden = None
+            if msg.multimodal_positions:
+                rows = from_proto(msg.prompt_hidden, field="prompt_hidden", max_elements=1 << 26)
+                if rows.dim() != 2 or rows.shape[0] != len(msg.multimodal_positions):
+                    raise InvalidRequest(
+                        "prompt_hidden must have one row per multimodal position", field="prompt_hidden"
+                    )
+                hidden = {int(p): rows[i] for i, p in enumerate(msg.multimodal_positions)}
+            self.engine.feed(
+                rid,
+                list(msg.token_ids),
+                msg.last,
+                prompt_ids=list(msg.prompt_ids) or None,
+                multimodal_hidden=hidden,
+            )
+
+        def handle(msg: stage_pb2.TalkerInput) -> bool:
+            if mode == "sequential":
+                held.append(msg)
+                if msg.last:
+                    prompt = [p for m in held for p in m.prompt_ids]
+                    merged = stage_pb2.TalkerInput(
+                        prompt_ids=prompt, token_ids=[t for m in held for t in m.token_ids], last=True
+                    )
+                    for m in held:
+                        if m.multimodal_positions:
+                            merged.prompt_hidden.CopyFrom(m.prompt_hidden)
+                            merged.multimodal_positions.extend(m.multimodal_positions)
+                    feed(merged)
+                return msg.last
+            feed(msg)
+            return msg.last
+
+        async def chunks():
+            index = 0
+            frames: list[list[int]] = []
+            shipped = 0
+            points = flush_points(plan)
+            next_flush = next(points)
+            while steps := await out.get_batch():
+                finished = False
+                reason = ""
+                for step in steps:
+                    if step.codes is not None:
+                        frames.append(step.codes)
+                    finished = finished or step.finished
+                    reason = step.finish_reason or reason
+                if not finished and len(frames) < next_flush:
+                    continue
+                new = frames[shipped:]
+                codes = (
+                    torch.tensor(new, dtype=torch.long).T if new else torch.zeros((16, 0), dtype=torch.long)
+                )
+                yield stage_pb2.TalkerChunk(
+                    key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
+                    codes=to_proto(codes.contiguous()),
+                    first_frame=shipped,
+                    finished=finished,
+                    finish_reason=reason,
+                )
+                index += 1
+                shipped = len(frames)
+                while next_flush <= shipped:
+                    next_flush = next(points)
+
+        def pump(output_done: asyncio.Event):
+            return self._pump(request_iterator, checker, out, handle, output_done)
+
+        async for chunk in self._serve(context, rid, chunks(), pump):
+            yield chunk

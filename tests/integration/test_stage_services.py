@@ -1,0 +1,323 @@
+"""The three stage services driven directly over gRPC (no gateway), as real processes."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import grpc
+import numpy as np
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from gateway.wiring import StageStubs, run_request
+from omnistream.checkpoint import LoadOptions, load_tokenizer
+from omnistream.chunk_key import ChunkKey, Stage
+from omnistream.launcher import start_services
+from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, TextEvent, collect
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.tensors import to_proto
+
+from .conftest import metric, stage_args, wait_for
+
+PROMPTS = [
+    [{"role": "user", "content": "Tell me a story about the sea."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, how are you?"}],
+]
+
+
+def _request(messages, mode="async", **kw) -> GenerationRequest:
+    base = {"max_tokens": 24, "max_audio_frames": 40, "initial_codec_chunk_frames": 4, "mode": mode}
+    return GenerationRequest(messages=messages, **{**base, **kw})
+
+
+def _stubs(stages) -> StageStubs:
+    return StageStubs.connect(*(stages[s].address for s in ("thinker", "talker", "code2wav")))
+
+
+async def _collect_services(stages, request: GenerationRequest, rid: str):
+    text, frames, audio, done = [], [], [], None
+    async for event in run_request(_stubs(stages), request, rid, ChunkPlan(4, 25, 25)):
+        if isinstance(event, TextEvent):
+            text.append(event.delta)
+        elif isinstance(event, AudioEvent):
+            audio.append(event.audio)
+        elif hasattr(event, "codes"):
+            frames.append(event.codes)
+        else:
+            done = event
+    return "".join(text), np.array(frames).T, np.concatenate(audio), done
+
+
+@pytest.fixture(scope="module")
+def local(tiny_model_dir):
+    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
+        yield p
+
+
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_services_match_in_process_pipeline(stages, local, mode, index):
+    request = _request(PROMPTS[index], mode)
+    expected = asyncio.run(collect(local, _request(PROMPTS[index], mode)))
+    text, codes, audio, done = asyncio.run(_collect_services(stages, request, f"parity-{mode}-{index}"))
+    assert done.output_ids == expected.output_ids
+    assert text == expected.text
+    np.testing.assert_array_equal(codes, expected.codes)
+    np.testing.assert_array_equal(audio, expected.audio)
+
+
+def test_async_mode_first_audio_leaves_before_thinker_finishes(stages):
+    request = _request(
+        PROMPTS[0], max_tokens=400, ignore_eos=True, max_audio_frames=12, initial_codec_chunk_frames=2
+    )
+
+    async def run():
+        order = []
+        async for event in run_request(_stubs(stages), request, "order", ChunkPlan(2, 25, 25)):
+            if isinstance(event, AudioEvent):
+                order.append("audio")
+            elif isinstance(event, TextEvent):
+                order.append("text")
+        return order
+
+    order = asyncio.run(run())
+    assert order.count("text") >= 2
+    assert order.index("audio") < len(order) - 1 - order[::-1].index("text")
+
+
+def test_cancel_mid_stream_frees_every_stage(stages):
+    request = _request(
+        PROMPTS[0], max_tokens=300, ignore_eos=True, max_audio_frames=300, initial_codec_chunk_frames=2
+    )
+
+    async def run():
+        events = run_request(_stubs(stages), request, "cancel-me", ChunkPlan(2, 25, 25))
+        async for event in events:
+            if isinstance(event, AudioEvent):
+                break
+        await events.aclose()
+
+        def all_idle() -> bool:
+            return all(
+                metric(s, "omnistream_stage_running_requests")
+                + metric(s, "omnistream_stage_waiting_requests")
+                == 0
+                and metric(s, "omnistream_stage_open_streams") == 0
+                for s in stages.values()
+            )
+
+        return await wait_for(all_idle, timeout=5.0)
+
+    assert asyncio.run(run())
+
+
+async def _raw_stream(stub_call, messages, timeout=30):
+    """Send `messages` on a fresh bidi call; return (status code, details)."""
+    call = stub_call(timeout=timeout)
+    try:
+        for message in messages:
+            await call.write(message)
+        await call.done_writing()
+        async for _ in call:
+            pass
+        return grpc.StatusCode.OK, ""
+    except grpc.aio.AioRpcError as exc:
+        return exc.code(), exc.details()
+
+
+def _talker_open(rid: str, **kw) -> stage_pb2.TalkerRequest:
+    return stage_pb2.TalkerRequest(
+        key=ChunkKey(rid, Stage.THINKER, 0).to_proto(),
+        open=stage_pb2.TalkerOpen(request_id=rid, max_frames=5, **kw),
+    )
+
+
+def _talker_input(rid: str, index: int, **kw) -> stage_pb2.TalkerRequest:
+    return stage_pb2.TalkerRequest(
+        key=ChunkKey(rid, Stage.THINKER, index).to_proto(), input=stage_pb2.TalkerInput(**kw)
+    )
+
+
+def _c2w_open(rid: str) -> stage_pb2.Code2WavRequest:
+    return stage_pb2.Code2WavRequest(
+        key=ChunkKey(rid, Stage.TALKER, 0).to_proto(), open=stage_pb2.Code2WavOpen(request_id=rid)
+    )
+
+
+def _c2w_input(rid: str, index: int, codes, first_frame=0, last=True) -> stage_pb2.Code2WavRequest:
+    tensor = codes if isinstance(codes, common_pb2.Tensor) else to_proto(codes)
+    return stage_pb2.Code2WavRequest(
+        key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
+        input=stage_pb2.CodecInput(codes=tensor, first_frame=first_frame, last=last),
+    )
+
+
+def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_dir):
+    tok = load_tokenizer(tiny_model_dir)
+    prompt_ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
+    if not isinstance(prompt_ids, list):
+        prompt_ids = prompt_ids["input_ids"]
+
+    async def run():
+        opts = [("grpc.max_send_message_length", 64 * 1024 * 1024)]
+        thinker = stage_pb2_grpc.ThinkerServiceStub(
+            grpc.aio.insecure_channel(stages["thinker"].address, opts)
+        )
+        talker = stage_pb2_grpc.TalkerServiceStub(grpc.aio.insecure_channel(stages["talker"].address, opts))
+        c2w = stage_pb2_grpc.Code2WavServiceStub(grpc.aio.insecure_channel(stages["code2wav"].address, opts))
+        good = asyncio.ensure_future(
+            _collect_services(
+                stages, _request(PROMPTS[0], max_tokens=60, ignore_eos=True, max_audio_frames=60), "good"
+            )
+        )
+        gw = ChunkKey("bad1", Stage.GATEWAY, 0).to_proto()
+        bad_sampling = common_pb2.Sampling(temperature=1.0, top_p=2.0)
+        ok_codes = np.zeros((16, 3), dtype=np.int64)
+        cases = {
+            "thinker input before open": (
+                thinker.Stream,
+                [stage_pb2.ThinkerRequest(key=gw)],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "open",
+            ),
+            "thinker top_p out of range": (
+                thinker.Stream,
+                [
+                    stage_pb2.ThinkerRequest(
+                        key=gw,
+                        open=stage_pb2.ThinkerOpen(
+                            request_id="bad1", prompt_text="hi", sampling=bad_sampling
+                        ),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "top_p",
+            ),
+            "thinker bad request id": (
+                thinker.Stream,
+                [
+                    stage_pb2.ThinkerRequest(
+                        key=ChunkKey("x", Stage.GATEWAY, 0).to_proto(),
+                        open=stage_pb2.ThinkerOpen(request_id="bad_id", prompt_text="hi"),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "request_id",
+            ),
+            "talker unknown speaker": (
+                talker.Stream,
+                [_talker_open("bad2", speaker="nobody")],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "speaker",
+            ),
+            "talker chunk out of order": (
+                talker.Stream,
+                [
+                    _talker_open("bad3"),
+                    _talker_input("bad3", 2, prompt_ids=prompt_ids, token_ids=[5], last=True),
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "bad3_thinker_2",
+            ),
+            "talker chunk repeated": (
+                talker.Stream,
+                [
+                    _talker_open("bad4"),
+                    _talker_input("bad4", 1, prompt_ids=prompt_ids, token_ids=[5]),
+                    _talker_input("bad4", 1, token_ids=[6], last=True),
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "bad4_thinker_1",
+            ),
+            "code2wav codes out of range": (
+                c2w.Stream,
+                [_c2w_open("bad5"), _c2w_input("bad5", 1, np.full((16, 3), 9999, dtype=np.int64))],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "codes",
+            ),
+            "code2wav malformed tensor": (
+                c2w.Stream,
+                [
+                    _c2w_open("bad6"),
+                    _c2w_input("bad6", 1, common_pb2.Tensor(dtype="int64", shape=[16, 3], data=b"xx")),
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "codes",
+            ),
+            "code2wav frame gap": (
+                c2w.Stream,
+                [_c2w_open("bad7"), _c2w_input("bad7", 1, ok_codes, first_frame=7)],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "frame",
+            ),
+            "code2wav oversized message": (
+                c2w.Stream,
+                [_c2w_open("bad8"), _c2w_input("bad8", 1, np.zeros((16, 200_000), dtype=np.int64))],
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                "",
+            ),
+        }
+        results = {}
+        for name, (call, messages, code, needle) in cases.items():
+            results[name] = (await _raw_stream(call, messages), code, needle)
+        *_, done = await good
+        return results, done
+
+    results, done = asyncio.run(run())
+    for name, ((code, details), expected, needle) in results.items():
+        assert code == expected, f"{name}: {code} {details}"
+        assert needle.lower() in details.lower(), f"{name}: {details!r} should mention {needle!r}"
+    assert len(done.output_ids) == 60 and done.frames == 60
+    for service in stages.values():
+        assert service.proc.poll() is None
+
+
+def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
+    services = start_services({"thinker": stage_args("thinker", tiny_model_dir, "--grace-seconds", "30")})
+    service = services["thinker"]
+    try:
+
+        async def run():
+            channel = grpc.aio.insecure_channel(service.address)
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            call = stub.Stream()
+            await call.write(
+                stage_pb2.ThinkerRequest(
+                    key=ChunkKey("drain", Stage.GATEWAY, 0).to_proto(),
+                    open=stage_pb2.ThinkerOpen(
+                        request_id="drain", prompt_text="hello", max_tokens=300, ignore_eos=True
+                    ),
+                )
+            )
+            await call.done_writing()
+            tokens = 0
+            first = await call.read()
+            tokens += len(first.token_ids)
+            service.proc.send_signal(signal.SIGTERM)
+            health = health_pb2_grpc.HealthStub(channel)
+            status = await health.Check(health_pb2.HealthCheckRequest(service=""))
+            while (chunk := await call.read()) is not grpc.aio.EOF:  # read() and async-for don't mix
+                tokens += len(chunk.token_ids)
+                last = chunk
+            # A new stream during the drain is refused.
+            code, _ = await _raw_stream(
+                stub.Stream,
+                [
+                    stage_pb2.ThinkerRequest(
+                        key=ChunkKey("late", Stage.GATEWAY, 0).to_proto(),
+                        open=stage_pb2.ThinkerOpen(request_id="late", prompt_text="hi", max_tokens=2),
+                    )
+                ],
+            )
+            await channel.close()
+            return tokens, last.finished, status.status, code
+
+        tokens, finished, status, late_code = asyncio.run(run())
+        assert tokens == 300 and finished
+        assert status == health_pb2.HealthCheckResponse.NOT_SERVING
+        assert late_code == grpc.StatusCode.UNAVAILABLE
+        assert service.proc.wait(30) == 0
+    finally:
+        service.stop()
