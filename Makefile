@@ -25,9 +25,17 @@ proto: $(STAMP)
 tiny-model: setup
 	$(PY) -c "from omnistream.cli import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
 
+HTTP_PORT ?= 8000
+GRPC_PORT ?= 50051
+
+# The whole stack on the tiny model: three stage processes + the gateway; Ctrl-C stops everything.
 run: tiny-model
+	$(VENV)/bin/omnistream up --model $(TINY) --http-port $(HTTP_PORT) --grpc-port $(GRPC_PORT)
+
+# One streamed generation through the in-process pipeline (writes out/generate/).
+generate: tiny-model
 	$(VENV)/bin/omnistream generate --model $(TINY) --prompt "Tell me a short story about the sea." \
-		--max-tokens 64 --max-audio-frames 100 --output-dir out/run
+		--max-tokens 64 --max-audio-frames 100 --output-dir out/generate
 
 test: setup
 	$(PY) -m pytest -q

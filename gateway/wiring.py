@@ -58,6 +58,12 @@ def grpc_error(exc: grpc.aio.AioRpcError, stage: str) -> OmniError:
     return error
 
 
+def grpc_error_from_status(stage: str, code: grpc.StatusCode, details: str) -> OmniError:
+    error = from_grpc(code, f"{stage}: {details}")
+    error.stage = stage
+    return error
+
+
 def thinker_open(
     request: GenerationRequest, rid: str, prompt_ids: list[int] | None
 ) -> stage_pb2.ThinkerRequest:
@@ -100,11 +106,18 @@ async def run_request(
         try:
             await body()
         except grpc.aio.AioRpcError as exc:
-            raise grpc_error(exc, stage) from None
+            error = grpc_error(exc, stage)
+            error.stage = stage  # the gateway takes a failed replica out of rotation
+            raise error from None
 
-    async def open_downstream() -> None:
-        """Open talker and code2wav before any thinker output can be forwarded to them."""
-        assert talker is not None and code2wav is not None
+    async def accepted(stage: str, call) -> None:
+        """Wait for the stage to accept its open message (initial metadata) or to refuse it."""
+        await call.initial_metadata()
+        if call.done():
+            raise grpc_error_from_status(stage, await call.code(), await call.details())
+
+    async def open_talker() -> None:
+        assert talker is not None
         await talker.write(
             stage_pb2.TalkerRequest(
                 key=ChunkKey(rid, Stage.THINKER, 0).to_proto(),
@@ -120,6 +133,10 @@ async def run_request(
                 ),
             )
         )
+        await accepted("talker", talker)
+
+    async def open_code2wav() -> None:
+        assert code2wav is not None
         await code2wav.write(
             stage_pb2.Code2WavRequest(
                 key=ChunkKey(rid, Stage.TALKER, 0).to_proto(),
@@ -132,6 +149,7 @@ async def run_request(
                 ),
             )
         )
+        await accepted("code2wav", code2wav)
 
     async def run_thinker() -> None:
         await thinker.write(thinker_open(request, rid, request.prompt_ids))
@@ -199,7 +217,8 @@ async def run_request(
     async def run_all() -> None:
         try:
             if talker is not None:
-                await guarded("talker", open_downstream)
+                # Both accept their open before any thinker output can be forwarded to them.
+                await asyncio.gather(guarded("talker", open_talker), guarded("code2wav", open_code2wav))
             tasks = [guarded("thinker", run_thinker)]
             if talker is not None:
                 tasks += [guarded("talker", run_talker), guarded("code2wav", run_code2wav)]

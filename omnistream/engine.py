@@ -60,6 +60,8 @@ class OutputStream(Generic[T]):
 
     def fail(self, error: BaseException) -> None:
         with self._lock:
+            if self._closed:  # the request already ended normally: a late input problem is moot
+                return
             self._error = error
         self._notify()
 

@@ -208,7 +208,8 @@ async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) ->
     raise AssertionError("context.abort returned")  # pragma: no cover  (abort always raises)
 
 
-def start_metrics_http(port: int, host: str = "127.0.0.1") -> int:
+def start_metrics_http(port: int, host: str = "127.0.0.1", registry=None) -> int:
     """Serve Prometheus metrics from a daemon thread; returns the bound port (useful with port 0)."""
-    server, _thread = prometheus_client.start_http_server(port, addr=host)
+    registry = registry if registry is not None else prometheus_client.REGISTRY
+    server, _thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
     return int(server.server_port)

@@ -120,6 +120,9 @@ class StageServicer:
         pump: Callable[[asyncio.Event], Awaitable[None]] | None = None,
     ) -> AsyncIterator:
         """Yield the response chunks; abort the engine request however the stream ends."""
+        # Initial metadata tells the caller the open was accepted (before any output exists), so a
+        # gateway learns of a refused or unreachable stage before it streams anything to its client.
+        await context.send_initial_metadata(())
         self.metrics.requests.inc()
         self.metrics.streams.inc()
         self.open_streams += 1
@@ -175,7 +178,7 @@ async def run_stage_server(
     health = add_health_and_reflection(server, [service_full_name])
     port = server.add_insecure_port(f"{options.host}:{options.port}")
     await server.start()
-    metrics_port = start_metrics_http(options.metrics_port, options.metrics_host)
+    metrics_port = start_metrics_http(options.metrics_port, options.metrics_host, servicer.metrics.registry)
     stage = servicer.stage.value
     print(
         json.dumps({"event": "listening", "stage": stage, "port": port, "metrics_port": metrics_port}),

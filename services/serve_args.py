@@ -6,7 +6,6 @@ import argparse
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("stage", choices=["thinker", "talker", "code2wav"])
     p.add_argument("--model", required=True)
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])

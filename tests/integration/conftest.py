@@ -35,11 +35,12 @@ def metric(service: ServiceProcess, name: str) -> float:
     body = (
         urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=5).read().decode()
     )
-    total = 0.0
-    for line in body.splitlines():
-        if re.match(rf"^{name}(\{{|\s)", line):
-            total += float(line.rsplit(" ", 1)[1])
-    return total
+    samples = [
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if re.match(rf"^{name}(\{{|\s)", line)
+    ]
+    if not samples:
+        raise AssertionError(f"{service.name} exposes no metric {name}")
+    return sum(samples)
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:

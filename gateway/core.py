@@ -1,0 +1,299 @@
+"""The gateway's core, shared by its REST and gRPC faces: admit, pick replicas, run, fan out.
+
+`open()` does everything that can refuse a request (validation, admission, replica choice, the
+first stage answer) before a single byte of the response is sent, so refusals become proper HTTP
+statuses; `Session.events()` then streams text and audio as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from gateway.admission import Admission, Permit, Rejected
+from gateway.config import GatewayConfig
+from gateway.metrics import GatewayMetrics
+from gateway.replicas import Replica, Replicas
+from gateway.wiring import StageStubs, run_request
+from omnistream.chunk_key import validate_request_id
+from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, Unavailable
+from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames
+
+log = logging.getLogger(__name__)
+
+AUDIO_BUFFER = 64  # audio chunks held for a slow reader before the stages feel backpressure
+
+Event = TextEvent | AudioEvent | DoneEvent
+
+
+class _Collector:
+    """Between the stages and one client: text deltas merge while the reader lags, audio never drops
+    (when `AUDIO_BUFFER` chunks wait, reading from the stages pauses: backpressure, not loss)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Event | BaseException] = deque()
+        self._audio = 0
+        self._changed = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+        self.closed = False
+
+    async def put(self, item: Event | BaseException) -> None:
+        if isinstance(item, TextEvent) and self._items and isinstance(self._items[-1], TextEvent):
+            last = self._items[-1]
+            self._items[-1] = TextEvent(last.token_ids + item.token_ids, last.delta + item.delta)
+        else:
+            if isinstance(item, AudioEvent):
+                while self._audio >= AUDIO_BUFFER:
+                    self._room.clear()
+                    await self._room.wait()
+                self._audio += 1
+            self._items.append(item)
+        self._changed.set()
+
+    async def get(self) -> Event | BaseException:
+        while not self._items:
+            self._changed.clear()
+            await self._changed.wait()
+        item = self._items.popleft()
+        if isinstance(item, AudioEvent):
+            self._audio -= 1
+            self._room.set()
+        return item
+
+
+@dataclass
+class Timings:
+    started: float
+    first_text: float | None = None
+    last_text: float | None = None
+    first_audio: float | None = None
+    last_audio: float | None = None
+    audio_seconds: float = 0.0
+
+
+class Session:
+    """One admitted request. Iterate `events()`; `aclose()` (or leaving the loop) cancels the stages."""
+
+    def __init__(
+        self,
+        core: GatewayCore,
+        request_id: str,
+        permit: Permit,
+        replicas: list[Replica],
+        source: AsyncIterator,
+        deadline: float,
+    ) -> None:
+        self.core = core
+        self.request_id = request_id
+        self._permit = permit
+        self._replicas = replicas
+        self._source = source
+        self._deadline = deadline
+        self._collector = _Collector()
+        self._pump: asyncio.Task | None = None
+        self.timings = Timings(time.perf_counter())
+        self.done: DoneEvent | None = None
+        self._closed = False
+        self._status = "cancelled"
+        self._first: Event | None = None
+
+    async def _run_source(self) -> None:
+        try:
+            async with asyncio.timeout_at(self._deadline):
+                async for event in self._source:
+                    if isinstance(event, CodesEvent):
+                        continue  # codes stay inside the system
+                    await self._collector.put(event)
+        except TimeoutError:
+            await self._collector.put(DeadlineExceeded("the request exceeded its timeout"))
+        except BaseException as exc:  # handed to the reader, which raises it
+            await self._collector.put(exc)
+        finally:
+            with contextlib.suppress(BaseException):
+                await self._source.aclose()
+
+    def start(self) -> None:
+        self._pump = asyncio.create_task(self._run_source())
+
+    async def next_event(self) -> Event:
+        item = await self._collector.get()
+        if isinstance(item, BaseException):
+            if isinstance(item, OmniError):
+                self._note_failure(item)
+            raise item
+        now = time.perf_counter()
+        t = self.timings
+        m = self.core.metrics
+        if isinstance(item, TextEvent):
+            if t.first_text is None:
+                t.first_text = now
+                m.ttft.observe(now - t.started)
+            elif t.last_text is not None:
+                m.itl.observe(now - t.last_text)
+            t.last_text = now
+        elif isinstance(item, AudioEvent):
+            if t.first_audio is None:
+                t.first_audio = now
+                m.ttfp.observe(now - t.started)
+            t.last_audio = now
+            t.audio_seconds += item.audio.size / item.sample_rate
+        elif isinstance(item, DoneEvent):
+            self.done = item
+            m.e2e.observe(now - t.started)
+            if t.audio_seconds > 0 and t.last_audio is not None:
+                m.rtf.observe((t.last_audio - t.started) / t.audio_seconds)
+            self._status = "ok"
+        return item
+
+    async def prime(self) -> None:
+        """Wait for the first event, so that a stage refusing the request surfaces as an error of
+        `open()` (an HTTP status) rather than in the middle of a stream."""
+        try:
+            self._first = await self.next_event()
+        except BaseException as exc:
+            self._status = exc.kind if isinstance(exc, OmniError) else "cancelled"
+            await self.aclose()
+            raise
+
+    async def events(self) -> AsyncIterator[Event]:
+        try:
+            while True:
+                if self._first is not None:
+                    event, self._first = self._first, None
+                else:
+                    event = await self.next_event()
+                yield event
+                if isinstance(event, DoneEvent):
+                    return
+        except OmniError as exc:
+            self._status = exc.kind
+            raise
+        finally:
+            await self.aclose()
+
+    def _note_failure(self, error: OmniError) -> None:
+        stage = getattr(error, "stage", None)
+        if error.kind == "unavailable" and stage is not None:
+            for replica in self._replicas:
+                if replica.stage == stage:
+                    self.core.replicas.mark_failed(replica)
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self._pump is not None:
+            self._pump.cancel()
+            with contextlib.suppress(BaseException):
+                await self._pump
+        for replica in self._replicas:
+            replica.inflight -= 1
+        self._permit.release()
+        self.core.metrics.in_flight.dec()
+        self.core.metrics.finished.labels(status=self._status).inc()
+
+
+class GatewayCore:
+    def __init__(self, config: GatewayConfig) -> None:
+        config.resolve_voices()
+        config.validate()
+        self.config = config
+        self.metrics = GatewayMetrics()
+        self.admission = Admission(config.max_concurrency, config.max_queue, config.queue_timeout)
+        self.metrics.queued.set_function(lambda: self.admission.waiting)
+        self.replicas = Replicas(
+            {"thinker": config.thinker, "talker": config.talker, "code2wav": config.code2wav},
+            config.max_message_bytes,
+            config.health_interval,
+        )
+
+    async def start(self) -> None:
+        await self.replicas.start()
+
+    async def stop(self) -> None:
+        await self.replicas.stop()
+
+    @property
+    def ready(self) -> bool:
+        return self.replicas.ready
+
+    def validate(self, request: GenerationRequest) -> None:
+        c = self.config
+        if request.return_audio and request.speaker.lower() not in c.voices:
+            raise InvalidRequest(
+                f"unknown voice {request.speaker!r}; choose from {list(c.voices)}", field="voice"
+            )
+        if not 1 <= request.max_tokens <= c.max_tokens_limit:
+            raise InvalidRequest(f"max_tokens must be in [1, {c.max_tokens_limit}]", field="max_tokens")
+        if not 1 <= request.max_audio_frames <= c.max_audio_frames:
+            raise InvalidRequest(
+                f"max_audio_frames must be in [1, {c.max_audio_frames}]", field="max_audio_frames"
+            )
+        request.sampling.validate()
+        request.talker_sampling.validate("talker_")
+        request.validate()
+
+    def chunk_plan(self, request: GenerationRequest) -> ChunkPlan:
+        initial = request.initial_codec_chunk_frames
+        if initial is None:
+            initial = dynamic_initial_frames(
+                self.admission.active, self.config.max_concurrency, request.codec_chunk_frames
+            )
+        return ChunkPlan(initial, request.codec_chunk_frames, request.codec_left_context_frames).validate()
+
+    async def open(
+        self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None
+    ) -> Session:
+        rid = validate_request_id(request_id or uuid.uuid4().hex)
+        try:
+            self.validate(request)
+            plan = self.chunk_plan(request)
+            permit = await self.admission.acquire()
+        except Rejected as exc:
+            self.metrics.rejected.labels(reason=exc.reason).inc()
+            raise
+        except OmniError as exc:
+            self.metrics.rejected.labels(reason=exc.kind).inc()
+            raise
+        self.metrics.in_flight.inc()
+        stages = ("thinker", "talker", "code2wav") if request.return_audio else ("thinker",)
+        timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        # A replica that is down is found when its stage does not accept the open message; nothing
+        # has reached the client then, so the request moves to another replica.
+        attempts = max(len(self.replicas.sets[s].replicas) for s in stages)
+        for attempt in range(attempts):
+            try:
+                picked = [self.replicas.pick(stage) for stage in stages]
+            except Unavailable:
+                permit.release()
+                self.metrics.in_flight.dec()
+                self.metrics.rejected.labels(reason="unavailable").inc()
+                raise
+            for replica in picked:
+                replica.inflight += 1
+                replica.served += 1
+            stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
+            source = run_request(stubs, request, rid, plan, timeout=timeout)
+            session = Session(self, rid, permit, picked, source, deadline)
+            session.start()
+            try:
+                await session.prime()
+            except OmniError as exc:
+                retry = exc.kind == "unavailable" and getattr(exc, "stage", None) and attempt + 1 < attempts
+                if retry:
+                    log.warning("request %s: %s; retrying on another replica", rid, exc.message)
+                    permit = await self.admission.acquire_now()
+                    self.metrics.in_flight.inc()
+                    continue
+                raise
+            return session
+        raise AssertionError("unreachable")  # pragma: no cover

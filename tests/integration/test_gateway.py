@@ -1,0 +1,318 @@
+"""The gateway in front of the real stage services, as clients use it (openai SDK, gRPC, HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import threading
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+from openai import OpenAI
+
+from omnistream.checkpoint import LoadOptions
+from omnistream.launcher import start_services
+from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.tensors import numpy_from_proto
+
+from .conftest import metric, stage_args, wait_for
+
+MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
+EXTRA = {
+    "talker_temperature": 0,
+    "talker_repetition_penalty": 1.0,
+    "initial_codec_chunk_frames": 4,
+    "max_audio_frames": 40,
+}
+MAX_CONCURRENCY = 3
+
+
+def gateway_args(stages: dict, *extra: str) -> list[str]:
+    args = ["serve", "gateway", "--http-port", "0", "--grpc-port", "0"]
+    for name, service in stages.items():
+        args += [f"--{name.split('-')[0]}", service.address]
+    return [*args, *extra]
+
+
+@pytest.fixture(scope="module")
+def gateway(stages, tiny_model_dir):
+    services = start_services(
+        {
+            "gateway": gateway_args(
+                stages, "--model", tiny_model_dir, "--max-concurrency", str(MAX_CONCURRENCY)
+            )
+        }
+    )
+    try:
+        yield services["gateway"]
+    finally:
+        services["gateway"].stop()
+
+
+@pytest.fixture(scope="module")
+def expected(tiny_model_dir):
+    request = GenerationRequest(
+        messages=MESSAGES, max_tokens=24, max_audio_frames=40, initial_codec_chunk_frames=4
+    )
+    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
+        return asyncio.run(collect(p, request))
+
+
+def _url(gateway) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}"
+
+
+def test_openai_sdk_streams_text_and_audio(gateway, expected):
+    client = OpenAI(base_url=f"{_url(gateway)}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=MESSAGES,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "pcm16"},
+        stream=True,
+        max_tokens=24,
+        temperature=0,
+        extra_body=EXTRA,
+    )
+    text, pcm, finish, usage, audio_chunks = [], [], None, None, 0
+    for chunk in stream:
+        if chunk.usage is not None:
+            usage = chunk.usage
+        if not chunk.choices:
+            continue
+        delta = chunk.choices[0].delta
+        if delta.content:
+            text.append(delta.content)
+        audio = getattr(delta, "audio", None)
+        if audio:
+            pcm.append(base64.b64decode(audio.data))
+            audio_chunks += 1
+        finish = chunk.choices[0].finish_reason or finish
+    assert "".join(text) == expected.text
+    assert audio_chunks >= 2 and finish in ("stop", "length")
+    assert usage.completion_tokens == len(expected.output_ids)
+    decoded = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
+    assert decoded.shape == expected.audio.shape
+    np.testing.assert_allclose(decoded, expected.audio, atol=1.0 / 32767 + 1e-6)
+
+
+def test_grpc_api_audio_is_bit_exact_float32(gateway, expected):
+    async def run():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            request = gateway_pb2.GenerateRequest(
+                messages=[common_pb2.Message(**m) for m in MESSAGES],
+                max_tokens=24,
+                max_audio_frames=40,
+                talker_sampling=common_pb2.Sampling(temperature=0),
+                initial_codec_chunk_frames=4,
+            )
+            text, audio, kinds = [], [], []
+            async for event in stub.Generate(request):
+                kind = event.WhichOneof("event")
+                kinds.append(kind)
+                if kind == "text":
+                    text.append(event.text.text)
+                elif kind == "audio":
+                    audio.append(numpy_from_proto(event.audio.pcm, copy=True))
+            return "".join(text), np.concatenate(audio), kinds
+
+    text, audio, kinds = asyncio.run(run())
+    assert text == expected.text
+    assert kinds[-1] == "end"
+    np.testing.assert_array_equal(audio, expected.audio)
+
+
+def test_non_streaming_returns_whole_text_and_wav(gateway, expected):
+    body = {
+        "messages": MESSAGES,
+        "modalities": ["text", "audio"],
+        "temperature": 0,
+        "max_tokens": 24,
+        "audio": {"voice": "ethan", "format": "wav"},
+        **EXTRA,
+    }
+    reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    message = reply.json()["choices"][0]["message"]
+    assert message["content"] == expected.text
+    wav = base64.b64decode(message["audio"]["data"])
+    assert wav[:4] == b"RIFF" and len(wav) == 44 + 2 * expected.audio.size
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": []}, "messages"),
+        ({"messages": [{"role": "robot", "content": "x"}]}, "messages.0.role"),
+        ({"messages": MESSAGES, "audio": {"voice": "nobody"}}, "audio.voice"),
+        ({"messages": MESSAGES, "temperature": 7}, "temperature"),
+        ({"messages": MESSAGES, "max_tokens": 0}, "max_tokens"),
+        ({"messages": MESSAGES, "max_tokens": 10**7}, "max_tokens"),
+        ({"messages": MESSAGES, "initial_codec_chunk_frames": 99}, "initial_codec_chunk_frames"),
+        ({"messages": MESSAGES, "no_such_field": 1}, "no_such_field"),
+    ],
+)
+def test_bad_requests_get_4xx_naming_the_field(gateway, body, field):
+    reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=30)
+    assert 400 <= reply.status_code < 500, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == field, error
+    assert error["message"]
+
+
+def test_malformed_json_gets_422_and_gateway_keeps_serving(gateway):
+    reply = httpx.post(
+        f"{_url(gateway)}/v1/chat/completions",
+        content=b"{not json",
+        timeout=30,
+        headers={"Content-Type": "application/json"},
+    )
+    assert reply.status_code == 422 and "error" in reply.json()
+    assert httpx.get(f"{_url(gateway)}/ready", timeout=5).status_code == 200
+
+
+def test_concurrency_bound_rejects_the_next_request(gateway):
+    long = {
+        "messages": MESSAGES,
+        "max_tokens": 150,
+        "ignore_eos": True,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "max_audio_frames": 150,
+        "talker_temperature": 0,
+    }
+    results: list[tuple[int, int]] = []
+    started = threading.Barrier(MAX_CONCURRENCY + 1)
+
+    def stream_one() -> None:
+        with httpx.stream("POST", f"{_url(gateway)}/v1/chat/completions", json=long, timeout=300) as reply:
+            started.wait(60)
+            done = sum(1 for line in reply.iter_lines() if line == "data: [DONE]")
+            results.append((reply.status_code, done))
+
+    threads = [threading.Thread(target=stream_one) for _ in range(MAX_CONCURRENCY)]
+    for t in threads:
+        t.start()
+    started.wait(60)  # all N are admitted and streaming
+    extra = httpx.post(f"{_url(gateway)}/v1/chat/completions", json={**long, "stream": False}, timeout=30)
+
+    async def grpc_extra():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            call = stub.Generate(gateway_pb2.GenerateRequest(messages=[common_pb2.Message(**MESSAGES[0])]))
+            try:
+                async for _ in call:
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                return exc.code(), dict(exc.trailing_metadata() or ())
+            return grpc.StatusCode.OK, {}
+
+    grpc_code, grpc_meta = asyncio.run(grpc_extra())
+    for t in threads:
+        t.join(300)
+    assert extra.status_code == 429, extra.text
+    assert int(extra.headers["Retry-After"]) >= 1
+    assert extra.json()["error"]["type"] == "rate_limit_error"
+    assert grpc_code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "retry-after" in grpc_meta
+    assert results == [(200, 1)] * MAX_CONCURRENCY
+
+
+def test_client_disconnect_mid_audio_frees_everything(gateway, stages):
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 300,
+        "ignore_eos": True,
+        "stream": True,
+        "modalities": ["text", "audio"],
+        "max_audio_frames": 300,
+        "talker_temperature": 0,
+        "initial_codec_chunk_frames": 2,
+    }
+    with httpx.stream("POST", f"{_url(gateway)}/v1/chat/completions", json=body, timeout=60) as reply:
+        for line in reply.iter_lines():
+            if (
+                line.startswith("data: {")
+                and '"audio"' in line
+                and json.loads(line[6:])["choices"][0]["delta"].get("audio")
+            ):
+                break  # leave mid-audio: the connection closes here
+
+    def idle() -> bool:
+        stage_idle = all(
+            metric(s, "omnistream_stage_running_requests") + metric(s, "omnistream_stage_waiting_requests")
+            == 0
+            for s in stages.values()
+        )
+        gw = httpx.get(f"{_url(gateway)}/metrics", timeout=5).text
+        in_flight = [line for line in gw.splitlines() if line.startswith("omnistream_requests_in_flight ")]
+        return stage_idle and float(in_flight[0].split()[1]) == 0
+
+    assert asyncio.run(wait_for(idle, timeout=1.0))
+
+
+def test_models_health_ready_and_openapi(gateway):
+    base = _url(gateway)
+    assert httpx.get(f"{base}/health").json() == {"status": "ok"}
+    assert httpx.get(f"{base}/ready").status_code == 200
+    assert httpx.get(f"{base}/v1/models").json()["data"][0]["id"] == "qwen3-omni"
+    schema = httpx.get(f"{base}/openapi.json").json()
+    props = schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert {"messages", "modalities", "audio", "stream", "max_tokens", "temperature", "top_p", "seed"} <= set(
+        props
+    )
+    assert "/v1/chat/completions" in schema["paths"]
+    metrics = httpx.get(f"{base}/metrics").text
+    for name in (
+        "omnistream_time_to_first_token_seconds",
+        "omnistream_time_to_first_audio_seconds",
+        "omnistream_inter_token_latency_seconds",
+        "omnistream_e2e_latency_seconds",
+        "omnistream_real_time_factor",
+        "omnistream_requests_rejected_total",
+        "omnistream_requests_finished_total",
+    ):
+        assert name in metrics
+
+
+def test_replicas_share_load_and_survive_a_kill(tiny_model_dir):
+    specs = {
+        "thinker": stage_args("thinker", tiny_model_dir),
+        "talker-a": stage_args("talker", tiny_model_dir),
+        "talker-b": stage_args("talker", tiny_model_dir),
+        "code2wav": stage_args("code2wav", tiny_model_dir),
+    }
+    services = start_services(specs)
+    try:
+        services.update(start_services({"gateway": gateway_args(services)}))
+        base = _url(services["gateway"])
+        body = {
+            "messages": MESSAGES,
+            "max_tokens": 8,
+            "modalities": ["text", "audio"],
+            "max_audio_frames": 10,
+            "talker_temperature": 0,
+        }
+
+        async def burst(n: int) -> list[int]:
+            async with httpx.AsyncClient(timeout=120) as client:
+                replies = await asyncio.gather(
+                    *(client.post(f"{base}/v1/chat/completions", json=body) for _ in range(n))
+                )
+                return [r.status_code for r in replies]
+
+        assert asyncio.run(burst(4)) == [200] * 4
+        served = {s: metric(services[s], "omnistream_stage_requests_total") for s in ("talker-a", "talker-b")}
+        assert all(count >= 2 for count in served.values()), served  # warm-up is not counted there
+        services["talker-a"].kill()
+        codes = asyncio.run(burst(4))
+        assert codes == [200] * 4, codes
+        assert metric(services["talker-b"], "omnistream_stage_requests_total") >= served["talker-b"] + 4
+    finally:
+        for service in services.values():
+            service.stop()
