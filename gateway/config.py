@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
 
 from omnistream.qwen3_omni.codec_chunks import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
+
+API_KEY_ENV = "OMNISTREAM_API_KEY"
 
 # The real checkpoint's voices; a --model directory replaces them with its own config's.
 DEFAULT_VOICES = ("chelsie", "ethan", "aiden")
@@ -33,10 +36,26 @@ class GatewayConfig:
     max_audio_frames: int = 2048
     max_message_bytes: int = 16 * 1024 * 1024
     health_interval: float = 1.0
+    # Stage entries that are DNS names ("dns:///talker:50051", "talker:50051") are resolved this
+    # often; every address found is a replica (a headless Service lists one per ready pod).
+    discovery_interval: float = 5.0
     host: str = "127.0.0.1"
     http_port: int = 8000
     grpc_port: int = 50051
     metrics_in_http: bool = True
+    # TLS on the public ports (REST and gRPC); with tls_client_ca clients need a certificate (mTLS).
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    tls_client_ca: str | None = None
+    # TLS from the gateway to the stages: the CA that signed their certificates, and this gateway's
+    # client certificate when the stages require one. stage_tls_server_name: the name the stages'
+    # certificates carry when it is neither the dialled IP nor the DNS name of the entry.
+    stage_tls_ca: str | None = None
+    stage_tls_cert: str | None = None
+    stage_tls_key: str | None = None
+    stage_tls_server_name: str | None = None
+    # Bearer API key for /v1/* and the gRPC Gateway service (default: $OMNISTREAM_API_KEY).
+    api_key: str | None = field(default=None, repr=False)
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GatewayConfig:
@@ -61,7 +80,19 @@ class GatewayConfig:
             if speakers:
                 self.voices = tuple(sorted(k.lower() for k in speakers))
 
+    def resolve_api_key(self) -> None:
+        if not self.api_key:
+            self.api_key = os.environ.get(API_KEY_ENV) or None
+
     def validate(self) -> None:
         for stage in ("thinker", "talker", "code2wav"):
             if not getattr(self, stage):
                 raise ValueError(f"no {stage} replica configured")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ValueError("tls_cert and tls_key go together")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
+        if bool(self.stage_tls_cert) != bool(self.stage_tls_key):
+            raise ValueError("stage_tls_cert and stage_tls_key go together")
+        if self.discovery_interval <= 0:
+            raise ValueError("discovery_interval must be positive")

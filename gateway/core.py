@@ -25,6 +25,7 @@ from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, Unavailable
 from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames
+from omnistream.security import channel_credentials
 
 log = logging.getLogger(__name__)
 
@@ -213,6 +214,9 @@ class GatewayCore:
             {"thinker": config.thinker, "talker": config.talker, "code2wav": config.code2wav},
             config.max_message_bytes,
             config.health_interval,
+            discovery_interval=config.discovery_interval,
+            credentials=channel_credentials(config.stage_tls_ca, config.stage_tls_cert, config.stage_tls_key),
+            server_name=config.stage_tls_server_name,
         )
 
     async def start(self) -> None:
@@ -269,7 +273,7 @@ class GatewayCore:
         deadline = asyncio.get_running_loop().time() + timeout
         # A replica that is down is found when its stage does not accept the open message; nothing
         # has reached the client then, so the request moves to another replica.
-        attempts = max(len(self.replicas.sets[s].replicas) for s in stages)
+        attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in stages))
         for attempt in range(attempts):
             try:
                 picked = [self.replicas.pick(stage) for stage in stages]
@@ -282,7 +286,9 @@ class GatewayCore:
                 replica.inflight += 1
                 replica.served += 1
             stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
-            source = run_request(stubs, request, rid, plan, timeout=timeout)
+            # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
+            stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
+            source = run_request(stubs, request, stage_rid, plan, timeout=timeout)
             session = Session(self, rid, permit, picked, source, deadline)
             session.start()
             try:

@@ -7,12 +7,14 @@ import asyncio
 import json
 import logging
 import signal
+import ssl
 
 import uvicorn
 
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest import build_app
+from omnistream.security import ApiKeyInterceptor, add_port, server_credentials
 from omnistream.server import add_health_and_reflection, build_server, set_serving
 
 log = logging.getLogger(__name__)
@@ -33,27 +35,46 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "max_queue",
         "queue_timeout",
         "request_timeout",
+        "discovery_interval",
+        "tls_cert",
+        "tls_key",
+        "tls_client_ca",
+        "stage_tls_ca",
+        "stage_tls_cert",
+        "stage_tls_key",
+        "stage_tls_server_name",
+        "api_key",
     ):
         value = getattr(args, name, None)
         if value is not None:
             setattr(config, name, value)
     if args.sequential:
         config.async_chunk = False
+    config.resolve_api_key()
     return config
 
 
 async def serve(config: GatewayConfig) -> int:
-    from gateway.grpc_api import add_gateway_api
+    from gateway.grpc_api import SERVICE_NAME, add_gateway_api
 
     core = GatewayCore(config)
     await core.start()
-    grpc_server = build_server(config.max_message_bytes, config.max_concurrency * 2)
+    interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"])] if config.api_key else None
+    grpc_server = build_server(
+        config.max_message_bytes, config.max_concurrency * 2, interceptors=interceptors
+    )
     name = add_gateway_api(grpc_server, core)
     health = add_health_and_reflection(grpc_server, [name])
-    grpc_port = grpc_server.add_insecure_port(f"{config.host}:{config.grpc_port}")
+    credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
+    grpc_port = add_port(grpc_server, f"{config.host}:{config.grpc_port}", credentials)
     await grpc_server.start()
 
     app = build_app(core)
+    tls: dict = {}
+    if config.tls_cert:
+        tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
+        if config.tls_client_ca:
+            tls |= {"ssl_ca_certs": config.tls_client_ca, "ssl_cert_reqs": ssl.CERT_REQUIRED}
     uv_config = uvicorn.Config(
         app,
         host=config.host,
@@ -61,6 +82,7 @@ async def serve(config: GatewayConfig) -> int:
         log_level="warning",
         lifespan="off",
         timeout_graceful_shutdown=30,
+        **tls,
     )
     http = uvicorn.Server(uv_config)
     http.install_signal_handlers = lambda: None  # we own SIGTERM: drain both faces together
@@ -77,10 +99,13 @@ async def serve(config: GatewayConfig) -> int:
             {
                 "event": "listening",
                 "stage": "gateway",
+                "host": config.host,
                 "port": grpc_port,
                 "grpc_port": grpc_port,
                 "http_port": http_port,
                 "metrics_port": http_port,
+                "tls": credentials is not None,
+                "api_key": bool(config.api_key),
             }
         ),
         flush=True,

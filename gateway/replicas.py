@@ -2,13 +2,24 @@
 
 A replica leaves the rotation when its health check fails or a call to it fails with UNAVAILABLE,
 and comes back as soon as its health check answers SERVING again.
+
+Replicas come from the configured entries of each stage. An IP literal (`10.0.0.7:50051`,
+`[fd00::7]:50051`) or a `unix:` path is one static replica. A DNS name (`talker:50051`, or explicitly
+`dns:///talker.omnistream.svc:50051`) is looked up every `discovery_interval` seconds and every
+address it resolves to is a replica: a Kubernetes headless Service (or a Compose service with several
+replicas) answers with one address per ready pod, so scaling a stage needs no gateway restart.
+Addresses that appear are added (and health-checked at once), addresses that vanish are removed
+after their running requests finish; a failed look-up keeps the replicas known so far.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
+import socket
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 import grpc
@@ -16,6 +27,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from omnistream.errors import Unavailable
 from omnistream.proto.omni.v1 import stage_pb2_grpc
+from omnistream.security import open_channel
 from omnistream.server import client_channel_options
 
 log = logging.getLogger(__name__)
@@ -25,6 +37,79 @@ STUBS = {
     "talker": stage_pb2_grpc.TalkerServiceStub,
     "code2wav": stage_pb2_grpc.Code2WavServiceStub,
 }
+
+
+# (host, port) -> ["ip:port", ...]; raises OSError when the name cannot be looked up right now.
+Resolver = Callable[[str, int], Awaitable[list[str]]]
+
+DNS_SCHEME = "dns:"
+
+
+@dataclass(frozen=True)
+class Target:
+    """One configured entry of a stage: a fixed address, or a DNS name to look up periodically."""
+
+    stage: str
+    entry: str
+    host: str
+    port: int
+    dynamic: bool
+
+    @classmethod
+    def parse(cls, stage: str, entry: str) -> Target:
+        text = entry.strip()
+        explicit_dns = text.startswith(DNS_SCHEME)
+        if explicit_dns:
+            # dns:///name:port, or dns://authority/name:port (the authority is the system's resolver)
+            text = text[len(DNS_SCHEME) :].lstrip("/")
+            if "/" in text:
+                text = text.split("/", 1)[1]
+        elif text.startswith("unix:"):
+            return cls(stage, entry, text, 0, False)
+        host, sep, port = text.rpartition(":")
+        if not sep or not host or not port.isdigit():
+            raise ValueError(f"{stage} replica {entry!r}: expected host:port")
+        host = host.strip("[]")
+        try:
+            ipaddress.ip_address(host)
+            is_ip = True
+        except ValueError:
+            is_ip = False
+        if explicit_dns and is_ip:
+            raise ValueError(f"{stage} replica {entry!r}: dns: needs a name, not an address")
+        return cls(stage, entry, host, int(port), not is_ip)
+
+    @property
+    def address(self) -> str:
+        """The address to dial for a static entry."""
+        if self.port == 0:
+            return self.host
+        return format_address(self.host, self.port)
+
+
+def format_address(ip: str, port: int) -> str:
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+async def resolve_addresses(host: str, port: int) -> list[str]:
+    """All addresses of `host` (getaddrinfo in the loop's thread pool), IPv4 ones when there are any.
+
+    A dual-stack name lists each pod under both families: taking one family keeps one replica per
+    pod. A name that does not exist (a headless Service with no ready pod) resolves to no address.
+    """
+    loop = asyncio.get_running_loop()
+    try:
+        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        if exc.errno in _NO_SUCH_NAME:
+            return []
+        raise
+    v4 = {info[4][0] for info in infos if info[0] == socket.AF_INET}
+    v6 = {info[4][0] for info in infos if info[0] == socket.AF_INET6}
+    return [format_address(ip, port) for ip in sorted(v4 or v6)]
+
+
+_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 
 @dataclass
@@ -37,6 +122,7 @@ class Replica:
     healthy: bool = False
     inflight: int = 0
     served: int = 0
+    source: str | None = None  # the DNS entry that found it; None for a static entry
 
 
 @dataclass
@@ -59,20 +145,47 @@ class Replicas:
     """All stages' replica sets plus the health watcher that keeps their state current."""
 
     def __init__(
-        self, addresses: dict[str, list[str]], max_message_bytes: int, check_interval: float = 1.0
+        self,
+        addresses: dict[str, list[str]],
+        max_message_bytes: int,
+        check_interval: float = 1.0,
+        *,
+        discovery_interval: float = 5.0,
+        credentials: grpc.ChannelCredentials | None = None,
+        server_name: str | None = None,
+        resolver: Resolver = resolve_addresses,
     ) -> None:
+        """`credentials`: TLS to the stages (None: plaintext); `server_name`: the name their
+        certificates carry (default: the dialled IP for static entries, the DNS name for the others)."""
         self.max_message_bytes = max_message_bytes
         self.check_interval = check_interval
+        self.discovery_interval = discovery_interval
+        self.credentials = credentials
+        self.server_name = server_name
+        self.resolver = resolver
         self.sets = {stage: ReplicaSet(stage) for stage in STUBS}
-        for stage, addrs in addresses.items():
-            for address in addrs:
-                self.add(stage, address)
+        self.targets = [
+            Target.parse(stage, entry) for stage, entries in addresses.items() for entry in entries
+        ]
+        for target in self.targets:
+            if not target.dynamic:
+                self.add(target.stage, target.address)
         self._task: asyncio.Task | None = None
+        self._discovery: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
 
-    def add(self, stage: str, address: str) -> Replica:
-        channel = grpc.aio.insecure_channel(address, options=client_channel_options(self.max_message_bytes))
-        replica = Replica(stage, address, channel, STUBS[stage](channel), health_pb2_grpc.HealthStub(channel))
+    def add(
+        self, stage: str, address: str, *, source: str | None = None, server_name: str | None = None
+    ) -> Replica:
+        channel = open_channel(
+            address,
+            self.credentials,
+            client_channel_options(self.max_message_bytes),
+            self.server_name or server_name,
+        )
+        replica = Replica(
+            stage, address, channel, STUBS[stage](channel), health_pb2_grpc.HealthStub(channel), source=source
+        )
         self.sets[stage].replicas.append(replica)
         return replica
 
@@ -117,20 +230,65 @@ class Replicas:
         replicas = [r for s in self.sets.values() for r in s.replicas]
         await asyncio.gather(*(self.check(r) for r in replicas))
 
+    async def discover(self) -> None:
+        """Look up every DNS entry once; add the addresses that appeared, remove those that vanished."""
+        dynamic = [t for t in self.targets if t.dynamic]
+        results = await asyncio.gather(
+            *(self.resolver(t.host, t.port) for t in dynamic), return_exceptions=True
+        )
+        added: list[Replica] = []
+        for target, found in zip(dynamic, results, strict=True):
+            if isinstance(found, BaseException):
+                if not isinstance(found, OSError):
+                    raise found
+                log.warning(
+                    "%s: cannot look up %s (%s); keeping its replicas", target.stage, target.entry, found
+                )
+                continue
+            added += self._apply(target, found)
+        if added:
+            await asyncio.gather(*(self.check(r) for r in added))
+
+    def _apply(self, target: Target, found: list[str]) -> list[Replica]:
+        replicas = self.sets[target.stage].replicas
+        known = {r.address for r in replicas}
+        mine = {r.address for r in replicas if r.source == target.entry}
+        wanted = set(found)
+        added = []
+        for address in sorted(wanted - known):
+            log.info("%s replica %s found through %s", target.stage, address, target.entry)
+            added.append(self.add(target.stage, address, source=target.entry, server_name=target.host))
+        for address in sorted(mine - wanted):
+            log.info("%s replica %s no longer in %s: removed", target.stage, address, target.entry)
+            self.remove(target.stage, address)
+        return added
+
     async def _watch(self) -> None:
         while True:
             await self.check_all()
             await asyncio.sleep(self.check_interval)
 
+    async def _rediscover(self) -> None:
+        while True:
+            await asyncio.sleep(self.discovery_interval)
+            try:
+                await self.discover()
+            except Exception:
+                log.exception("replica discovery failed; retrying in %.1fs", self.discovery_interval)
+
     async def start(self) -> None:
+        await self.discover()
         await self.check_all()
         self._task = asyncio.create_task(self._watch())
+        if any(t.dynamic for t in self.targets):
+            self._discovery = asyncio.create_task(self._rediscover())
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        for task in (self._task, self._discovery):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
         for s in self.sets.values():
             for r in s.replicas:
                 await r.channel.close()

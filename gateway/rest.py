@@ -18,9 +18,10 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from gateway.admission import Rejected
 from gateway.core import GatewayCore
-from omnistream.errors import InvalidRequest, OmniError, status_of
+from omnistream.errors import InvalidRequest, OmniError, Unauthenticated, status_of
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.sampling import SamplingParams
+from omnistream.security import bearer_matches
 from omnistream.wav import pcm16_wav_bytes, to_pcm16
 
 # The reference model's talker defaults (`generate`): sampled, as the real voice expects.
@@ -146,7 +147,13 @@ def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tup
 
 
 # --- errors ------------------------------------------------------------------------------------------
-_TYPES = {422: "invalid_request_error", 429: "rate_limit_error", 503: "service_unavailable", 504: "timeout"}
+_TYPES = {
+    401: "authentication_error",
+    422: "invalid_request_error",
+    429: "rate_limit_error",
+    503: "service_unavailable",
+    504: "timeout",
+}
 
 
 def error_body(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
@@ -192,6 +199,23 @@ def build_app(core: GatewayCore) -> FastAPI:
         version="0.1.0",
         description="OpenAI-compatible chat completions with streamed text and audio (Qwen3-Omni).",
     )
+
+    api_key = core.config.api_key
+    if api_key:
+
+        @app.middleware("http")
+        async def require_api_key(request: Request, call_next):
+            # Only the API needs the key: probes (/health, /ready) and /metrics stay open.
+            if request.url.path.startswith("/v1/") and not bearer_matches(
+                request.headers.get("authorization"), api_key
+            ):
+                error = Unauthenticated("missing or invalid API key (Authorization: Bearer <key>)")
+                return JSONResponse(
+                    error_body(401, error.message, error.kind, None),
+                    status_code=401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+            return await call_next(request)
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:

@@ -22,6 +22,7 @@ from omnistream.errors import OmniError, from_grpc
 from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.relay import Emit, relay
 from omnistream.server import ERROR_KIND_METADATA_KEY, client_channel_options
 from omnistream.tensors import numpy_from_proto
 
@@ -92,7 +93,7 @@ async def run_request(
 ) -> AsyncIterator[TextEvent | CodesEvent | AudioEvent | DoneEvent]:
     request.validate()
     started = time.perf_counter()
-    out: asyncio.Queue = asyncio.Queue(maxsize=256)
+    out: Emit  # set by run_all: hands an event to the consumer
     thinker = stubs.thinker.Stream(timeout=timeout)
     talker = stubs.talker.Stream(timeout=timeout) if request.return_audio else None
     code2wav = stubs.code2wav.Stream(timeout=timeout) if request.return_audio else None
@@ -161,7 +162,7 @@ async def run_request(
                 state["prompt_ids"] = list(chunk.prompt_ids)
             state["output_ids"].extend(chunk.token_ids)
             marks.setdefault("ttft", time.perf_counter())
-            await out.put(TextEvent(list(chunk.token_ids), chunk.text_delta))
+            await out(TextEvent(list(chunk.token_ids), chunk.text_delta))
             if talker is not None and talker_done.is_set() and not talker_closed:
                 # The talker finished first (codec EOS, max frames): its input is moot now.
                 talker_closed = True
@@ -190,7 +191,7 @@ async def run_request(
         async for chunk in talker:
             codes = numpy_from_proto(chunk.codes, field="codes")
             for j in range(codes.shape[1] if codes.ndim == 2 else 0):
-                await out.put(CodesEvent(chunk.first_frame + j, codes[:, j].tolist()))
+                await out(CodesEvent(chunk.first_frame + j, codes[:, j].tolist()))
             state["frames"] += codes.shape[1] if codes.ndim == 2 else 0
             if chunk.finished:
                 talker_done.set()
@@ -212,27 +213,21 @@ async def run_request(
             if audio.size:
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                await out.put(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample)))
+                await out(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample)))
 
-    async def run_all() -> None:
-        try:
-            if talker is not None:
-                # Both accept their open before any thinker output can be forwarded to them.
-                await asyncio.gather(guarded("talker", open_talker), guarded("code2wav", open_code2wav))
-            tasks = [guarded("thinker", run_thinker)]
-            if talker is not None:
-                tasks += [guarded("talker", run_talker), guarded("code2wav", run_code2wav)]
-            await asyncio.gather(*tasks)
-            await out.put(None)
-        except BaseException as exc:
-            await out.put(exc)
-            raise
+    async def run_all(emit: Emit) -> None:
+        nonlocal out
+        out = emit
+        if talker is not None:
+            # Both accept their open before any thinker output can be forwarded to them.
+            await asyncio.gather(guarded("talker", open_talker), guarded("code2wav", open_code2wav))
+        tasks = [guarded("thinker", run_thinker)]
+        if talker is not None:
+            tasks += [guarded("talker", run_talker), guarded("code2wav", run_code2wav)]
+        await asyncio.gather(*tasks)
 
-    runner = asyncio.create_task(run_all())
     try:
-        while (item := await out.get()) is not None:
-            if isinstance(item, BaseException):
-                raise item
+        async for item in relay(run_all):
             yield item
         yield DoneEvent(
             prompt_ids=state["prompt_ids"],
@@ -247,6 +242,3 @@ async def run_request(
     finally:
         for call in calls:
             call.cancel()
-        runner.cancel()
-        with contextlib.suppress(BaseException):
-            await runner

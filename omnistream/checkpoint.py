@@ -133,7 +133,7 @@ def load_stage(stage: str, model_dir: str | Path, options: LoadOptions = LoadOpt
     cls = STAGE_CLASSES[stage]
     dtype = options.torch_dtype()
     # The default grouped-matmul MoE kernel rejects float64; eager experts run every dtype.
-    experts = "eager" if dtype == torch.float64 or options.device == "cpu" else None
+    experts = "eager" if dtype == torch.float64 else None
     kwargs = {"dtype": dtype}
     if experts:
         kwargs["experts_implementation"] = experts

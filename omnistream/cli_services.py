@@ -38,6 +38,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     main_args.add_arguments(gp)
     gp.set_defaults(func=_serve_gateway)
     add_up_command(sub)
+    add_bench_command(sub)
+    add_health_command(sub)
 
 
 def _up(args: argparse.Namespace) -> int:
@@ -55,3 +57,71 @@ def add_up_command(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="start the three stages and the gateway locally; Ctrl-C stops them")
     up.add_arguments(p)
     p.set_defaults(func=_up)
+
+
+HEALTH_ENV = "OMNISTREAM_HEALTH_"  # ..._TLS_CA, _TLS_CERT, _TLS_KEY, _TLS_SERVER_NAME: defaults of the flags
+
+
+def _health(args: argparse.Namespace) -> int:
+    import grpc
+
+    from omnistream.launcher import ClientTLS, check_health
+
+    tls = None
+    if args.tls_ca or args.tls_cert:
+        tls = ClientTLS(args.tls_ca, args.tls_cert, args.tls_key, args.tls_server_name)
+    try:
+        status = check_health(args.address, tls, timeout=args.timeout)
+    except grpc.RpcError as exc:
+        print(f"{args.address}: {exc.code().name} {exc.details()}")
+        return 1
+    from grpc_health.v1 import health_pb2
+
+    name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
+    print(f"{args.address}: {name}")
+    return 0 if status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def add_health_command(sub: argparse._SubParsersAction) -> None:
+    import os
+
+    p = sub.add_parser(
+        "health",
+        help="gRPC health check of a stage or the gateway: exit 0 when SERVING (container health checks)",
+    )
+    p.add_argument("address", nargs="?", default="127.0.0.1:50051", help="host:port (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=5.0)
+    for flag, help_text in (
+        ("tls-ca", "PEM CA of the server's certificate: connect over TLS"),
+        ("tls-cert", "client certificate, for servers that require one (mTLS)"),
+        ("tls-key", "private key of --tls-cert"),
+        ("tls-server-name", "name on the server's certificate, if not the address's host"),
+    ):
+        env = HEALTH_ENV + flag.upper().replace("-", "_")
+        p.add_argument(f"--{flag}", default=os.environ.get(env), help=f"{help_text} (default: ${env})")
+    p.set_defaults(func=_health)
+
+
+def _bench(args: argparse.Namespace) -> int:
+    import asyncio
+
+    from omnistream.protogen import ensure_generated
+
+    ensure_generated()
+    from omnistream.bench.run import run_bench
+
+    if args.model == ".cache/tiny-model":
+        from pathlib import Path
+
+        from omnistream.cli import ensure_tiny_model
+
+        ensure_tiny_model(Path(args.model))
+    return asyncio.run(run_bench(args))
+
+
+def add_bench_command(sub: argparse._SubParsersAction) -> None:
+    from omnistream.bench import args as bench_args
+
+    p = sub.add_parser("bench", help="benchmark: TTFT, TPOT, ITL, TTFP, RTF, E2E; services vs in-process")
+    bench_args.add_arguments(p)
+    p.set_defaults(func=_bench)

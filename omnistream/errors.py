@@ -46,6 +46,12 @@ class Unavailable(OmniError):
     kind = "unavailable"
 
 
+class Unauthenticated(OmniError):
+    """A public API call without a valid API key (or client certificate)."""
+
+    kind = "unauthenticated"
+
+
 class DeadlineExceeded(OmniError):
     kind = "deadline_exceeded"
 
@@ -73,6 +79,7 @@ STATUS_TABLE: dict[str, Status] = {
     SequenceError.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
     Overloaded.kind: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     Unavailable.kind: Status(grpc.StatusCode.UNAVAILABLE, 503),
+    Unauthenticated.kind: Status(grpc.StatusCode.UNAUTHENTICATED, 401),
     DeadlineExceeded.kind: Status(grpc.StatusCode.DEADLINE_EXCEEDED, 504),
     Cancelled.kind: Status(grpc.StatusCode.CANCELLED, 499),
     NotFound.kind: Status(grpc.StatusCode.NOT_FOUND, 404),
@@ -84,6 +91,7 @@ _BY_GRPC = {
     grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
     grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
     grpc.StatusCode.UNAVAILABLE: Unavailable,
+    grpc.StatusCode.UNAUTHENTICATED: Unauthenticated,
     grpc.StatusCode.DEADLINE_EXCEEDED: DeadlineExceeded,
     grpc.StatusCode.CANCELLED: Cancelled,
     grpc.StatusCode.NOT_FOUND: NotFound,

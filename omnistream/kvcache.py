@@ -35,6 +35,12 @@ class SlotKVCache:
         self._q_len = 0
         self._kv_len = 0
 
+    @classmethod
+    def for_text_config(cls, text, slots: int, capacity: int, dtype: torch.dtype, device) -> SlotKVCache:
+        """Sized for a decoder described by a transformers text config (thinker or talker)."""
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+        return cls(text.num_hidden_layers, text.num_key_value_heads, head_dim, slots, capacity, dtype, device)
+
     # --- slot bookkeeping -------------------------------------------------------------------------
     @property
     def free_slots(self) -> int:

@@ -65,6 +65,13 @@ class StageMetrics:
             ["stage", "kind"],
             registry=r,
         )
+        self.chunk_cpu = Histogram(
+            "omnistream_stage_chunk_cpu_seconds",
+            "Thread CPU time spent turning one chunk into engine input (in) or into a message (out)",
+            ["stage", "direction"],
+            buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2),
+            registry=r,
+        )
         self.requests = Counter(
             "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
         ).labels(**labels)

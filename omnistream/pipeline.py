@@ -9,7 +9,6 @@ tokens, codes and audio and their timings compare fairly.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 import uuid
@@ -22,6 +21,7 @@ import torch
 from omnistream.checkpoint import LoadOptions
 from omnistream.errors import InvalidRequest
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames, flush_points
+from omnistream.relay import Emit, relay
 from omnistream.sampling import SamplingParams
 from services.code2wav.engine import SAMPLE_RATE, Code2WavEngine
 from services.talker.engine import TalkerEngine, TalkerParams
@@ -138,7 +138,7 @@ class Pipeline:
         if prompt_ids is None:
             prompt_ids = self.thinker.encode_chat(request.messages or [])
         sequential = request.mode == "sequential"
-        out: asyncio.Queue[Event | BaseException | None] = asyncio.Queue(maxsize=1024)
+        out: Emit  # set by run_all: hands an event to the consumer
         thinker_out = self.thinker.add_request(
             rid, prompt_ids, ThinkerParams(request.max_tokens, request.ignore_eos, request.sampling)
         )
@@ -165,7 +165,7 @@ class Pipeline:
             async for step in thinker_out:
                 output_ids.extend(step.token_ids)
                 marks.setdefault("ttft", time.perf_counter())
-                await out.put(TextEvent(step.token_ids, step.text_delta))
+                await out(TextEvent(step.token_ids, step.text_delta))
                 if talker_out is not None and not sequential:
                     self.talker.feed(
                         rid, step.token_ids, step.finished, prompt_ids=prompt_ids if first else None
@@ -184,7 +184,7 @@ class Pipeline:
             async for step in talker_out:
                 if step.codes is not None:
                     frames.append(step.codes)
-                    await out.put(CodesEvent(step.frame, step.codes))
+                    await out(CodesEvent(step.frame, step.codes))
                 if sequential:
                     continue
                 if step.finished or len(frames) >= next_flush:
@@ -201,24 +201,18 @@ class Pipeline:
                 if chunk.audio.size:
                     marks.setdefault("ttfp", time.perf_counter())
                     finish["samples"] += chunk.audio.size
-                    await out.put(AudioEvent(chunk.audio, chunk.first_sample))
+                    await out(AudioEvent(chunk.audio, chunk.first_sample))
 
-        async def run_all() -> None:
-            try:
-                pumps = [pump_thinker()]
-                if talker_out is not None:
-                    pumps += [pump_talker(), pump_code2wav()]
-                await asyncio.gather(*pumps)
-                await out.put(None)
-            except BaseException as exc:
-                await out.put(exc)
-                raise
+        async def run_all(emit: Emit) -> None:
+            nonlocal out
+            out = emit
+            pumps = [pump_thinker()]
+            if talker_out is not None:
+                pumps += [pump_talker(), pump_code2wav()]
+            await asyncio.gather(*pumps)
 
-        runner = asyncio.create_task(run_all())
         try:
-            while (item := await out.get()) is not None:
-                if isinstance(item, BaseException):
-                    raise item
+            async for item in relay(run_all, maxsize=1024):
                 yield item
             yield DoneEvent(
                 prompt_ids=list(prompt_ids),
@@ -232,9 +226,6 @@ class Pipeline:
             )
         finally:
             self._active -= 1
-            runner.cancel()
-            with contextlib.suppress(BaseException):
-                await runner
             for engine in self.engines:
                 engine.abort(rid)
 

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_TIME_MS = 20_000
 KEEPALIVE_TIMEOUT_MS = 10_000
+MAX_RECONNECT_BACKOFF_MS = 10_000
 # Servers accept client pings this often; half the client interval leaves room for timer jitter.
 MIN_RECV_PING_INTERVAL_MS = KEEPALIVE_TIME_MS // 2
 # Health checks and reflection are RPCs too: without headroom a saturated stage would fail its
@@ -73,6 +74,9 @@ def client_channel_options(max_message_bytes: int) -> ChannelOptions:
         # Idle stage-to-stage connections must stay probed, or a dead peer is found only on next use.
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.enable_retries", 0),  # a retried stream would replay chunks; callers decide instead
+        # A replica cut off for a while is retried at least this often (gRPC's default backs off to 2
+        # minutes), so it is back in rotation soon after its network returns.
+        ("grpc.max_reconnect_backoff_ms", MAX_RECONNECT_BACKOFF_MS),
     ]
 
 

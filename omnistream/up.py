@@ -70,38 +70,67 @@ Metrics: http://{host}:{http_port}/metrics   Ready: http://{host}:{http_port}/re
 """
 
 
-def run_up(args: argparse.Namespace) -> int:
-    common = ["--model", args.model, "--dtype", args.dtype, "--device", args.device]
+def start_stack(
+    model: str,
+    services: dict[str, ServiceProcess],
+    *,
+    dtype: str = "float32",
+    device: str = "cpu",
+    host: str = "127.0.0.1",
+    http_port: int = 0,
+    grpc_port: int = 0,
+    max_concurrency: int = 16,
+    talker_replicas: int = 1,
+    code2wav_replicas: int = 1,
+) -> ServiceProcess:
+    """Start the stages, then the gateway, into `services` (so a caller can stop whatever started)."""
+    common = ["--model", model, "--dtype", dtype, "--device", device]
     specs = {"thinker": ["serve", "thinker", *common]}
-    for i in range(args.talker_replicas):
+    for i in range(talker_replicas):
         specs[f"talker-{i}"] = ["serve", "talker", *common]
-    for i in range(args.code2wav_replicas):
+    for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = ["serve", "code2wav", *common]
+    services.update(start_services(specs))
+    gateway_args = [
+        "serve",
+        "gateway",
+        "--model",
+        model,
+        "--host",
+        host,
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--max-concurrency",
+        str(max_concurrency),
+    ]
+    for name, service in list(services.items()):
+        gateway_args += [f"--{name.split('-')[0]}", service.address]
+    services.update(start_services({"gateway": gateway_args}))
+    gateway = services["gateway"]
+    wait_ready(gateway.http_port)
+    return gateway
+
+
+def run_up(args: argparse.Namespace) -> int:
     services: dict[str, ServiceProcess] = {}
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
     try:
-        services.update(start_services(specs))
-        gateway_args = [
-            "serve",
-            "gateway",
-            "--model",
+        gateway = start_stack(
             args.model,
-            "--host",
-            args.host,
-            "--http-port",
-            str(args.http_port),
-            "--grpc-port",
-            str(args.grpc_port),
-            "--max-concurrency",
-            str(args.max_concurrency),
-        ]
-        for name, service in services.items():
-            gateway_args += [f"--{name.split('-')[0]}", service.address]
-        services.update(start_services({"gateway": gateway_args}))
-        gateway = services["gateway"]
-        wait_ready(gateway.http_port)
+            services,
+            dtype=args.dtype,
+            device=args.device,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            max_concurrency=args.max_concurrency,
+            talker_replicas=args.talker_replicas,
+            code2wav_replicas=args.code2wav_replicas,
+        )
         print(usage_text(args.host, gateway.http_port, gateway.port), flush=True)
         while not stop.is_set():
             for name, service in services.items():

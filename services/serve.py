@@ -95,6 +95,9 @@ async def serve(args: argparse.Namespace) -> int:
         max_message_bytes=args.max_message_bytes,
         max_streams=engine.max_requests,
         grace_seconds=args.grace_seconds,
+        tls_cert=args.tls_cert,
+        tls_key=args.tls_key,
+        tls_client_ca=args.tls_client_ca,
     )
 
     async def warmup() -> None:

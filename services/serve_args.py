@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import os
+
+MODEL_ENV = "OMNISTREAM_MODEL"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", required=True)
+    p.add_argument(
+        "--model",
+        default=os.environ.get(MODEL_ENV),
+        required=not os.environ.get(MODEL_ENV),
+        help=f"checkpoint directory (default: ${MODEL_ENV})",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
     p.add_argument("--host", default="127.0.0.1")
@@ -18,4 +26,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-requests", type=int, default=None, help="concurrency backstop (default 4x batch)")
     p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024)
     p.add_argument("--grace-seconds", type=float, default=30.0)
-    p.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads (0: torch's default). One is fastest for small models on a shared CPU.",
+    )
+    p.add_argument("--tls-cert", default=None, help="PEM certificate: serve gRPC over TLS")
+    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
+    p.add_argument(
+        "--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)"
+    )

@@ -72,13 +72,15 @@ class Code2WavServicer(StageServicer, stage_pb2_grpc.Code2WavServiceServicer):
             index = 0
             while pieces := await out.get_batch():
                 for piece in pieces:
-                    yield stage_pb2.AudioChunk(
-                        key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
-                        audio=to_proto(piece.audio),
-                        sample_rate=SAMPLE_RATE,
-                        first_sample=piece.first_sample,
-                        finished=piece.finished,
-                    )
+                    with self.chunk_cpu("out"):
+                        message = stage_pb2.AudioChunk(
+                            key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
+                            audio=to_proto(piece.audio),
+                            sample_rate=SAMPLE_RATE,
+                            first_sample=piece.first_sample,
+                            finished=piece.finished,
+                        )
+                    yield message
                     index += 1
 
         def pump(output_done: asyncio.Event):

@@ -91,14 +91,8 @@ class TalkerEngine(Engine):
         text = tc.text_config
         self.max_batch = max_batch
         self.max_model_len = max_model_len
-        self.cache = SlotKVCache(
-            num_layers=text.num_hidden_layers,
-            num_kv_heads=text.num_key_value_heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            slots=max_batch,
-            capacity=max_model_len,
-            dtype=options.torch_dtype(),
-            device=options.device,
+        self.cache = SlotKVCache.for_text_config(
+            text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
 
     # --- public API ---------------------------------------------------------------------------------
@@ -247,6 +241,11 @@ class TalkerEngine(Engine):
         predict = [s for s in predict if not s.finished]
         if predict:
             self._predict_residuals(predict)
+            # One step per frame: whoever has its next text row goes straight on to the talker forward.
+            with self._cond:
+                decode += [
+                    s for s in predict if not s.finished and s.output.has_room() and self._text_row_ready(s)
+                ]
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)

@@ -97,17 +97,21 @@ class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
                     reason = step.finish_reason or reason
                 if not finished and len(frames) < next_flush:
                     continue
-                new = frames[shipped:]
-                codes = (
-                    torch.tensor(new, dtype=torch.long).T if new else torch.zeros((16, 0), dtype=torch.long)
-                )
-                yield stage_pb2.TalkerChunk(
-                    key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
-                    codes=to_proto(codes.contiguous()),
-                    first_frame=shipped,
-                    finished=finished,
-                    finish_reason=reason,
-                )
+                with self.chunk_cpu("out"):
+                    new = frames[shipped:]
+                    codes = (
+                        torch.tensor(new, dtype=torch.long).T
+                        if new
+                        else torch.zeros((16, 0), dtype=torch.long)
+                    )
+                    message = stage_pb2.TalkerChunk(
+                        key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
+                        codes=to_proto(codes.contiguous()),
+                        first_frame=shipped,
+                        finished=finished,
+                        finish_reason=reason,
+                    )
+                yield message
                 index += 1
                 shipped = len(frames)
                 while next_flush <= shipped:

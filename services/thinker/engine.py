@@ -72,14 +72,8 @@ class ThinkerEngine(Engine):
             self.eos_ids.add(self.tokenizer.eos_token_id)
         self.max_model_len = max_model_len
         self.max_batch = max_batch
-        self.cache = SlotKVCache(
-            num_layers=text.num_hidden_layers,
-            num_kv_heads=text.num_key_value_heads,
-            head_dim=getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads,
-            slots=max_batch,
-            capacity=max_model_len,
-            dtype=options.torch_dtype(),
-            device=options.device,
+        self.cache = SlotKVCache.for_text_config(
+            text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
 
     # --- public API ---------------------------------------------------------------------------------

@@ -54,21 +54,22 @@ class ThinkerServicer(StageServicer, stage_pb2_grpc.ThinkerServiceServicer):
             index = 0
             completion = 0
             while steps := await out.get_batch():
-                last = steps[-1]
-                completion += sum(len(s.token_ids) for s in steps)
-                chunk = stage_pb2.ThinkerChunk(
-                    key=ChunkKey(rid, Stage.THINKER, index).to_proto(),
-                    token_ids=[t for s in steps for t in s.token_ids],
-                    text_delta="".join(s.text_delta for s in steps),
-                    finished=last.finished,
-                    finish_reason=last.finish_reason or "",
-                )
-                if index == 0:
-                    chunk.prompt_ids.extend(prompt_ids)
-                if last.finished:
-                    chunk.usage.CopyFrom(
-                        common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)
+                with self.chunk_cpu("out"):
+                    last = steps[-1]
+                    completion += sum(len(s.token_ids) for s in steps)
+                    chunk = stage_pb2.ThinkerChunk(
+                        key=ChunkKey(rid, Stage.THINKER, index).to_proto(),
+                        token_ids=[t for s in steps for t in s.token_ids],
+                        text_delta="".join(s.text_delta for s in steps),
+                        finished=last.finished,
+                        finish_reason=last.finish_reason or "",
                     )
+                    if index == 0:
+                        chunk.prompt_ids.extend(prompt_ids)
+                    if last.finished:
+                        chunk.usage.CopyFrom(
+                            common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)
+                        )
                 index += 1
                 yield chunk
 

@@ -33,7 +33,9 @@ def stages(tiny_model_dir):
 def metric(service: ServiceProcess, name: str) -> float:
     """Sum of a metric's samples on the service's /metrics endpoint."""
     body = (
-        urllib.request.urlopen(f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=5).read().decode()
+        urllib.request.urlopen(f"http://{service.connect_host}:{service.metrics_port}/metrics", timeout=5)
+        .read()
+        .decode()
     )
     samples = [
         float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if re.match(rf"^{name}(\{{|\s)", line)

@@ -319,15 +319,23 @@ def test_replicas_share_load_and_survive_a_kill(tiny_model_dir):
 
 
 def test_timeout_ends_with_504_and_frees_the_stages(gateway, stages):
-    body = {"messages": MESSAGES, "max_tokens": 3000, "ignore_eos": True, "modalities": ["text", "audio"],
-            "max_audio_frames": 2000, "talker_temperature": 0, "timeout": 1.0}
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "modalities": ["text", "audio"],
+        "max_audio_frames": 2000,
+        "talker_temperature": 0,
+        "timeout": 1.0,
+    }
     reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=60)
     assert reply.status_code == 504, reply.text
     assert reply.json()["error"]["code"] == "deadline_exceeded"
 
     def idle() -> bool:
         return all(
-            metric(s, "omnistream_stage_running_requests") + metric(s, "omnistream_stage_waiting_requests") == 0
+            metric(s, "omnistream_stage_running_requests") + metric(s, "omnistream_stage_waiting_requests")
+            == 0
             for s in stages.values()
         )
 

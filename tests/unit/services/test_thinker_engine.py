@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -66,6 +67,9 @@ def test_abort_frees_state_at_once(engine):
         return await asyncio.gather(*(_run(engine, f"f{i}", ThinkerParams(3, True)) for i in range(4)))
 
     assert all(len(r) == 3 for r in asyncio.run(fill()))
+    deadline = time.monotonic() + 2  # slots come back on the engine thread before its next step
+    while engine.cache.free_slots != 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert engine.cache.free_slots == 4
 
 

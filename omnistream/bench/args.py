@@ -1,0 +1,35 @@
+"""Command-line arguments of `omnistream bench` (no heavy imports)."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", default=".cache/tiny-model")
+    p.add_argument("--targets", default="in-process,services", help="comma list of in-process, services")
+    p.add_argument(
+        "--transport", default="grpc", choices=["grpc", "rest"], help="how the services target is called"
+    )
+    p.add_argument(
+        "--gateway", default=None, help="host:port of a running gateway (gRPC) instead of starting one"
+    )
+    p.add_argument("--modes", default="async,sequential")
+    p.add_argument("--max-concurrency", default="1,4,10", help="comma list: a sweep")
+    p.add_argument("--num-prompts", type=int, default=None, help="per run (default: max(3, concurrency))")
+    p.add_argument("--input-len", type=int, default=100)
+    p.add_argument("--output-len", type=int, default=100)
+    p.add_argument("--audio-frames", type=int, default=340, help="codec frames per request (80 ms each)")
+    p.add_argument("--no-ignore-eos", action="store_true")
+    p.add_argument("--request-rate", type=float, default=float("inf"))
+    p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")
+    p.add_argument("--repeats", type=int, default=2, help="runs per target and cell, in A B B A order")
+    p.add_argument("--chunk-cost", action="store_true", help="also measure CPU time per inter-stage chunk")
+    p.add_argument("--chunk-cost-prompts", default="16,2508")
+    p.add_argument(
+        "--stage-timings", action="store_true", help="also time each engine's step at batch 1 and 8"
+    )
+    p.add_argument("--output-dir", default="bench-results")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--seed", type=int, default=0)

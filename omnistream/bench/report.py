@@ -1,0 +1,118 @@
+"""The benchmark's outputs: the seed's table, JSON, CSV and PNG plots."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+COLUMNS = [
+    ("target", "target"),
+    ("async", "async chunk"),
+    ("concurrency", "conc"),
+    ("completed", "ok"),
+    ("failed", "fail"),
+    ("e2e_ms", "E2E ms"),
+    ("ttft_ms", "TTFT ms"),
+    ("tpot_ms", "TPOT ms"),
+    ("ttfp_ms", "TTFP ms"),
+    ("rtf", "RTF"),
+    ("itl_ms", "ITL ms"),
+]
+
+
+def _cell(row: dict, key: str) -> str:
+    value = row[key]
+    if isinstance(value, dict):
+        spread = value.get("run_spread")
+        fmt = "{:.3f}" if key == "rtf" else "{:.1f}"
+        text = fmt.format(value["mean"])
+        if spread:
+            text += " ±" + fmt.format(spread / 2)
+        return text
+    if isinstance(value, bool):
+        return "on" if value else "off"
+    return str(value)
+
+
+def table(rows: list[dict]) -> str:
+    """Markdown table in the seed's shape (means; ± half the spread between repeated runs)."""
+    head = "| " + " | ".join(title for _, title in COLUMNS) + " | req/s | tok/s | audio s/s |"
+    sep = "|" + "---|" * (len(COLUMNS) + 3)
+    lines = [head, sep]
+    for row in rows:
+        cells = [_cell(row, key) for key, _ in COLUMNS]
+        cells += [
+            f"{row['request_throughput']:.2f}",
+            f"{row['output_token_throughput']:.1f}",
+            f"{row['audio_throughput']:.2f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write_json(path: Path, payload: dict) -> None:
+    path.write_text(json.dumps(payload, indent=2, default=str))
+
+
+def write_csv(path: Path, rows: list[dict]) -> None:
+    fields = [
+        "target",
+        "async",
+        "concurrency",
+        "completed",
+        "failed",
+        "request_throughput",
+        "output_token_throughput",
+        "audio_throughput",
+    ]
+    metric_fields = [
+        f"{m}_{s}"
+        for m in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf")
+        for s in ("mean", "median", "p99", "std", "run_spread")
+    ]
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields + metric_fields)
+        writer.writeheader()
+        for row in rows:
+            out = {k: row[k] for k in fields}
+            for m in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf"):
+                for s in ("mean", "median", "p99", "std", "run_spread"):
+                    out[f"{m}_{s}"] = row[m].get(s, "")
+            writer.writerow(out)
+
+
+def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
+    """TTFP, RTF and E2E against concurrency, one line per target and async setting (as the seed)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    for metric, label in (("ttfp_ms", "mean TTFP (ms)"), ("rtf", "mean RTF"), ("e2e_ms", "mean E2E (ms)")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        series: dict[tuple[str, bool], list[tuple[int, float]]] = {}
+        for row in rows:
+            series.setdefault((row["target"], row["async"]), []).append(
+                (row["concurrency"], row[metric]["mean"])
+            )
+        for (target, async_chunk), points in sorted(series.items()):
+            points.sort()
+            ax.plot(
+                [p[0] for p in points],
+                [p[1] for p in points],
+                marker="o",
+                label=f"{target}, async chunk {'on' if async_chunk else 'off'}",
+            )
+        ax.set_xlabel("max concurrency")
+        ax.set_ylabel(label)
+        ax.set_xticks(sorted({row["concurrency"] for row in rows}))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        out = path_prefix.parent / f"{path_prefix.name}_{metric.split('_')[0]}.png"
+        fig.savefig(out, dpi=110)
+        plt.close(fig)
+        written.append(out)
+    return written

@@ -1,0 +1,243 @@
+"""`omnistream bench`: the seed's latency table for omnistream, services vs the in-process floor.
+
+Method: warm-up requests are excluded; each (target, mode, concurrency) cell is measured in A B B A
+order across the two targets so slow drift of the machine cancels; the spread between repeated
+runs is reported beside the means; the commit and the machine are recorded with every result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import urllib.request
+from datetime import UTC, datetime
+from pathlib import Path
+
+from omnistream.bench import report
+from omnistream.bench.clients import GrpcGatewayClient, InProcessClient, RestGatewayClient, Workload, run_cell
+from omnistream.bench.dataset import random_prompts
+from omnistream.bench.stats import merge_runs, summarize
+
+
+def machine_info() -> dict:
+    import torch
+
+    cpu = ""
+    with contextlib.suppress(OSError):
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
+    commit = subprocess.run(
+        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
+    ).stdout.strip()
+    dirty = bool(
+        subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
+    )
+    return {
+        "commit": commit + ("-dirty" if dirty else ""),
+        "date": datetime.now(UTC).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def _scrape(port: int) -> dict[str, float]:
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    values: dict[str, float] = {}
+    for line in body.splitlines():
+        m = re.match(
+            r'^omnistream_stage_chunk_cpu_seconds_(sum|count)\{direction="(\w+)",stage="(\w+)"\} (\S+)', line
+        )
+        if m:
+            values[f"{m.group(3)}.{m.group(2)}.{m.group(1)}"] = float(m.group(4))
+    return values
+
+
+async def chunk_cost(client, services: dict, config, tokenizer, lengths: list[int], seed: int) -> dict:
+    """CPU per thinker->talker chunk (thinker out + talker in) and per talker->code2wav chunk (talker
+    out + code2wav in), through the services, by prompt length."""
+    ports = [s.metrics_port for name, s in services.items() if name != "gateway"]
+    results = {}
+    workload = Workload(output_len=100, audio_frames=60, ignore_eos=True, initial_codec_chunk_frames=4)
+    for length in lengths:
+        prompts = random_prompts(config, tokenizer, 4, length, seed=seed + length)
+        await client.run(prompts[0], workload, True)  # warm the prompt length
+        before = {}
+        for port in ports:
+            before.update(_scrape(port))
+        for prompt in prompts[1:]:
+            result = await client.run(prompt, workload, True)
+            if not result.ok:
+                raise RuntimeError(f"chunk-cost request failed: {result.error}")
+        after = {}
+        for port in ports:
+            after.update(_scrape(port))
+
+        def per_chunk(stage: str, direction: str, after=after, before=before) -> float:
+            d_sum = after[f"{stage}.{direction}.sum"] - before.get(f"{stage}.{direction}.sum", 0.0)
+            d_count = after[f"{stage}.{direction}.count"] - before.get(f"{stage}.{direction}.count", 0.0)
+            return d_sum / d_count if d_count else float("nan")
+
+        results[length] = {
+            "thinker_to_talker_us": 1e6 * (per_chunk("thinker", "out") + per_chunk("talker", "in")),
+            "talker_to_code2wav_us": 1e6 * (per_chunk("talker", "out") + per_chunk("code2wav", "in")),
+        }
+    return results
+
+
+def ratios(rows: list[dict]) -> dict[str, float]:
+    def get(target: str, async_chunk: bool, conc: int) -> dict | None:
+        for row in rows:
+            if row["target"] == target and row["async"] == async_chunk and row["concurrency"] == conc:
+                return row
+        return None
+
+    out: dict[str, float] = {}
+    concs = sorted({row["concurrency"] for row in rows})
+    for target in sorted({row["target"] for row in rows}):
+        for conc in concs:
+            a, s = get(target, True, conc), get(target, False, conc)
+            if a and s:
+                out[f"{target}: TTFP async/sequential @c{conc}"] = a["ttfp_ms"]["mean"] / s["ttfp_ms"]["mean"]
+        lo, hi = concs[0], concs[-1]
+        a_lo, a_hi = get(target, True, lo), get(target, True, hi)
+        if a_lo and a_hi and lo != hi:
+            out[f"{target}: RTF c{hi}/c{lo} (async)"] = a_hi["rtf"]["mean"] / a_lo["rtf"]["mean"]
+    for conc in concs:
+        svc, local = get("services", True, conc), get("in-process", True, conc)
+        if svc and local:
+            out[f"services/in-process TTFP @c{conc}"] = svc["ttfp_ms"]["mean"] / local["ttfp_ms"]["mean"]
+            out[f"services/in-process E2E @c{conc}"] = svc["e2e_ms"]["mean"] / local["e2e_ms"]["mean"]
+            out[f"services/in-process throughput @c{conc}"] = (
+                svc["request_throughput"] / local["request_throughput"]
+            )
+    return out
+
+
+async def run_bench(args: argparse.Namespace) -> int:
+    import torch
+    from tqdm import tqdm
+
+    from omnistream.checkpoint import LoadOptions, load_config, load_tokenizer
+    from omnistream.pipeline import Pipeline
+
+    torch.set_num_threads(1)  # as each stage service runs (see `omnistream serve --threads`)
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config, tokenizer = load_config(args.model), load_tokenizer(args.model)
+    targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
+    concurrencies = [int(c) for c in args.max_concurrency.split(",")]
+    workload = Workload(
+        args.output_len, args.audio_frames, not args.no_ignore_eos, args.initial_codec_chunk_frames
+    )
+    services: dict = {}
+    clients: dict = {}
+    pipeline = None
+    t0 = time.perf_counter()
+    try:
+        if "services" in targets:
+            if args.gateway:
+                clients["services"] = GrpcGatewayClient(args.gateway)
+            else:
+                from omnistream.up import start_stack
+
+                gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2)
+                clients["services"] = (
+                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer)
+                    if args.transport == "rest"
+                    else GrpcGatewayClient(gateway.address)
+                )
+        if "in-process" in targets:
+            pipeline = Pipeline(args.model, LoadOptions(), max_batch=16).start()
+            clients["in-process"] = InProcessClient(pipeline)
+        order = [t for t in ("in-process", "services") if t in clients]
+        warm = random_prompts(config, tokenizer, max(args.warmup, 1), args.input_len, seed=args.seed + 999)
+        for name in order:
+            for prompt in warm[: args.warmup]:
+                await clients[name].run(prompt, workload, True)
+        runs: dict[tuple[str, bool, int], list[dict]] = {}
+        total = sum(
+            len(order) * args.repeats * (args.num_prompts or max(3, c)) for c in concurrencies for _ in modes
+        )
+        progress = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, dynamic_ncols=True)
+        for conc in concurrencies:
+            count = args.num_prompts or max(3, conc)
+            for async_chunk in modes:
+                prompts = random_prompts(config, tokenizer, count, args.input_len, seed=args.seed + conc)
+                sequence = []
+                for i in range(args.repeats):  # A B B A ...
+                    sequence += order if i % 2 == 0 else order[::-1]
+                for name in sequence:
+                    progress.set_postfix_str(f"{name} c{conc} async={'on' if async_chunk else 'off'}")
+                    results, duration = await run_cell(
+                        clients[name],
+                        prompts,
+                        workload,
+                        async_chunk,
+                        conc,
+                        args.request_rate,
+                        progress,
+                        args.seed,
+                    )
+                    runs.setdefault((name, async_chunk, conc), []).append(summarize(results, duration))
+        progress.close()
+        rows = []
+        for (name, async_chunk, conc), cell_runs in runs.items():
+            rows.append({"target": name, "async": async_chunk, "concurrency": conc, **merge_runs(cell_runs)})
+        rows.sort(key=lambda r: (r["target"], not r["async"], r["concurrency"]))
+        cost = None
+        if args.chunk_cost and services and "services" in clients:
+            lengths = [int(x) for x in args.chunk_cost_prompts.split(",")]
+            cost = await chunk_cost(clients["services"], services, config, tokenizer, lengths, args.seed)
+        timings = None
+        if args.stage_timings:
+            from omnistream.bench.stages import stage_timings
+
+            timings = await stage_timings(args.model)
+        result_ratios = ratios(rows)
+        payload = {
+            "machine": machine_info(),
+            "args": {k: (v if v != float("inf") else "inf") for k, v in vars(args).items() if k != "func"},
+            "wall_seconds": time.perf_counter() - t0,
+            "rows": rows,
+            "ratios": result_ratios,
+            "chunk_cost": cost,
+            "stage_timings": timings,
+        }
+        report.write_json(out_dir / "results.json", payload)
+        report.write_csv(out_dir / "results.csv", rows)
+        plots = [] if args.no_plots else report.plot(out_dir / "bench", rows)
+        print(report.table(rows))
+        print()
+        for key, value in result_ratios.items():
+            print(f"{key}: {value:.3f}")
+        if cost:
+            for length, values in cost.items():
+                print(
+                    f"chunk cost, {length}-token prompt: thinker->talker "
+                    f"{values['thinker_to_talker_us']:.1f} us, "
+                    f"talker->code2wav {values['talker_to_code2wav_us']:.1f} us"
+                )
+        for key, per_batch in (timings or {}).items():
+            print(f"{key}: " + ", ".join(f"batch {b}: {ms:.2f}" for b, ms in per_batch.items()))
+        names = ", ".join(["results.json", "results.csv", *(p.name for p in plots)])
+        print(f"\nwrote {names} to {out_dir}")
+        failed = sum(r["failed"] for r in rows)
+        return 1 if failed else 0
+    finally:
+        for client in clients.values():
+            if hasattr(client, "close"):
+                await client.close()
+        if pipeline is not None:
+            pipeline.stop()
+        for service in reversed(list(services.values())):
+            service.stop()

@@ -1,0 +1,89 @@
+"""Per-stage step times of the engines, in-process: thinker ms/token, talker ms/frame, Code2Wav
+ms/chunk, at a given batch size (every request steps together, so one step = one token/frame/chunk
+for each of them)."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import torch
+
+from omnistream.checkpoint import LoadOptions
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from services.code2wav.engine import Code2WavEngine
+from services.talker.engine import TalkerEngine, TalkerParams
+from services.thinker.engine import ThinkerEngine, ThinkerParams
+
+
+async def _drain(outs) -> None:
+    async def one(out) -> None:
+        async for _ in out:
+            pass
+
+    await asyncio.gather(*(one(out) for out in outs))
+
+
+def _recorder(engine, batch: int, times: list[float]):
+    def listener(eng, seconds: float) -> None:
+        if eng.stats.last_batch_size == batch:
+            times.append(seconds)
+
+    engine.add_step_listener(listener)
+
+
+async def _thinker(engine: ThinkerEngine, batch: int) -> None:
+    prompt = engine.encode_chat([{"role": "user", "content": "x " * 60}])
+    outs = [engine.add_request(f"t{i}", prompt, ThinkerParams(64, True)) for i in range(batch)]
+    await _drain(outs)
+
+
+async def _talker(engine: TalkerEngine, prompt: list[int], batch: int) -> None:
+    outs = []
+    for i in range(batch):
+        outs.append(engine.add_request(f"k{i}", TalkerParams(max_frames=48)))
+        engine.feed(f"k{i}", list(range(5, 69)), True, prompt_ids=prompt)
+    await _drain(outs)
+
+
+async def _code2wav(engine: Code2WavEngine, batch: int) -> None:
+    gen = torch.Generator().manual_seed(0)
+    outs = []
+    for i in range(batch):
+        outs.append(engine.add_request(f"c{i}", ChunkPlan(25, 25, 25)))
+        engine.feed(f"c{i}", torch.randint(0, 2048, (16, 150), generator=gen), True)
+    await _drain(outs)
+
+
+async def stage_timings(model: str, batches: tuple[int, ...] = (1, 8)) -> dict[str, dict[int, float]]:
+    """Median milliseconds per step of each engine at each batch size."""
+    torch.set_num_threads(1)
+    options = LoadOptions()
+    thinker = ThinkerEngine(model, options, max_batch=max(batches))
+    talker = TalkerEngine(model, options, max_batch=max(batches))
+    code2wav = Code2WavEngine(model, options, max_batch=max(batches))
+    prompt = thinker.encode_chat([{"role": "user", "content": "x " * 60}])
+    result: dict[str, dict[int, float]] = {
+        "thinker_ms_per_token": {},
+        "talker_ms_per_frame": {},
+        "code2wav_ms_per_chunk": {},
+    }
+    for engine in (thinker, talker, code2wav):
+        engine.start()
+    try:
+        await _thinker(thinker, 1)  # warm-up
+        for batch in batches:
+            for key, engine, run in (
+                ("thinker_ms_per_token", thinker, lambda b: _thinker(thinker, b)),
+                ("talker_ms_per_frame", talker, lambda b: _talker(talker, prompt, b)),
+                ("code2wav_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b)),
+            ):
+                times: list[float] = []
+                _recorder(engine, batch, times)
+                await run(batch)
+                engine._step_listeners.clear()
+                result[key][batch] = 1000 * statistics.median(times) if times else float("nan")
+    finally:
+        for engine in (thinker, talker, code2wav):
+            engine.stop()
+    return result

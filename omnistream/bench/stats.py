@@ -1,0 +1,107 @@
+"""Per-request measurements and their summary, as `vllm bench serve` defines the metrics."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field
+
+import numpy as np
+
+METRICS = ("ttft", "tpot", "itl", "ttfp", "e2e", "rtf")
+
+
+@dataclass
+class RequestResult:
+    ok: bool = False
+    error: str = ""
+    start: float = 0.0
+    token_times: list[float] = field(default_factory=list)  # arrival time of each text chunk
+    tokens: int = 0
+    first_audio: float | None = None
+    last_audio: float | None = None
+    audio_seconds: float = 0.0
+    end: float = 0.0
+
+    @property
+    def ttft(self) -> float | None:
+        return self.token_times[0] - self.start if self.token_times else None
+
+    @property
+    def tpot(self) -> float | None:
+        if self.tokens < 2 or not self.token_times:
+            return None
+        return (self.token_times[-1] - self.token_times[0]) / (self.tokens - 1)
+
+    @property
+    def itls(self) -> list[float]:
+        return [b - a for a, b in zip(self.token_times, self.token_times[1:], strict=False)]
+
+    @property
+    def ttfp(self) -> float | None:
+        return self.first_audio - self.start if self.first_audio is not None else None
+
+    @property
+    def e2e(self) -> float:
+        return self.end - self.start
+
+    @property
+    def rtf(self) -> float | None:
+        if self.last_audio is None or self.audio_seconds <= 0:
+            return None
+        return (self.last_audio - self.start) / self.audio_seconds
+
+
+def _describe(values: list[float], scale: float) -> dict[str, float]:
+    if not values:
+        return {"mean": float("nan"), "median": float("nan"), "p99": float("nan"), "std": float("nan")}
+    arr = np.asarray(values) * scale
+    return {
+        "mean": float(arr.mean()),
+        "median": float(np.median(arr)),
+        "p99": float(np.percentile(arr, 99)),
+        "std": float(arr.std()),
+    }
+
+
+def summarize(results: list[RequestResult], duration: float) -> dict:
+    ok = [r for r in results if r.ok]
+    ms = 1000.0
+    summary = {
+        "completed": len(ok),
+        "failed": len(results) - len(ok),
+        "errors": sorted({r.error for r in results if not r.ok})[:5],
+        "duration_s": duration,
+        "request_throughput": len(ok) / duration if duration else 0.0,
+        "output_token_throughput": sum(r.tokens for r in ok) / duration if duration else 0.0,
+        "audio_throughput": sum(r.audio_seconds for r in ok) / duration if duration else 0.0,
+        "ttft_ms": _describe([r.ttft for r in ok if r.ttft is not None], ms),
+        "tpot_ms": _describe([r.tpot for r in ok if r.tpot is not None], ms),
+        "itl_ms": _describe([g for r in ok for g in r.itls], ms),
+        "ttfp_ms": _describe([r.ttfp for r in ok if r.ttfp is not None], ms),
+        "e2e_ms": _describe([r.e2e for r in ok], ms),
+        "rtf": _describe([r.rtf for r in ok if r.rtf is not None], 1.0),
+        "audio_seconds_per_request": statistics.mean([r.audio_seconds for r in ok]) if ok else 0.0,
+    }
+    return summary
+
+
+def merge_runs(runs: list[dict]) -> dict:
+    """Combine repeated runs of one cell: means of the per-run means, plus their spread."""
+    merged = dict(runs[0])
+    for key in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf"):
+        means = [r[key]["mean"] for r in runs]
+        merged[key] = {
+            "mean": float(np.mean(means)),
+            "median": float(np.mean([r[key]["median"] for r in runs])),
+            "p99": float(np.max([r[key]["p99"] for r in runs])),
+            "std": float(np.mean([r[key]["std"] for r in runs])),
+            "run_means": means,
+            "run_spread": float(np.max(means) - np.min(means)) if len(means) > 1 else 0.0,
+        }
+    for key in ("request_throughput", "output_token_throughput", "audio_throughput"):
+        merged[key] = float(np.mean([r[key] for r in runs]))
+    merged["completed"] = sum(r["completed"] for r in runs)
+    merged["failed"] = sum(r["failed"] for r in runs)
+    merged["errors"] = sorted({e for r in runs for e in r["errors"]})[:5]
+    merged["runs"] = len(runs)
+    return merged

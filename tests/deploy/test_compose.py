@@ -1,0 +1,97 @@
+"""deploy/compose: valid under the Compose specification, and the stack it describes is coherent.
+
+No Docker engine runs here, so `docker compose up` is never run in this suite: check-jsonschema
+validates the files against the Compose specification's JSON schema, and the tests below check
+what the schema cannot (command lines parse with the real CLI, health checks and start order,
+replica counts, the gateway's stage addresses, Prometheus targets).
+"""
+
+from __future__ import annotations
+
+import yaml
+
+from gateway.replicas import Target
+
+from .conftest import DEPLOY, cli_args, flag, run, tool
+
+COMPOSE = DEPLOY / "compose"
+FILES = [COMPOSE / "docker-compose.yml", COMPOSE / "docker-compose.checkpoint.yml"]
+STAGES = ("thinker", "talker", "code2wav")
+
+
+def services() -> dict[str, dict]:
+    return yaml.safe_load(FILES[0].read_text())["services"]
+
+
+def test_compose_files_follow_the_compose_spec():
+    checker = tool("check-jsonschema")
+    result = run(checker, "--builtin-schema", "vendor.compose-spec", *FILES)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_compose_validation_is_not_vacuous(tmp_path):
+    checker = tool("check-jsonschema")
+    bad = tmp_path / "docker-compose.yml"
+    text = FILES[0].read_text()
+    bad.write_text(
+        text.replace("    restart: unless-stopped", "    restart: unless-stopped\n    restrat: no", 1)
+    )
+    result = run(checker, "--builtin-schema", "vendor.compose-spec", bad)
+    assert result.returncode != 0 and "restrat" in result.stdout + result.stderr
+
+
+def test_stages_gateway_and_prometheus():
+    svc = services()
+    assert set(svc) == {*STAGES, "gateway", "prometheus"}
+    assert svc["talker"]["deploy"]["replicas"] == 2 and svc["code2wav"]["deploy"]["replicas"] == 2
+    for name in (*STAGES, "gateway"):
+        check = svc[name]["healthcheck"]["test"]
+        assert check[:3] == ["CMD", "omnistream", "health"] and check[3] == "127.0.0.1:50051", name
+        assert int(svc[name]["stop_grace_period"].rstrip("s")) > 30  # longer than the drain
+    for stage in STAGES:
+        env = svc[stage]["environment"]
+        args = cli_args(svc[stage]["command"], {"OMNISTREAM_MODEL": "/models/tiny"})
+        assert args.command == "serve" and args.stage == stage
+        assert args.host == "0.0.0.0" and args.port == 50051 and args.metrics_port == 9090
+        assert args.metrics_host == "0.0.0.0" and args.grace_seconds == 30
+        assert "OMNISTREAM_MODEL" in env
+
+
+def test_gateway_waits_for_healthy_stages_and_finds_them_by_dns():
+    svc = services()
+    gateway = svc["gateway"]
+    assert {s: d["condition"] for s, d in gateway["depends_on"].items()} == dict.fromkeys(
+        STAGES, "service_healthy"
+    )
+    args = cli_args(gateway["command"])
+    assert args.command == "serve" and args.service == "gateway"
+    assert args.host == "0.0.0.0" and args.http_port == 8000 and args.grpc_port == 50051
+    assert {"8000:8000", "50051:50051"} <= set(gateway["ports"])
+    for stage in STAGES:
+        (entry,) = getattr(args, stage)
+        target = Target.parse(stage, entry)
+        assert target.dynamic and target.host == stage and target.port == 50051
+    assert float(flag(gateway["command"], "--discovery-interval")) <= 10
+    assert "OMNISTREAM_API_KEY" in gateway["environment"]
+
+
+def test_prometheus_scrapes_every_service():
+    svc = services()
+    volumes = svc["prometheus"]["volumes"]
+    assert any(v.startswith("./prometheus.yml:") for v in volumes)
+    config = yaml.safe_load((COMPOSE / "prometheus.yml").read_text())
+    jobs = {job["job_name"]: job for job in config["scrape_configs"]}
+    assert jobs["gateway"]["static_configs"][0]["targets"] == ["gateway:8000"]
+    for stage in STAGES:
+        (sd,) = jobs[stage]["dns_sd_configs"]  # every replica's address, not one of them
+        metrics_port = cli_args(svc[stage]["command"], {"OMNISTREAM_MODEL": "/m"}).metrics_port
+        assert sd["names"] == [stage] and sd["type"] == "A" and sd["port"] == metrics_port
+
+
+def test_checkpoint_override_mounts_a_real_model_into_every_stage():
+    override = yaml.safe_load(FILES[1].read_text())["services"]
+    assert set(override) == set(STAGES)
+    for stage in STAGES:
+        (volume,) = override[stage]["volumes"]
+        assert volume["read_only"] is True
+        assert override[stage]["environment"]["OMNISTREAM_MODEL"] == volume["target"]

@@ -1,0 +1,197 @@
+"""deploy/k8s: every manifest valid under kubernetes-validate (strict, a fixed Kubernetes version),
+both variants rendered with kustomize and validated again, and the wiring checked.
+
+No cluster is reachable here, so nothing is applied: strict schema validation catches wrong fields
+and types, and the tests below check what a schema cannot (Services select their pods and are
+headless, probes hit the gRPC port, grace periods outlast the drain, the gateway's ConfigMap loads
+and names the stage Services, the GPU variant requests GPUs and mounts the checkpoint).
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+import yaml
+
+from gateway.config import GatewayConfig
+from gateway.replicas import Target
+
+from .conftest import DEPLOY, cli_args, flag, run, tool
+
+K8S = DEPLOY / "k8s"
+KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
+STAGES = ("thinker", "talker", "code2wav")
+LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component")
+
+
+def resource_files() -> list:
+    """Every file a kustomization lists as a resource (patches are checked once rendered)."""
+    files = []
+    for kustomization in sorted(K8S.glob("*/kustomization.yaml")):
+        for entry in yaml.safe_load(kustomization.read_text())["resources"]:
+            path = kustomization.parent / entry
+            if path.is_file():
+                files.append(path)
+    return files
+
+
+def load(*paths) -> list[dict]:
+    return [doc for path in paths for doc in yaml.safe_load_all(path.read_text()) if doc]
+
+
+def by_kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"]: d for d in docs if d["kind"] == kind}
+
+
+def validate(*paths) -> None:
+    validator = tool("kubernetes-validate")
+    result = run(validator, "--strict", "--kubernetes-version", KUBERNETES_VERSION, "--quiet", *paths)
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def render(variant: str, tmp_path) -> tuple[list[dict], object]:
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the kustomize overlays cannot be rendered")
+    result = run(kubectl, "kustomize", K8S / variant)
+    assert result.returncode == 0, result.stderr
+    out = tmp_path / f"{variant}.yaml"
+    out.write_text(result.stdout)
+    return load(out), out
+
+
+def test_every_manifest_passes_strict_validation():
+    files = resource_files()
+    assert {f.name for f in files} >= {
+        "namespace.yaml",
+        "configmap.yaml",
+        "thinker.yaml",
+        "talker.yaml",
+        "code2wav.yaml",
+        "gateway.yaml",
+        "pdb.yaml",
+        "hpa.yaml",
+        "checkpoint-pvc.yaml",
+    }
+    validate(*files)
+
+
+def test_validation_is_not_vacuous(tmp_path):
+    bad = tmp_path / "talker.yaml"
+    bad.write_text((K8S / "base" / "talker.yaml").read_text().replace("grpc:\n", "grcp:\n", 1))
+    validator = tool("kubernetes-validate")
+    result = run(validator, "--strict", "--kubernetes-version", KUBERNETES_VERSION, "--quiet", bad)
+    assert result.returncode != 0 and "grcp" in result.stdout + result.stderr
+
+
+@pytest.mark.parametrize("variant", ["base", "gpu"])
+def test_rendered_variants_pass_strict_validation(variant, tmp_path):
+    docs, path = render(variant, tmp_path)
+    assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"}
+    validate(path)
+
+
+def _container(deployment: dict) -> dict:
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(container: dict) -> dict[str, str]:
+    return {e["name"]: e.get("value") for e in container.get("env", [])}
+
+
+def test_stages_have_headless_services_grpc_probes_and_resources():
+    docs = load(*sorted((K8S / "base").glob("*.yaml")))
+    deployments, services = by_kind(docs, "Deployment"), by_kind(docs, "Service")
+    for stage in STAGES:
+        pod = deployments[stage]["spec"]["template"]
+        selector = deployments[stage]["spec"]["selector"]["matchLabels"]
+        assert selector.items() <= pod["metadata"]["labels"].items()
+        service = services[stage]["spec"]
+        assert service["clusterIP"] == "None"  # headless: DNS lists every ready pod
+        assert service["selector"] == selector
+        container = _container(deployments[stage])
+        args = cli_args(container["args"], _env(container))
+        assert args.command == "serve" and args.stage == stage and args.host == "0.0.0.0"
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"grpc": args.port, "metrics": args.metrics_port}
+        assert {p["name"]: p["targetPort"] for p in service["ports"]} == {
+            "grpc": "grpc",
+            "metrics": "metrics",
+        }
+        for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+            assert container[probe]["grpc"]["port"] == args.port, (stage, probe)
+        assert {"cpu", "memory"} <= set(container["resources"]["requests"])
+        grace = pod["spec"]["terminationGracePeriodSeconds"]
+        assert grace > args.grace_seconds, f"{stage}: the kill would come before the drain ends"
+
+
+def test_gateway_config_names_the_stage_services(tmp_path):
+    docs = load(*sorted((K8S / "base").glob("*.yaml")))
+    deployments, services = by_kind(docs, "Deployment"), by_kind(docs, "Service")
+    gateway = _container(deployments["gateway"])
+    args = cli_args(gateway["args"])
+    config_path = flag(gateway["args"], "--config")
+    (mount,) = gateway["volumeMounts"]
+    assert config_path.startswith(mount["mountPath"] + "/")
+    (volume,) = deployments["gateway"]["spec"]["template"]["spec"]["volumes"]
+    configmap = by_kind(docs, "ConfigMap")[volume["configMap"]["name"]]
+    config_file = config_path.rsplit("/", 1)[1]
+    path = tmp_path / config_file
+    path.write_text(configmap["data"][config_file])
+    config = GatewayConfig.from_yaml(path)
+    config.validate()
+    for stage in STAGES:
+        (entry,) = getattr(config, stage)
+        target = Target.parse(stage, entry)
+        assert target.dynamic and target.host == stage  # the headless Service, found by DNS
+        grpc_port = {p["name"]: p["port"] for p in services[stage]["spec"]["ports"]}["grpc"]
+        assert target.port == grpc_port
+    ports = {p["name"]: p["containerPort"] for p in gateway["ports"]}
+    assert ports == {"http": config.http_port, "grpc": config.grpc_port}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert gateway[probe]["grpc"]["port"] == config.grpc_port
+    (key,) = [e for e in gateway["env"] if e["name"] == "OMNISTREAM_API_KEY"]
+    assert key["valueFrom"]["secretKeyRef"]["optional"] is True
+    assert deployments["gateway"]["spec"]["template"]["spec"]["terminationGracePeriodSeconds"] > 30
+    assert args.config == config_path
+
+
+def test_disruption_budgets_and_autoscalers_match_their_targets():
+    docs = load(*sorted((K8S / "base").glob("*.yaml")))
+    deployments = by_kind(docs, "Deployment")
+    budgets = by_kind(docs, "PodDisruptionBudget")
+    assert set(budgets) == {*STAGES, "gateway"}
+    for name, budget in budgets.items():
+        assert (
+            budget["spec"]["selector"]["matchLabels"] == deployments[name]["spec"]["selector"]["matchLabels"]
+        )
+        assert budget["spec"]["minAvailable"] == 1
+    autoscalers = by_kind(docs, "HorizontalPodAutoscaler")
+    assert autoscalers
+    for hpa in autoscalers.values():
+        target = hpa["spec"]["scaleTargetRef"]
+        assert target["kind"] == "Deployment" and target["name"] in deployments
+        assert hpa["spec"]["minReplicas"] >= 2
+        # a Deployment's own replica count would fight the autoscaler on every apply
+        assert "replicas" not in deployments[target["name"]]["spec"]
+
+
+def test_gpu_variant_requests_gpus_and_mounts_the_checkpoint(tmp_path):
+    docs, _ = render("gpu", tmp_path)
+    deployments = by_kind(docs, "Deployment")
+    (claim,) = by_kind(docs, "PersistentVolumeClaim").values()
+    for stage in STAGES:
+        spec = deployments[stage]["spec"]["template"]["spec"]
+        container = _container(deployments[stage])
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+        args = cli_args(container["args"], _env(container))
+        assert args.device == "cuda"
+        volumes = {v["name"]: v for v in spec["volumes"]}
+        (mount,) = [m for m in container["volumeMounts"] if volumes[m["name"]].get("persistentVolumeClaim")]
+        assert volumes[mount["name"]]["persistentVolumeClaim"]["claimName"] == claim["metadata"]["name"]
+        assert mount["readOnly"] is True
+        assert _env(container)["OMNISTREAM_MODEL"] == mount["mountPath"]
+        assert spec["terminationGracePeriodSeconds"] > args.grace_seconds
+    assert "nvidia.com/gpu" not in _container(deployments["gateway"])["resources"].get("limits", {})

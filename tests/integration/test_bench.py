@@ -1,0 +1,66 @@
+"""Smoke test of `omnistream bench`: one prompt per cell, every metric reported, no failures."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+METRICS = ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf")
+
+
+@pytest.mark.timeout(400)
+def test_bench_smoke_reports_every_metric(tiny_model_dir, tmp_path):
+    out = tmp_path / "bench"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "omnistream.cli",
+            "bench",
+            "--model",
+            tiny_model_dir,
+            "--max-concurrency",
+            "1,2",
+            "--num-prompts",
+            "1",
+            "--input-len",
+            "24",
+            "--output-len",
+            "6",
+            "--audio-frames",
+            "12",
+            "--repeats",
+            "1",
+            "--warmup",
+            "1",
+            "--chunk-cost",
+            "--chunk-cost-prompts",
+            "16,64",
+            "--output-dir",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=360,
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    payload = json.loads((out / "results.json").read_text())
+    rows = payload["rows"]
+    cells = {(r["target"], r["async"], r["concurrency"]) for r in rows}
+    assert cells == {(t, a, c) for t in ("in-process", "services") for a in (True, False) for c in (1, 2)}
+    for row in rows:
+        assert row["failed"] == 0 and row["completed"] == 1, row
+        for metric in METRICS:
+            assert row[metric]["mean"] == row[metric]["mean"], (row["target"], metric)  # not NaN
+        assert row["request_throughput"] > 0 and row["audio_throughput"] > 0
+    assert payload["machine"]["commit"] and payload["machine"]["cores"]
+    assert any(key.startswith("services/in-process TTFP") for key in payload["ratios"])
+    assert set(payload["chunk_cost"]) == {"16", "64"}
+    csv_lines = (out / "results.csv").read_text().splitlines()
+    assert len(csv_lines) == 1 + len(rows)
+    for name in ("bench_ttfp.png", "bench_rtf.png", "bench_e2e.png"):
+        assert (out / name).stat().st_size > 1000
+    assert "| target |" in proc.stdout

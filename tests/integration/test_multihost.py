@@ -1,0 +1,213 @@
+"""The stack spread over five "hosts" (network namespaces on a bridge), and one talker's link cut.
+
+thinker, talker-a, talker-b, code2wav and the gateway each run in their own namespace with their own
+address; the test talks to the gateway from the root namespace. Cutting a talker's link mid-request
+must end that request with a clear error (no hang), send new requests to the surviving talker, and
+bring the cut talker back into rotation once the link is restored.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+import httpx
+import pytest
+
+from omnistream.launcher import start_services
+
+from .conftest import metric, stage_args
+from .netns import Network, netns_unavailable
+
+STAGE_PORT = 50051
+METRICS_PORT = 9100
+HTTP_PORT = 8000
+# A dead peer must be found by gRPC keepalive (omnistream.server): ping interval + ping timeout.
+DETECTION_BOUND_S = 35.0
+
+SHORT = {
+    "messages": [{"role": "user", "content": "Hello across hosts"}],
+    "max_tokens": 6,
+    "modalities": ["text", "audio"],
+    "max_audio_frames": 8,
+    "talker_temperature": 0,
+}
+LONG = {
+    "messages": [{"role": "user", "content": "Tell me a very long story."}],
+    "max_tokens": 2000,
+    "ignore_eos": True,
+    "modalities": ["text", "audio"],
+    "max_audio_frames": 2000,
+    "talker_temperature": 0,
+    "initial_codec_chunk_frames": 2,
+    "stream": True,
+    "timeout": 90,
+}
+
+_reason = netns_unavailable()
+pytestmark = pytest.mark.skipif(_reason is not None, reason=f"network namespaces unavailable: {_reason}")
+
+
+@pytest.fixture
+def network():
+    net = Network()
+    try:
+        net.start()
+        for name in ("thinker", "talker-a", "talker-b", "code2wav", "gateway"):
+            net.add_node(name)
+        yield net
+    finally:
+        net.close()  # also when set-up or the test failed
+    assert not net.leftovers(), f"left behind: {net.leftovers()}"
+
+
+@pytest.fixture
+def stack(network, tiny_model_dir):
+    nodes = network.nodes
+    specs, wrappers = {}, {}
+    for name in ("thinker", "talker-a", "talker-b", "code2wav"):
+        host = nodes[name].address
+        specs[name] = stage_args(
+            name.split("-")[0],
+            tiny_model_dir,
+            *("--host", host, "--port", str(STAGE_PORT)),
+            *("--metrics-host", host, "--metrics-port", str(METRICS_PORT)),
+            *("--dtype", "float32"),
+        )
+        wrappers[name] = nodes[name].wrap()
+    services = {}
+    try:
+        services.update(start_services(specs, wrappers=wrappers))
+        gateway = ["serve", "gateway", "--model", tiny_model_dir, "--host", nodes["gateway"].address]
+        gateway += ["--http-port", str(HTTP_PORT), "--grpc-port", str(STAGE_PORT)]
+        for name, service in services.items():
+            gateway += [f"--{name.split('-')[0]}", service.address]
+        services.update(start_services({"gateway": gateway}, wrappers={"gateway": nodes["gateway"].wrap()}))
+        yield services
+    finally:
+        for service in services.values():
+            service.kill()
+
+
+def test_network_is_removed_even_after_a_failure():
+    net = Network()
+    with pytest.raises(RuntimeError, match="boom"):
+        try:
+            net.start()
+            node = net.add_node("probe")
+            assert node.netns in net.leftovers()
+            raise RuntimeError("boom")
+        finally:
+            net.close()
+    assert net.leftovers() == []
+
+
+def _ready(base: str) -> tuple[int, dict]:
+    reply = httpx.get(f"{base}/ready", timeout=5)
+    return reply.status_code, reply.json()
+
+
+def _talkers(base: str) -> dict[str, dict]:
+    return {r["address"]: r for r in _ready(base)[1]["stages"]["talker"]}
+
+
+def _wait(predicate, timeout: float, interval: float = 0.2) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(interval)
+    return predicate()
+
+
+def _post_short(base: str) -> httpx.Response:
+    return httpx.post(f"{base}/v1/chat/completions", json=SHORT, timeout=60)
+
+
+class _Stream(threading.Thread):
+    """A long SSE request read in the background: notes when audio flows and how the stream ends."""
+
+    def __init__(self, base: str) -> None:
+        super().__init__(daemon=True)
+        self.base = base
+        self.audio_started = threading.Event()
+        self.events: list[dict] = []
+        self.error: BaseException | None = None
+        self.status = 0
+        self.ended_at = 0.0
+
+    def run(self) -> None:
+        try:
+            url = f"{self.base}/v1/chat/completions"
+            with httpx.stream("POST", url, json=LONG, timeout=120) as reply:
+                self.status = reply.status_code
+                for line in reply.iter_lines():
+                    if not line.startswith("data: {"):
+                        continue
+                    event = json.loads(line[6:])
+                    self.events.append(event)
+                    if "choices" in event and event["choices"][0]["delta"].get("audio"):
+                        self.audio_started.set()
+        except BaseException as exc:  # a connection-level failure is an acceptable "clear error" too
+            self.error = exc
+        finally:
+            self.ended_at = time.monotonic()
+            self.audio_started.set()
+
+
+@pytest.mark.timeout(300)
+def test_requests_cross_hosts_and_survive_a_cut_link(network, stack):
+    base = f"http://{network.nodes['gateway'].address}:{HTTP_PORT}"
+    talker_a, talker_b = stack["talker-a"], stack["talker-b"]
+    assert talker_a.address == f"{network.nodes['talker-a'].address}:{STAGE_PORT}"
+
+    # (1) end to end across the hosts, both talkers used
+    for _ in range(4):
+        reply = _post_short(base)
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["choices"][0]["message"]["audio"]["data"]
+    assert all(r["served"] >= 1 for r in _talkers(base).values()), _talkers(base)
+
+    # (2) a long stream is running on one talker; cut that talker's link
+    stream = _Stream(base)
+    stream.start()
+    assert stream.audio_started.wait(60) and stream.error is None, (stream.error, stream.events[-1:])
+    busy = [address for address, r in _talkers(base).items() if r["inflight"] == 1]
+    assert len(busy) == 1, _talkers(base)
+    cut, survivor = (talker_a, talker_b) if busy[0] == talker_a.address else (talker_b, talker_a)
+    cut_node = "talker-a" if cut is talker_a else "talker-b"
+    network.cut(cut_node)
+    cut_at = time.monotonic()
+    stream.join(DETECTION_BOUND_S + 10)
+    assert not stream.is_alive(), "the request on the cut talker hangs"
+    elapsed = stream.ended_at - cut_at
+    assert elapsed < DETECTION_BOUND_S, f"the dead link was noticed only after {elapsed:.1f}s"
+    if stream.error is None:  # the SSE stream ends with an error event naming the stage
+        assert stream.status == 200
+        error = stream.events[-1].get("error")
+        assert error is not None, stream.events[-1]
+        assert error["code"] == "unavailable" and "talker" in error["message"], error
+        assert not any(
+            e.get("choices", [{}])[0].get("finish_reason") for e in stream.events if "choices" in e
+        )
+
+    # (3) new requests go to the surviving talker while the link is down
+    assert _wait(lambda: not _talkers(base)[cut.address]["healthy"], 10), _talkers(base)
+    assert _ready(base)[0] == 200
+    before = metric(survivor, "omnistream_stage_requests_total")
+    served_cut = _talkers(base)[cut.address]["served"]
+    for _ in range(3):
+        reply = _post_short(base)
+        assert reply.status_code == 200, reply.text
+    assert metric(survivor, "omnistream_stage_requests_total") >= before + 3
+    assert _talkers(base)[cut.address]["served"] == served_cut
+
+    # (4) the link comes back: the talker is healthy again and gets requests again
+    network.restore(cut_node)
+    assert _wait(lambda: _talkers(base)[cut.address]["healthy"], 60), _talkers(base)
+    before = metric(cut, "omnistream_stage_requests_total")
+    for _ in range(2):
+        reply = _post_short(base)
+        assert reply.status_code == 200, reply.text
+    assert metric(cut, "omnistream_stage_requests_total") >= before + 1
