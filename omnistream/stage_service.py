@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import grpc
 
-from omnistream.chunk_key import ChunkKey, SequenceChecker, Stage
+from omnistream.chunk_key import ChunkKey, SequenceChecker, Stage, validate_request_id
+from omnistream.convert import plan_from_fields
 from omnistream.engine import Engine, OutputStream
 from omnistream.errors import InvalidRequest, OmniError, Unavailable
 from omnistream.metrics import StageMetrics
@@ -82,6 +83,16 @@ class StageServicer:
         """Refuse a stream at its open message (bad parameters, engine full)."""
         self.metrics.error(error.kind)
         await abort_with(context, error)
+
+    def _open_streaming(self, open_, key: common_pb2.ChunkKey):
+        """The fields talker and code2wav opens share: (request id, input checker, mode, chunk plan)."""
+        rid = validate_request_id(open_.request_id)
+        checker = self._checker(rid, key)
+        mode = MODES.get(open_.mode)
+        if mode is None:
+            raise InvalidRequest("unknown mode", field="mode")
+        plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+        return rid, checker, mode, plan
 
     def _checker(self, request_id: str, key: common_pb2.ChunkKey) -> SequenceChecker:
         checker = SequenceChecker(request_id, self.input_stage)

@@ -8,11 +8,10 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
-from omnistream.convert import plan_from_fields
+from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, OmniError, SequenceError
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.stage_service import MODES, StageServicer
+from omnistream.stage_service import StageServicer
 from omnistream.tensors import from_proto, to_proto
 from services.code2wav.engine import SAMPLE_RATE
 
@@ -29,12 +28,7 @@ class Code2WavServicer(StageServicer, stage_pb2_grpc.Code2WavServiceServicer):
         first = await self._first(request_iterator, context)
         open_ = first.open
         try:
-            rid = validate_request_id(open_.request_id)
-            checker = self._checker(rid, first.key)
-            mode = MODES.get(open_.mode)
-            if mode is None:
-                raise InvalidRequest("unknown mode", field="mode")
-            plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+            rid, checker, mode, plan = self._open_streaming(open_, first.key)
             out = self.engine.add_request(rid, plan)
         except OmniError as exc:
             await self._reject(context, exc)

@@ -8,12 +8,12 @@ from collections.abc import AsyncIterator
 import grpc
 import torch
 
-from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
-from omnistream.convert import plan_from_fields, sampling_from_proto
+from omnistream.chunk_key import ChunkKey, Stage
+from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest, OmniError
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.codec_chunks import flush_points
-from omnistream.stage_service import MODES, StageServicer
+from omnistream.stage_service import StageServicer
 from omnistream.tensors import from_proto, to_proto
 from services.talker.engine import TalkerParams
 
@@ -30,12 +30,7 @@ class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
         first = await self._first(request_iterator, context)
         open_ = first.open
         try:
-            rid = validate_request_id(open_.request_id)
-            checker = self._checker(rid, first.key)
-            mode = MODES.get(open_.mode)
-            if mode is None:
-                raise InvalidRequest("unknown mode", field="mode")
-            plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+            rid, checker, mode, plan = self._open_streaming(open_, first.key)
             params = TalkerParams(
                 speaker=open_.speaker or "ethan",
                 max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
