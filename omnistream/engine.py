@@ -74,15 +74,19 @@ class OutputStream(Generic[T]):
         """Next item; None once closed and drained; raises the error the engine reported."""
         while True:
             with self._lock:
-                if self._items:
+                taken = bool(self._items)
+                if taken:
                     item = self._items.popleft()
-                    if self._on_consume is not None:
-                        self._on_consume()
-                    return item
-                if self._error is not None:
+                elif self._error is not None:
                     raise self._error
-                if self._closed:
+                elif self._closed:
                     return None
+            if taken:
+                # Outside our lock: the engine thread takes its own lock, then ours (has_room);
+                # waking it while holding ours would invert that order and deadlock.
+                if self._on_consume is not None:
+                    self._on_consume()
+                return item
             self._event.clear()
             with self._lock:
                 if self._items or self._error is not None or self._closed:
