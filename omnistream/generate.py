@@ -10,14 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from omnistream.checkpoint import LoadOptions
-from omnistream.pipeline import (
-    AudioEvent,
-    CodesEvent,
-    DoneEvent,
-    GenerationRequest,
-    Pipeline,
-    TextEvent,
-)
+from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.sampling import SamplingParams
 from omnistream.wav import write_float32_wav
 from services.code2wav.engine import SAMPLE_RATE
@@ -51,29 +44,20 @@ async def run_generate(args: argparse.Namespace) -> int:
     request = request_from_args(args)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    text, frames, audio = [], [], []
-    done: DoneEvent | None = None
+
+    def stream(delta: str) -> None:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+
     with Pipeline(args.model, LoadOptions(args.device, args.dtype)) as pipeline:
-        async for event in pipeline.generate(request):
-            if isinstance(event, TextEvent):
-                text.append(event.delta)
-                sys.stdout.write(event.delta)
-                sys.stdout.flush()
-            elif isinstance(event, CodesEvent):
-                frames.append(event.codes)
-            elif isinstance(event, AudioEvent):
-                audio.append(event.audio)
-            elif isinstance(event, DoneEvent):
-                done = event
-    assert done is not None
+        result = await collect(pipeline, request, on_text=stream)
+    done, wav = result.done, result.audio
     sys.stdout.write("\n")
-    (out / "text.txt").write_text("".join(text), encoding="utf-8")
+    (out / "text.txt").write_text(result.text, encoding="utf-8")
     (out / "tokens.json").write_text(
         json.dumps({"prompt_ids": done.prompt_ids, "output_ids": done.output_ids})
     )
-    codes = np.array(frames, dtype=np.int64).T if frames else np.zeros((16, 0), np.int64)
-    np.save(out / "codes.npy", codes)
-    wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
+    np.save(out / "codes.npy", result.codes)
     write_float32_wav(out / "audio.wav", wav, SAMPLE_RATE)
     ttfp = f"{done.ttfp * 1000:.1f} ms" if done.ttfp is not None else "n/a"
     ttft = f"{done.ttft * 1000:.1f} ms" if done.ttft is not None else "n/a"

@@ -9,18 +9,16 @@ tokens, codes and audio and their timings compare fairly.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import numpy as np
-import torch
 
 from omnistream.checkpoint import LoadOptions
 from omnistream.errors import InvalidRequest
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames, flush_points
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames, frames_tensor
 from omnistream.relay import Emit, relay
 from omnistream.sampling import SamplingParams
 from services.code2wav.engine import SAMPLE_RATE, Code2WavEngine
@@ -100,7 +98,6 @@ class Pipeline:
         self.code2wav = Code2WavEngine(model_dir, options, max_batch=max_batch)
         self.max_batch = max_batch
         self._active = 0
-        self._ids = itertools.count()
 
     def start(self) -> Pipeline:
         for engine in (self.thinker, self.talker, self.code2wav):
@@ -178,22 +175,15 @@ class Pipeline:
 
         async def pump_talker() -> None:
             assert talker_out is not None
-            points = flush_points(plan)
-            next_flush = next(points)
-            shipped = 0
+            shipper = FrameShipper(plan, frames)
             async for step in talker_out:
                 if step.codes is not None:
                     frames.append(step.codes)
                     await out(CodesEvent(step.frame, step.codes))
-                if sequential:
-                    continue
-                if step.finished or len(frames) >= next_flush:
-                    self.code2wav.feed(rid, _frames_tensor(frames[shipped:]), step.finished)
-                    shipped = len(frames)
-                    while next_flush <= shipped:
-                        next_flush = next(points)
+                if not sequential and shipper.due(step.finished):
+                    self.code2wav.feed(rid, shipper.take()[1], step.finished)
             if sequential:
-                self.code2wav.feed(rid, _frames_tensor(frames), True)
+                self.code2wav.feed(rid, frames_tensor(frames), True)
 
         async def pump_code2wav() -> None:
             assert code2wav_out is not None
@@ -230,12 +220,6 @@ class Pipeline:
                 engine.abort(rid)
 
 
-def _frames_tensor(frames: list[list[int]]) -> torch.Tensor:
-    if not frames:
-        return torch.zeros((16, 0), dtype=torch.long)
-    return torch.tensor(frames, dtype=torch.long).T.contiguous()
-
-
 @dataclass
 class GenerationResult:
     prompt_ids: list[int]
@@ -247,13 +231,19 @@ class GenerationResult:
 
 
 async def collect(
-    pipeline: Pipeline, request: GenerationRequest, request_id: str | None = None
+    pipeline: Pipeline,
+    request: GenerationRequest,
+    request_id: str | None = None,
+    on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
+    """Run one request to the end; `on_text` sees each text delta as it streams."""
     text, frames, audio = [], [], []
     done = None
     async for event in pipeline.generate(request, request_id):
         if isinstance(event, TextEvent):
             text.append(event.delta)
+            if on_text is not None:
+                on_text(event.delta)
         elif isinstance(event, CodesEvent):
             frames.append(event.codes)
         elif isinstance(event, AudioEvent):

@@ -9,7 +9,9 @@ lookahead and keeps everything, so the streamed audio has the full-decode length
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+import torch
 
 from omnistream.errors import InvalidRequest
 
@@ -71,6 +73,39 @@ def dynamic_initial_frames(active: int, max_active: int, chunk: int = DEFAULT_CH
         return 1
     load = min(active / max(max_active, 1), 1.0)
     return steps[round(load * (len(steps) - 1))]
+
+
+def frames_tensor(frames: list[list[int]], groups: int = 16) -> torch.Tensor:
+    """Frames as the [groups, n] int64 tensor Code2Wav takes (n may be 0)."""
+    if not frames:
+        return torch.zeros((groups, 0), dtype=torch.long)
+    return torch.tensor(frames, dtype=torch.long).T.contiguous()
+
+
+@dataclass
+class FrameShipper:
+    """The talker side of a plan: collects frames and hands out each batch to ship as soon as the
+    code2wav end can decode a window from it (window end + 1 lookahead frame, or the end)."""
+
+    plan: ChunkPlan
+    frames: list[list[int]] = field(default_factory=list)
+    shipped: int = 0
+
+    def __post_init__(self) -> None:
+        self._points = flush_points(self.plan)
+        self._next = next(self._points)
+
+    def due(self, finished: bool) -> bool:
+        """Is it time to ship what has not been shipped yet?"""
+        return finished or len(self.frames) >= self._next
+
+    def take(self) -> tuple[int, torch.Tensor]:
+        """(index of the first frame, the frames not shipped yet), marking them shipped."""
+        first = self.shipped
+        self.shipped = len(self.frames)
+        while self._next <= self.shipped:
+            self._next = next(self._points)
+        return first, frames_tensor(self.frames[first:])
 
 
 def flush_points(plan: ChunkPlan):

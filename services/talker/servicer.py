@@ -6,13 +6,12 @@ import asyncio
 from collections.abc import AsyncIterator
 
 import grpc
-import torch
 
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest, OmniError
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.codec_chunks import flush_points
+from omnistream.qwen3_omni.codec_chunks import FrameShipper
 from omnistream.stage_service import StageServicer
 from omnistream.tensors import from_proto, to_proto
 from services.talker.engine import TalkerParams
@@ -78,39 +77,28 @@ class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
 
         async def chunks():
             index = 0
-            frames: list[list[int]] = []
-            shipped = 0
-            points = flush_points(plan)
-            next_flush = next(points)
+            shipper = FrameShipper(plan)
             while steps := await out.get_batch():
                 finished = False
                 reason = ""
                 for step in steps:
                     if step.codes is not None:
-                        frames.append(step.codes)
+                        shipper.frames.append(step.codes)
                     finished = finished or step.finished
                     reason = step.finish_reason or reason
-                if not finished and len(frames) < next_flush:
+                if not shipper.due(finished):
                     continue
                 with self.chunk_cpu("out"):
-                    new = frames[shipped:]
-                    codes = (
-                        torch.tensor(new, dtype=torch.long).T
-                        if new
-                        else torch.zeros((16, 0), dtype=torch.long)
-                    )
+                    first_frame, codes = shipper.take()
                     message = stage_pb2.TalkerChunk(
                         key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
-                        codes=to_proto(codes.contiguous()),
-                        first_frame=shipped,
+                        codes=to_proto(codes),
+                        first_frame=first_frame,
                         finished=finished,
                         finish_reason=reason,
                     )
                 yield message
                 index += 1
-                shipped = len(frames)
-                while next_flush <= shipped:
-                    next_flush = next(points)
 
         def pump(output_done: asyncio.Event):
             return self._pump(request_iterator, checker, out, handle, output_done)
