@@ -6,6 +6,8 @@ import csv
 import json
 from pathlib import Path
 
+from omnistream.bench.stats import METRIC_KEYS
+
 COLUMNS = [
     ("target", "target"),
     ("async", "async chunk"),
@@ -24,6 +26,8 @@ COLUMNS = [
 def _cell(row: dict, key: str) -> str:
     value = row[key]
     if isinstance(value, dict):
+        if value["mean"] is None:
+            return "n/a"  # no sample in this cell (e.g. ITL when all text came in one chunk)
         spread = value.get("run_spread")
         fmt = "{:.3f}" if key == "rtf" else "{:.1f}"
         text = fmt.format(value["mean"])
@@ -52,7 +56,8 @@ def table(rows: list[dict]) -> str:
 
 
 def write_json(path: Path, payload: dict) -> None:
-    path.write_text(json.dumps(payload, indent=2, default=str))
+    # allow_nan=False: a NaN reaching the results is a bug to surface, not a number to print.
+    path.write_text(json.dumps(payload, indent=2, default=str, allow_nan=False))
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
@@ -67,18 +72,17 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         "audio_throughput",
     ]
     metric_fields = [
-        f"{m}_{s}"
-        for m in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf")
-        for s in ("mean", "median", "p99", "std", "run_spread")
+        f"{m}_{s}" for m in METRIC_KEYS for s in ("samples", "mean", "median", "p99", "std", "run_spread")
     ]
     with path.open("w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields + metric_fields)
         writer.writeheader()
         for row in rows:
             out = {k: row[k] for k in fields}
-            for m in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf"):
-                for s in ("mean", "median", "p99", "std", "run_spread"):
-                    out[f"{m}_{s}"] = row[m].get(s, "")
+            for m in METRIC_KEYS:
+                for s in ("samples", "mean", "median", "p99", "std", "run_spread"):
+                    value = row[m].get(s)
+                    out[f"{m}_{s}"] = "" if value is None else value  # empty cell: no sample
             writer.writerow(out)
 
 
@@ -94,9 +98,10 @@ def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         series: dict[tuple[str, bool], list[tuple[int, float]]] = {}
         for row in rows:
-            series.setdefault((row["target"], row["async"]), []).append(
-                (row["concurrency"], row[metric]["mean"])
-            )
+            if row[metric]["mean"] is not None:
+                series.setdefault((row["target"], row["async"]), []).append(
+                    (row["concurrency"], row[metric]["mean"])
+                )
         for (target, async_chunk), points in sorted(series.items()):
             points.sort()
             ax.plot(

@@ -84,7 +84,9 @@ async def chunk_cost(client, services: dict, config, tokenizer, lengths: list[in
         def per_chunk(stage: str, direction: str, after=after, before=before) -> float:
             d_sum = after[f"{stage}.{direction}.sum"] - before.get(f"{stage}.{direction}.sum", 0.0)
             d_count = after[f"{stage}.{direction}.count"] - before.get(f"{stage}.{direction}.count", 0.0)
-            return d_sum / d_count if d_count else float("nan")
+            if not d_count:
+                raise RuntimeError(f"chunk cost: {stage} reported no {direction!r} chunk")
+            return d_sum / d_count
 
         results[length] = {
             "thinker_to_talker_us": 1e6 * (per_chunk("thinker", "out") + per_chunk("talker", "in")),
@@ -93,31 +95,40 @@ async def chunk_cost(client, services: dict, config, tokenizer, lengths: list[in
     return results
 
 
-def ratios(rows: list[dict]) -> dict[str, float]:
+def _ratio(a: float | None, b: float | None) -> float | None:
+    """a / b, or None (JSON null) where either side has no sample or b is 0."""
+    return a / b if a is not None and b else None
+
+
+def ratios(rows: list[dict]) -> dict[str, float | None]:
     def get(target: str, async_chunk: bool, conc: int) -> dict | None:
         for row in rows:
             if row["target"] == target and row["async"] == async_chunk and row["concurrency"] == conc:
                 return row
         return None
 
-    out: dict[str, float] = {}
+    out: dict[str, float | None] = {}
     concs = sorted({row["concurrency"] for row in rows})
     for target in sorted({row["target"] for row in rows}):
         for conc in concs:
             a, s = get(target, True, conc), get(target, False, conc)
             if a and s:
-                out[f"{target}: TTFP async/sequential @c{conc}"] = a["ttfp_ms"]["mean"] / s["ttfp_ms"]["mean"]
+                out[f"{target}: TTFP async/sequential @c{conc}"] = _ratio(
+                    a["ttfp_ms"]["mean"], s["ttfp_ms"]["mean"]
+                )
         lo, hi = concs[0], concs[-1]
         a_lo, a_hi = get(target, True, lo), get(target, True, hi)
         if a_lo and a_hi and lo != hi:
-            out[f"{target}: RTF c{hi}/c{lo} (async)"] = a_hi["rtf"]["mean"] / a_lo["rtf"]["mean"]
+            out[f"{target}: RTF c{hi}/c{lo} (async)"] = _ratio(a_hi["rtf"]["mean"], a_lo["rtf"]["mean"])
     for conc in concs:
         svc, local = get("services", True, conc), get("in-process", True, conc)
         if svc and local:
-            out[f"services/in-process TTFP @c{conc}"] = svc["ttfp_ms"]["mean"] / local["ttfp_ms"]["mean"]
-            out[f"services/in-process E2E @c{conc}"] = svc["e2e_ms"]["mean"] / local["e2e_ms"]["mean"]
-            out[f"services/in-process throughput @c{conc}"] = (
-                svc["request_throughput"] / local["request_throughput"]
+            out[f"services/in-process TTFP @c{conc}"] = _ratio(
+                svc["ttfp_ms"]["mean"], local["ttfp_ms"]["mean"]
+            )
+            out[f"services/in-process E2E @c{conc}"] = _ratio(svc["e2e_ms"]["mean"], local["e2e_ms"]["mean"])
+            out[f"services/in-process throughput @c{conc}"] = _ratio(
+                svc["request_throughput"], local["request_throughput"]
             )
     return out
 
@@ -198,6 +209,12 @@ async def run_bench(args: argparse.Namespace) -> int:
         if args.chunk_cost and services and "services" in clients:
             lengths = [int(x) for x in args.chunk_cost_prompts.split(",")]
             cost = await chunk_cost(clients["services"], services, config, tokenizer, lengths, args.seed)
+        big_prompt = None
+        if args.big_prompt and "gateway" in services:
+            from omnistream.bench.big_prompt import big_prompt_effect
+
+            sizes = [int(x) for x in args.big_prompt.split(",")]
+            big_prompt = await big_prompt_effect(f"http://127.0.0.1:{services['gateway'].http_port}", sizes)
         timings = None
         if args.stage_timings:
             from omnistream.bench.stages import stage_timings
@@ -212,6 +229,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             "ratios": result_ratios,
             "chunk_cost": cost,
             "stage_timings": timings,
+            "big_prompt": big_prompt,
         }
         report.write_json(out_dir / "results.json", payload)
         report.write_csv(out_dir / "results.csv", rows)
@@ -219,7 +237,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         print(report.table(rows))
         print()
         for key, value in result_ratios.items():
-            print(f"{key}: {value:.3f}")
+            print(f"{key}: " + ("n/a" if value is None else f"{value:.3f}"))
         if cost:
             for length, values in cost.items():
                 print(
@@ -227,8 +245,20 @@ async def run_bench(args: argparse.Namespace) -> int:
                     f"{values['thinker_to_talker_us']:.1f} us, "
                     f"talker->code2wav {values['talker_to_code2wav_us']:.1f} us"
                 )
+        if big_prompt:
+            print(
+                f"huge prompts: small request median {big_prompt['small_alone_median_ms']:.0f} ms alone, "
+                f"{big_prompt['small_with_big_prompts_median_ms']:.0f} ms beside them "
+                f"(x{big_prompt['latency_ratio']:.2f}); /ready not 200 in {big_prompt['ready_not_200']} of "
+                f"{big_prompt['ready_checks']} checks; {big_prompt['big_prompt_statuses']}"
+            )
         for key, per_batch in (timings or {}).items():
-            print(f"{key}: " + ", ".join(f"batch {b}: {ms:.2f}" for b, ms in per_batch.items()))
+            print(
+                f"{key}: "
+                + ", ".join(
+                    f"batch {b}: " + ("n/a" if ms is None else f"{ms:.2f}") for b, ms in per_batch.items()
+                )
+            )
         names = ", ".join(["results.json", "results.csv", *(p.name for p in plots)])
         print(f"\nwrote {names} to {out_dir}")
         failed = sum(r["failed"] for r in rows)

@@ -63,7 +63,7 @@ async def stage_timings(model: str, batches: tuple[int, ...] = (1, 8)) -> dict[s
     talker = TalkerEngine(model, options, max_batch=max(batches))
     code2wav = Code2WavEngine(model, options, max_batch=max(batches))
     prompt = thinker.encode_chat([{"role": "user", "content": "x " * 60}])
-    result: dict[str, dict[int, float]] = {
+    result: dict[str, dict[int, float | None]] = {
         "thinker_ms_per_token": {},
         "talker_ms_per_frame": {},
         "code2wav_ms_per_chunk": {},
@@ -82,7 +82,7 @@ async def stage_timings(model: str, batches: tuple[int, ...] = (1, 8)) -> dict[s
                 _recorder(engine, batch, times)
                 await run(batch)
                 engine._step_listeners.clear()
-                result[key][batch] = 1000 * statistics.median(times) if times else float("nan")
+                result[key][batch] = 1000 * statistics.median(times) if times else None
     finally:
         for engine in (thinker, talker, code2wav):
             engine.stop()

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 METRICS = ("ttft", "tpot", "itl", "ttfp", "e2e", "rtf")
+METRIC_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf")
 
 
 @dataclass
@@ -51,11 +52,18 @@ class RequestResult:
         return (self.last_audio - self.start) / self.audio_seconds
 
 
-def _describe(values: list[float], scale: float) -> dict[str, float]:
+STATS = ("mean", "median", "p99", "std")
+
+
+def _describe(values: list[float], scale: float) -> dict[str, float | int | None]:
+    """Summary of one metric's samples. No sample (e.g. no inter-token gap because every request's
+    text arrived in one chunk) is said explicitly: `samples` 0 and None (JSON null) for each
+    statistic, never NaN dressed up as a number."""
     if not values:
-        return {"mean": float("nan"), "median": float("nan"), "p99": float("nan"), "std": float("nan")}
+        return {"samples": 0, **dict.fromkeys(STATS)}
     arr = np.asarray(values) * scale
     return {
+        "samples": len(values),
         "mean": float(arr.mean()),
         "median": float(np.median(arr)),
         "p99": float(np.percentile(arr, 99)),
@@ -88,13 +96,19 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
 def merge_runs(runs: list[dict]) -> dict:
     """Combine repeated runs of one cell: means of the per-run means, plus their spread."""
     merged = dict(runs[0])
-    for key in ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf"):
-        means = [r[key]["mean"] for r in runs]
+    for key in METRIC_KEYS:
+        # ITL, like vLLM's, pools what exists: runs without a sample do not count as zeros.
+        measured = [r[key] for r in runs if r[key].get("samples", 0)]
+        if not measured:
+            merged[key] = {"samples": 0, **dict.fromkeys(STATS), "run_means": [], "run_spread": None}
+            continue
+        means = [m["mean"] for m in measured]
         merged[key] = {
+            "samples": sum(m["samples"] for m in measured),
             "mean": float(np.mean(means)),
-            "median": float(np.mean([r[key]["median"] for r in runs])),
-            "p99": float(np.max([r[key]["p99"] for r in runs])),
-            "std": float(np.mean([r[key]["std"] for r in runs])),
+            "median": float(np.mean([m["median"] for m in measured])),
+            "p99": float(np.max([m["p99"] for m in measured])),
+            "std": float(np.mean([m["std"] for m in measured])),
             "run_means": means,
             "run_spread": float(np.max(means) - np.min(means)) if len(means) > 1 else 0.0,
         }
