@@ -95,9 +95,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # First, before the heavy imports: a service started by a launcher dies with it (lifeline.py).
+    from omnistream.lifeline import bind_to_parent
+
+    bind_to_parent()
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(name)s %(levelname)s %(message)s")
     from omnistream.errors import OmniError
+    from omnistream.ports import BindError
 
     try:
         return int(args.func(args) or 0)
@@ -107,6 +112,13 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    except BindError as exc:  # a taken port is the operator's to fix: one line, no stack trace
+        command = " ".join(filter(None, (args.command, getattr(args, "service", None))))
+        print(f"omnistream {command}: {exc}", file=sys.stderr, flush=True)
+        # A server started before the failed bind (a stage's gRPC port, before its metrics port) is
+        # collected after its event loop closed, and complains; that is noise after the line above.
+        sys.unraisablehook = lambda _unraisable: None
+        return 1
 
 
 if __name__ == "__main__":

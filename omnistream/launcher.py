@@ -1,7 +1,9 @@
 """Start services as child processes and wait until they report SERVING on gRPC health.
 
-Used by `omnistream up` and by the integration tests: each service prints one JSON line with its
-bound ports (so port 0 works), and readiness is the standard health check, never a sleep.
+Used by `omnistream up`, the benchmark and the integration tests: each service prints one JSON line
+with its bound ports (so port 0 works), and readiness is the standard health check, never a sleep.
+Every service is started through `lifeline.spawn`, so it dies with the process that started it even
+when that one is killed with SIGKILL (see omnistream/lifeline.py).
 """
 
 from __future__ import annotations
@@ -14,10 +16,28 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from omnistream.lifeline import spawn
+
+WAIT_STEP_S = 0.1  # how often a wait looks at its `cancel` event
+
+
+class StartError(RuntimeError):
+    """A service exited, or never got ready, while starting; the message names it."""
+
+
+class StartCancelled(Exception):
+    """The `cancel` event of a start was set (the supervisor got a stop signal)."""
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise StartCancelled()
 
 
 @dataclass
@@ -55,6 +75,20 @@ class ServiceProcess:
         if self.proc.poll() is None:
             self.proc.kill()
             self.proc.wait(5)
+
+
+def stop_services(services: Iterable[ServiceProcess], timeout: float = 40.0) -> None:
+    """SIGTERM all at once (they drain in parallel), wait up to `timeout` in all, SIGKILL the rest."""
+    running = [s for s in services if s.proc.poll() is None]
+    for service in running:
+        with contextlib.suppress(ProcessLookupError):
+            service.proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    for service in running:
+        try:
+            service.proc.wait(max(deadline - time.monotonic(), 0.0))
+        except subprocess.TimeoutExpired:
+            service.kill()
 
 
 def _reader(service: ServiceProcess, ready: threading.Event) -> None:
@@ -103,15 +137,20 @@ def check_health(address: str, tls: ClientTLS | None = None, timeout: float = 5.
 
 
 def wait_serving(
-    address: str, timeout: float, proc: subprocess.Popen | None = None, tls: ClientTLS | None = None
+    address: str,
+    timeout: float,
+    proc: subprocess.Popen | None = None,
+    tls: ClientTLS | None = None,
+    cancel: threading.Event | None = None,
 ) -> None:
-    """Poll gRPC health until SERVING (TLS when `tls` is given)."""
+    """Poll gRPC health until SERVING (TLS when `tls` is given); StartCancelled once `cancel` is set."""
     deadline = time.monotonic() + timeout
     with tls.channel(address) if tls is not None else grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
+            _check_cancel(cancel)
             if proc is not None and proc.poll() is not None:
-                raise RuntimeError(f"service at {address} exited with {proc.returncode}")
+                raise StartError(f"service at {address} exited with {proc.returncode}")
             try:
                 reply = stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
                 if reply.status == health_pb2.HealthCheckResponse.SERVING:
@@ -136,20 +175,23 @@ def start_services(
     *,
     tls: ClientTLS | None = None,
     wrappers: dict[str, list[str]] | None = None,
+    cancel: threading.Event | None = None,
 ) -> dict[str, ServiceProcess]:
     """Start several services at once (model loading overlaps), then wait for each to be SERVING.
 
     `tls`: the services serve TLS; the health wait uses these client credentials. `wrappers`: a
-    command to run a service's process under, per name (e.g. `ip netns exec NS`).
+    command to run a service's process under, per name (e.g. `ip netns exec NS`; it must exec the
+    service, not fork it, for the parent-death tie to hold). `cancel`: once set, the start is
+    abandoned (StartCancelled). On any failure every service started here is killed.
     """
     started: dict[str, tuple[ServiceProcess, threading.Event]] = {}
     try:
         for name, args in specs.items():
+            _check_cancel(cancel)
             started[name] = _spawn(name, args, env, (wrappers or {}).get(name, []))
-        for name, (service, ready) in started.items():
-            if not ready.wait(timeout) or not service.port:
-                raise RuntimeError(f"{name} did not report its port: {service.lines[-5:]}")
-            wait_serving(service.address, timeout, service.proc, tls)
+        for service, ready in started.values():
+            _wait_listening(service, ready, timeout, cancel)
+            wait_serving(service.address, timeout, service.proc, tls, cancel)
     except BaseException:
         for service, _ in started.values():
             service.kill()
@@ -157,14 +199,30 @@ def start_services(
     return {name: service for name, (service, _) in started.items()}
 
 
+def _wait_listening(
+    service: ServiceProcess, ready: threading.Event, timeout: float, cancel: threading.Event | None
+) -> None:
+    """Until the service printed its "listening" line; StartError if it exits or times out first."""
+    deadline = time.monotonic() + timeout
+    while not ready.wait(WAIT_STEP_S):
+        _check_cancel(cancel)
+        if time.monotonic() > deadline:
+            raise StartError(f"{service.name} did not report its port within {timeout:.0f}s")
+    if not service.port:  # its stdout closed first: it is exiting
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            service.proc.wait(5)
+        tail = f": {service.lines[-5:]}" if service.lines else ""
+        raise StartError(f"{service.name} exited with {service.proc.returncode} before listening{tail}")
+
+
 def _spawn(
     name: str, args: list[str], env: dict | None, wrapper: list[str]
 ) -> tuple[ServiceProcess, threading.Event]:
+    """Start one service in its own session (a terminal's Ctrl-C reaches only the supervisor, which
+    stops the services in order), tied to this process by `lifeline.spawn`."""
     cmd = [*wrapper, sys.executable, "-m", "omnistream.cli", *args]
     proc_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=None, text=True, env=proc_env, start_new_session=True
-    )
+    proc = spawn(cmd, proc_env, stdout=subprocess.PIPE, stderr=None, text=True, start_new_session=True)
     service = ServiceProcess(name, proc)
     ready = threading.Event()
     threading.Thread(target=_reader, args=(service, ready), daemon=True).start()

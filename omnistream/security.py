@@ -14,6 +14,7 @@ from pathlib import Path
 import grpc
 
 from omnistream.errors import Unauthenticated
+from omnistream.ports import bind_error, port_in_use
 from omnistream.server import abort_with
 
 AUTHORIZATION_METADATA_KEY = "authorization"
@@ -60,11 +61,26 @@ def channel_credentials(
     )
 
 
-def add_port(server: grpc.aio.Server, address: str, credentials: grpc.ServerCredentials | None) -> int:
-    """Bind `address` with TLS when `credentials` are given; returns the bound port."""
-    if credentials is None:
-        return server.add_insecure_port(address)
-    return server.add_secure_port(address, credentials)
+def add_port(
+    server: grpc.aio.Server,
+    address: str,
+    credentials: grpc.ServerCredentials | None,
+    flag: str = "--port",
+) -> int:
+    """Bind `address` with TLS when `credentials` are given; returns the bound port.
+
+    A port that is taken raises BindError naming it and `flag` (the option that sets it), checked
+    before gRPC tries: gRPC's own failure is a bare RuntimeError plus core log lines on stderr.
+    """
+    host, _, port = address.rpartition(":")
+    if port.isdigit() and port_in_use(host, int(port)):
+        raise bind_error(address, flag)
+    try:
+        if credentials is None:
+            return server.add_insecure_port(address)
+        return server.add_secure_port(address, credentials)
+    except RuntimeError as exc:  # lost a race since the check, or an address that cannot be bound
+        raise bind_error(address, flag) from exc
 
 
 def open_channel(

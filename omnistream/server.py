@@ -21,6 +21,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from omnistream.errors import OmniError, status_of
+from omnistream.ports import bind_error
 
 log = logging.getLogger(__name__)
 
@@ -213,7 +214,13 @@ async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) ->
 
 
 def start_metrics_http(port: int, host: str = "127.0.0.1", registry=None) -> int:
-    """Serve Prometheus metrics from a daemon thread; returns the bound port (useful with port 0)."""
+    """Serve Prometheus metrics from a daemon thread; returns the bound port (useful with port 0).
+
+    A port that cannot be bound raises BindError (a one-line message naming --metrics-port).
+    """
     registry = registry if registry is not None else prometheus_client.REGISTRY
-    server, _thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+    try:
+        server, _thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise bind_error(f"{host}:{port}", "--metrics-port") from exc
     return int(server.server_port)

@@ -1,8 +1,16 @@
-"""`omnistream up`: the whole stack on one machine, each service its own process."""
+"""`omnistream up`: the whole stack on one machine, each service its own process.
+
+`up` owns its services for their whole life: SIGHUP (the terminal closed), SIGINT (Ctrl-C) and
+SIGTERM all mean "stop": the gateway drains first, then the stages, also when the signal comes
+while they are still starting. Should `up` die without that chance (SIGKILL, the OOM killer), the
+services follow it by themselves (omnistream/lifeline.py). A port that is already taken is
+reported in one line before anything is started.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
@@ -11,7 +19,18 @@ import time
 import urllib.error
 import urllib.request
 
-from omnistream.launcher import ServiceProcess, start_services
+from omnistream.launcher import (
+    WAIT_STEP_S,
+    ServiceProcess,
+    StartCancelled,
+    StartError,
+    start_services,
+    stop_services,
+)
+from omnistream.ports import in_use_message, port_in_use
+
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -26,17 +45,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code2wav-replicas", type=int, default=1)
 
 
-def wait_ready(http_port: int, timeout: float = 60.0) -> None:
+def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading.Event | None = None) -> None:
+    """Poll the gateway's /ready until 200; StartError if it exits first, StartCancelled on `cancel`."""
+    host = gateway.connect_host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{gateway.http_port}/ready"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
+        if cancel is not None and cancel.is_set():
+            raise StartCancelled()
+        if gateway.proc.poll() is not None:
+            raise StartError(f"gateway exited with {gateway.proc.returncode} before it was ready")
         try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/ready", timeout=2) as reply:
+            with urllib.request.urlopen(url, timeout=2) as reply:
                 if reply.status == 200:
                     return
         except (urllib.error.URLError, ConnectionError):
             pass
-        time.sleep(0.1)
-    raise TimeoutError(f"gateway not ready after {timeout}s")
+        time.sleep(WAIT_STEP_S)
+    raise StartError(f"gateway not ready after {timeout:.0f}s")
 
 
 def usage_text(host: str, http_port: int, grpc_port: int) -> str:
@@ -82,15 +108,20 @@ def start_stack(
     max_concurrency: int = 16,
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
+    cancel: threading.Event | None = None,
 ) -> ServiceProcess:
-    """Start the stages, then the gateway, into `services` (so a caller can stop whatever started)."""
+    """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
+
+    `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
+    already in `services` or killed by `start_services`.
+    """
     common = ["--model", model, "--dtype", dtype, "--device", device]
     specs = {"thinker": ["serve", "thinker", *common]}
     for i in range(talker_replicas):
         specs[f"talker-{i}"] = ["serve", "talker", *common]
     for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = ["serve", "code2wav", *common]
-    services.update(start_services(specs))
+    services.update(start_services(specs, cancel=cancel))
     gateway_args = [
         "serve",
         "gateway",
@@ -107,17 +138,53 @@ def start_stack(
     ]
     for name, service in list(services.items()):
         gateway_args += [f"--{name.split('-')[0]}", service.address]
-    services.update(start_services({"gateway": gateway_args}))
+    services.update(start_services({"gateway": gateway_args}, cancel=cancel))
     gateway = services["gateway"]
-    wait_ready(gateway.http_port)
+    wait_ready(gateway, cancel=cancel)
     return gateway
 
 
+def busy_port(host: str, http_port: int, grpc_port: int) -> str | None:
+    """The one-line error for the first of the gateway's ports already taken, or None."""
+    for port in (http_port, grpc_port):
+        if port_in_use(host, port):
+            return in_use_message(port, "--http-port/--grpc-port", who="omnistream up")
+    return None
+
+
+def stop_stack(services: dict[str, ServiceProcess]) -> None:
+    """Gateway first (it finishes its streams, which need the stages), then every stage at once."""
+    gateway = [s for name, s in services.items() if name == "gateway"]
+    stop_services(gateway, DRAIN_TIMEOUT_S)
+    stop_services([s for name, s in services.items() if name != "gateway"], DRAIN_TIMEOUT_S)
+
+
+def _say(text: str, file=None) -> None:
+    """Print, unless the terminal is gone (SIGHUP): stopping must not fail on a closed tty."""
+    with contextlib.suppress(OSError):
+        print(text, file=file or sys.stdout, flush=True)
+
+
+def _supervise(services: dict[str, ServiceProcess], stop: threading.Event) -> int:
+    """Until a stop signal (0) or until a service exits on its own (1)."""
+    while not stop.is_set():
+        for name, service in services.items():
+            if service.proc.poll() is not None:
+                _say(f"omnistream up: {name} exited with {service.proc.returncode}; stopping", sys.stderr)
+                return 1
+        stop.wait(0.5)
+    return 0
+
+
 def run_up(args: argparse.Namespace) -> int:
-    services: dict[str, ServiceProcess] = {}
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in STOP_SIGNALS:  # installed first: a signal at any later point stops what was started
         signal.signal(sig, lambda *_: stop.set())
+    busy = busy_port(args.host, args.http_port, args.grpc_port)
+    if busy:
+        _say(f"omnistream up: {busy}", sys.stderr)
+        return 1
+    services: dict[str, ServiceProcess] = {}
     try:
         gateway = start_stack(
             args.model,
@@ -130,15 +197,14 @@ def run_up(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             talker_replicas=args.talker_replicas,
             code2wav_replicas=args.code2wav_replicas,
+            cancel=stop,
         )
-        print(usage_text(args.host, gateway.http_port, gateway.port), flush=True)
-        while not stop.is_set():
-            for name, service in services.items():
-                if service.proc.poll() is not None:
-                    print(f"{name} exited with {service.proc.returncode}; stopping", file=sys.stderr)
-                    return 1
-            stop.wait(0.5)
+        _say(usage_text(args.host, gateway.http_port, gateway.port))
+        return _supervise(services, stop)
+    except StartCancelled:
         return 0
+    except (StartError, TimeoutError) as exc:  # the failing service printed its own reason above
+        _say(f"omnistream up: {exc}; stopped everything", sys.stderr)
+        return 1
     finally:
-        for service in reversed(list(services.values())):
-            service.stop()
+        stop_stack(services)

@@ -20,6 +20,8 @@ import time
 import tomllib
 from pathlib import Path
 
+from omnistream.lifeline import spawn
+
 from .conftest import BIN, DEPLOY, ROOT, cli_args, run, tool
 
 DOCKERFILE = DEPLOY / "docker" / "Dockerfile"
@@ -118,22 +120,18 @@ def dev_only_modules() -> set[str]:
 
 BLOCKER = """import sys
 
-BLOCKED = {blocked!r}
-
-
-class _RuntimeOnly:
-    def find_spec(self, name, path=None, target=None):
-        if name.partition(".")[0] in BLOCKED:
-            raise ModuleNotFoundError(f"{{name}} is a dev-only dependency, not in the image", name=name)
-        return None
-
-
-sys.meta_path.insert(0, _RuntimeOnly())
+# Absent as in the image: `import X` raises ModuleNotFoundError ("import of X halted; None in
+# sys.modules") and `importlib.util.find_spec(X)` returns None, as libraries probing for optional
+# packages expect (a finder that raised instead would break those probes, unlike a real absence).
+for _name in {blocked!r}:
+    sys.modules.setdefault(_name, None)
 """
 
 
 def _start(cmd: list[str], cwd: Path, env: dict) -> tuple[subprocess.Popen, dict]:
-    proc = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, text=True, start_new_session=True)
+    """Start an installed `omnistream` command tied to this test process, as every launcher does:
+    it dies with pytest even when pytest is killed (see omnistream/lifeline.py)."""
+    proc = spawn(cmd, env, cwd=cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     for line in proc.stdout:
         if line.startswith("{") and json.loads(line).get("event") == "listening":
             return proc, json.loads(line)
@@ -190,7 +188,7 @@ def test_image_install_steps_work(tmp_path):
     env.pop("PYTHONPATH", None)
     probe = "import omnistream.proto.omni.v1.stage_pb2 as m, pytest"
     where = run(venv / "bin" / "python", "-c", probe, cwd=tmp_path, env=env)
-    assert "dev-only dependency" in where.stderr, where.stderr  # the blocker is active
+    assert "None in sys.modules" in where.stderr, where.stderr  # the blocker is active
     where = run(
         venv / "bin" / "python",
         "-c",

@@ -1,65 +1,195 @@
-"""`omnistream up` (what `make run` runs) serves, and the curl command it prints works."""
+"""`omnistream up` (what `make run` runs): it serves, the curl command it prints works, and it never
+leaves a service behind: not after SIGHUP (the terminal closed), not after SIGKILL, not when its
+ports are taken, not when stopped while still starting.
+
+Every `up` here gets a mark in its environment that all its services inherit, so "everything it
+started" is found through /proc even after the services were re-parented (tests/procs.py).
+"""
 
 from __future__ import annotations
 
+import os
+import queue
 import re
+import secrets
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 
+from omnistream.lifeline import spawn
+from omnistream.ports import port_in_use
+from tests.procs import kill_all, marked_pids, wait_until
 
-def test_up_serves_and_printed_curl_works(tiny_model_dir):
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "omnistream.cli",
-            "up",
-            "--model",
-            tiny_model_dir,
-            "--http-port",
-            "0",
-            "--grpc-port",
-            "0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        lines: list[str] = []
-        deadline = time.monotonic() + 180
+MARK = "OMNISTREAM_TEST_UP_MARK"
+SERVICES = 4  # thinker, talker, code2wav, gateway
+START_TIMEOUT_S = 180.0
+GONE_TIMEOUT_S = 60.0  # generous: every service is idle, so its drain is immediate
+SERVING = re.compile(r"omnistream is serving: REST http://[^:]+:(\d+)\s+gRPC [^:]+:(\d+)")
+
+
+@dataclass
+class Up:
+    proc: subprocess.Popen
+    mark: str
+    stderr: Path
+    lines: queue.Queue = field(default_factory=queue.Queue)
+
+    def pids(self) -> list[int]:
+        """`up` and every service it started that is still alive."""
+        return marked_pids(MARK, self.mark)
+
+    def wait_for(self, pattern: re.Pattern | str, timeout: float = START_TIMEOUT_S) -> tuple[re.Match, str]:
+        """Read stdout until a line matches; the match and everything read so far."""
+        seen: list[str] = []
+        deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            line = proc.stdout.readline()
-            if not line:
-                break
-            lines.append(line)
-            if "Ctrl-C stops everything" in line:
-                break
-        text = "".join(lines)
-        match = re.search(r"^\s*(curl .*?)(?=\n\s*\n)", text, re.S | re.M)
-        assert match, text
-        curl = match.group(1).replace("\\\n", " ")
-        reply = subprocess.run(
-            ["bash", "-c", curl + " --max-time 120 -s"], capture_output=True, text=True, timeout=150
-        )
-        assert reply.returncode == 0, reply.stderr
-        assert '"content"' in reply.stdout and '"audio"' in reply.stdout
-        assert reply.stdout.rstrip().endswith("data: [DONE]")
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(60) == 0
-    finally:
-        if proc.poll() is None:  # a failed test: SIGTERM lets `up` stop its children first
-            proc.send_signal(signal.SIGTERM)
             try:
-                proc.wait(60)
-            except subprocess.TimeoutExpired:
+                line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+            except queue.Empty:
+                break
+            if line is None:
+                break
+            seen.append(line)
+            if match := re.search(pattern, line):
+                return match, "".join(seen)
+        raise AssertionError(f"no {pattern!r} from up: {''.join(seen)}\n{self.stderr.read_text()}")
+
+
+def _pump(stdout, lines: queue.Queue) -> None:
+    for line in stdout:
+        lines.put(line)
+    lines.put(None)
+
+
+@contextmanager
+def run_up(tmp_path: Path, model: str, *args: str) -> Iterator[Up]:
+    """`omnistream up` as `make run` starts it; afterwards whatever of it is left gets killed."""
+    mark = secrets.token_hex(8)
+    stderr = tmp_path / f"up-{mark}.stderr"
+    with stderr.open("w") as err:
+        proc = spawn(
+            [sys.executable, "-m", "omnistream.cli", "up", "--model", model, *args],
+            {**os.environ, MARK: mark},
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            start_new_session=True,
+        )
+    up = Up(proc, mark, stderr)
+    threading.Thread(target=_pump, args=(proc.stdout, up.lines), daemon=True).start()
+    try:
+        yield up
+    finally:
+        kill_all([proc.pid, *up.pids()])
+        proc.wait(10)
+
+
+def _serving(up: Up) -> tuple[int, int, str]:
+    """Wait until `up` prints its usage text: (http port, grpc port, the text)."""
+    match, _ = up.wait_for(SERVING)
+    _, text = up.wait_for("Ctrl-C stops everything")
+    assert len(up.pids()) == 1 + SERVICES, up.pids()
+    return int(match.group(1)), int(match.group(2)), match.string + text
+
+
+def _all_gone(up: Up, *ports: int) -> bool:
+    return not up.pids() and not any(port_in_use("127.0.0.1", p) for p in ports)
+
+
+def _curl_works(text: str) -> None:
+    match = re.search(r"^\s*(curl .*?)(?=\n\s*\n)", text, re.S | re.M)
+    assert match, text
+    curl = match.group(1).replace("\\\n", " ")
+    reply = subprocess.run(
+        ["bash", "-c", curl + " --max-time 120 -s"], capture_output=True, text=True, timeout=150
+    )
+    assert reply.returncode == 0, reply.stderr
+    assert '"content"' in reply.stdout and '"audio"' in reply.stdout
+    assert reply.stdout.rstrip().endswith("data: [DONE]")
+
+
+def test_up_serves_refuses_busy_ports_and_stops_on_sighup(tiny_model_dir, tmp_path):
+    """One stack, three checks: the printed curl works; a second `up` on the same ports fails with
+    one clear line and starts nothing; SIGHUP (the terminal closed) stops every service and frees
+    every port."""
+    with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as first:
+        http_port, grpc_port, text = _serving(first)
+        _curl_works(text)
+
+        for flags in (["--http-port", str(http_port)], ["--grpc-port", str(grpc_port)]):
+            other = "--grpc-port" if flags[0] == "--http-port" else "--http-port"
+            with run_up(tmp_path, tiny_model_dir, *flags, other, "0") as second:
+                assert second.proc.wait(60) == 1
+                assert wait_until(lambda second=second: not second.pids(), GONE_TIMEOUT_S), second.pids()
+                assert second.stderr.read_text() == (
+                    f"omnistream up: port {flags[1]} is already in use (another omnistream up still "
+                    "running?): stop it or pass --http-port/--grpc-port\n"
+                )
+
+        first.proc.send_signal(signal.SIGHUP)
+        assert first.proc.wait(GONE_TIMEOUT_S) == 0
+        assert wait_until(lambda: _all_gone(first, http_port, grpc_port), GONE_TIMEOUT_S), first.pids()
+
+
+def test_up_killed_with_sigkill_takes_its_services_along(tiny_model_dir, tmp_path):
+    with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as up:
+        http_port, grpc_port, _ = _serving(up)
+        up.proc.kill()
+        up.proc.wait(10)
+        assert wait_until(lambda: _all_gone(up, http_port, grpc_port), GONE_TIMEOUT_S), up.pids()
+
+
+def test_up_stopped_while_starting_leaves_nothing(tiny_model_dir, tmp_path):
+    """Ctrl-C while the stages are still loading: what was started is stopped too."""
+    with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as up:
+        assert wait_until(lambda: len(up.pids()) >= 1 + 3, START_TIMEOUT_S), up.pids()
+        up.proc.send_signal(signal.SIGINT)
+        assert up.proc.wait(GONE_TIMEOUT_S) == 0
+        assert wait_until(lambda: not up.pids(), GONE_TIMEOUT_S), up.pids()
+
+
+def test_services_report_a_busy_port_in_one_line(tiny_model_dir):
+    """The race `up`'s own check cannot close (a port taken after it looked): the service that
+    cannot bind says so in one line and exits non-zero."""
+    with socket.socket() as holder:
+        holder.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = str(holder.getsockname()[1])
+        stage = ["serve", "code2wav", "--model", tiny_model_dir, "--port", port]
+        gateway = ["serve", "gateway", "--model", tiny_model_dir, "--http-port", port, "--grpc-port", "0"]
+        gateway += ["--thinker", "127.0.0.1:1", "--talker", "127.0.0.1:1", "--code2wav", "127.0.0.1:1"]
+        procs = {
+            args[1]: spawn(
+                [sys.executable, "-m", "omnistream.cli", *args],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+                start_new_session=True,
+            )
+            for args in (stage, gateway)
+        }
+        try:
+            for name, flag in (("code2wav", "--port"), ("gateway", "--http-port")):
+                out, err = procs[name].communicate(timeout=START_TIMEOUT_S)
+                assert procs[name].returncode == 1, out + err
+                assert err == (
+                    f"omnistream serve {name}: port {port} is already in use (another omnistream still "
+                    f"running?): stop it or pass another {flag}\n"
+                )
+        finally:
+            for proc in procs.values():
                 proc.kill()
                 proc.wait(10)
 
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = pytest.mark.timeout(600)
