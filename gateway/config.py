@@ -15,6 +15,13 @@ API_KEY_ENV = "OMNISTREAM_API_KEY"
 # The real checkpoint's voices; a --model directory replaces them with its own config's.
 DEFAULT_VOICES = ("chelsie", "ethan", "aiden")
 
+# Room in one stage message for everything but the prompt text (ids, sampling, framing). A request's
+# text reaches the thinker in one gRPC message, so the size limits below must leave this much free.
+STAGE_MESSAGE_HEADROOM = 64 * 1024
+# The most bytes one prompt unit takes in that message: a character is at most 4 bytes of UTF-8, a
+# token id of `prompt_ids` at most 5 bytes of varint.
+BYTES_PER_PROMPT_UNIT = 5
+
 
 @dataclass
 class GatewayConfig:
@@ -35,6 +42,15 @@ class GatewayConfig:
     default_max_tokens: int = 256
     max_audio_frames: int = 2048
     max_message_bytes: int = 16 * 1024 * 1024
+    # A larger REST body gets 413 before it is parsed. 8 MiB holds a full `max_prompt_chars` prompt
+    # even when a client escapes every character as \uXXXX (6 bytes, json.dumps' default), and
+    # stays far under the stage message limit.
+    max_request_bytes: int = 8 * 1024 * 1024
+    # A prompt with more characters of message text (or more prompt_ids) gets 413, on REST and gRPC.
+    # A million characters are hundreds of thousands of tokens, past any Qwen3-Omni context, so only
+    # prompts that could never run are refused; it bounds the thinker's tokenizing work, and at 5
+    # bytes a unit such a prompt always fits one stage message.
+    max_prompt_chars: int = 1_000_000
     health_interval: float = 1.0
     # Stage entries that are DNS names ("dns:///talker:50051", "talker:50051") are resolved this
     # often; every address found is a replica (a headless Service lists one per ready pod).
@@ -96,3 +112,21 @@ class GatewayConfig:
             raise ValueError("stage_tls_cert and stage_tls_key go together")
         if self.discovery_interval <= 0:
             raise ValueError("discovery_interval must be positive")
+        self._validate_size_limits()
+
+    def _validate_size_limits(self) -> None:
+        """Refuse limits that would let a request past the gateway that no stage message can carry
+        (the stage would fail it with an internal error instead of the client getting 413)."""
+        if self.max_request_bytes <= 0 or self.max_prompt_chars <= 0:
+            raise ValueError("max_request_bytes and max_prompt_chars must be positive")
+        room = self.max_message_bytes - STAGE_MESSAGE_HEADROOM
+        if self.max_request_bytes > room:
+            raise ValueError(
+                f"max_request_bytes ({self.max_request_bytes}) must leave {STAGE_MESSAGE_HEADROOM} bytes "
+                f"free under max_message_bytes ({self.max_message_bytes})"
+            )
+        if self.max_prompt_chars * BYTES_PER_PROMPT_UNIT > room:
+            raise ValueError(
+                f"max_prompt_chars ({self.max_prompt_chars}) at up to {BYTES_PER_PROMPT_UNIT} bytes each "
+                f"must fit max_message_bytes ({self.max_message_bytes}) less {STAGE_MESSAGE_HEADROOM}"
+            )

@@ -22,7 +22,7 @@ from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_request
 from omnistream.chunk_key import validate_request_id
-from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, Unavailable
+from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
 from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames
 from omnistream.security import channel_credentials
@@ -202,6 +202,18 @@ class Session:
         self.core.metrics.finished.labels(status=self._status).inc()
 
 
+def check_prompt_size(request: GenerationRequest, limit: int) -> None:
+    """413 for a prompt over `max_prompt_chars`, before any stage sees it: past that it could not
+    run anyway, and it is what keeps every prompt inside one stage message (see GatewayConfig)."""
+    if request.prompt_ids is not None:
+        size, field, unit = len(request.prompt_ids), "prompt_ids", "token ids"
+    else:
+        size = sum(len(m["content"]) for m in request.messages or ())
+        field, unit = "messages", "characters of message text"
+    if size > limit:
+        raise TooLarge(f"the prompt has {size} {unit}; at most {limit} are accepted", field=field)
+
+
 class GatewayCore:
     def __init__(self, config: GatewayConfig) -> None:
         config.resolve_voices()
@@ -231,6 +243,7 @@ class GatewayCore:
 
     def validate(self, request: GenerationRequest) -> None:
         c = self.config
+        check_prompt_size(request, c.max_prompt_chars)
         if request.return_audio and request.speaker.lower() not in c.voices:
             raise InvalidRequest(
                 f"unknown voice {request.speaker!r}; choose from {list(c.voices)}", field="voice"

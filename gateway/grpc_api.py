@@ -34,6 +34,7 @@ from omnistream.convert import sampling_from_proto  # noqa: E402  (generated jus
 from omnistream.proto.omni.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from omnistream.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
 from omnistream.tensors import to_proto  # noqa: E402
+from omnistream.wire import Method, add_service, checked  # noqa: E402
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -158,6 +159,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         try:
+            request = checked(request)  # bytes that did not parse: INVALID_ARGUMENT, not UNKNOWN
             generation = to_generation_request(request, self.core.config)
             timeout = request_timeout(request, context.time_remaining())
             session = await self.core.open(generation, request_id=request.request_id or None, timeout=timeout)
@@ -196,5 +198,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     """Serve `omni.v1.Gateway` on `server` from `core`; returns the service's full name (for health
     and reflection, see `omnistream.server.add_health_and_reflection`)."""
-    gateway_pb2_grpc.add_GatewayServicer_to_server(GatewayServicer(core), server)
+    servicer = GatewayServicer(core)
+    add_service(
+        server,
+        SERVICE_NAME,
+        [Method("Generate", servicer.Generate, gateway_pb2.GenerateRequest, Event, "unary_stream")],
+    )
     return SERVICE_NAME

@@ -14,6 +14,7 @@ import uvicorn
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest import build_app
+from omnistream.ports import listen_socket
 from omnistream.security import ApiKeyInterceptor, add_port, server_credentials
 from omnistream.server import add_health_and_reflection, build_server, set_serving
 
@@ -35,6 +36,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "max_queue",
         "queue_timeout",
         "request_timeout",
+        "max_request_bytes",
+        "max_prompt_chars",
         "discovery_interval",
         "tls_cert",
         "tls_key",
@@ -55,10 +58,11 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 
 async def serve(config: GatewayConfig) -> int:
+    """Bind both ports before anything starts, so a taken port ends the process with one line
+    (BindError, printed by the CLI) and nothing to clean up; then serve until SIGTERM/SIGINT."""
     from gateway.grpc_api import SERVICE_NAME, add_gateway_api
 
     core = GatewayCore(config)
-    await core.start()
     interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"])] if config.api_key else None
     grpc_server = build_server(
         config.max_message_bytes, config.max_concurrency * 2, interceptors=interceptors
@@ -66,7 +70,9 @@ async def serve(config: GatewayConfig) -> int:
     name = add_gateway_api(grpc_server, core)
     health = add_health_and_reflection(grpc_server, [name])
     credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)
-    grpc_port = add_port(grpc_server, f"{config.host}:{config.grpc_port}", credentials)
+    grpc_port = add_port(grpc_server, f"{config.host}:{config.grpc_port}", credentials, "--grpc-port")
+    http_socket = listen_socket(config.host, config.http_port, "--http-port")
+    await core.start()
     await grpc_server.start()
 
     app = build_app(core)
@@ -86,7 +92,7 @@ async def serve(config: GatewayConfig) -> int:
     )
     http = uvicorn.Server(uv_config)
     http.install_signal_handlers = lambda: None  # we own SIGTERM: drain both faces together
-    http_task = asyncio.create_task(http.serve())
+    http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started:
         if http_task.done():
             await http_task

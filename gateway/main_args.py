@@ -19,6 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-queue", type=int, default=None)
     p.add_argument("--queue-timeout", type=float, default=None)
     p.add_argument("--request-timeout", type=float, default=None)
+    p.add_argument(
+        "--max-request-bytes", type=int, default=None, help="REST bodies over this get 413 (default 8 MiB)"
+    )
+    p.add_argument(
+        "--max-prompt-chars", type=int, default=None, help="longer prompts get 413 (default 1000000)"
+    )
     p.add_argument("--sequential", action="store_true", help="default to sequential mode (async chunk off)")
     p.add_argument(
         "--discovery-interval", type=float, default=None, help="seconds between DNS look-ups of stage names"

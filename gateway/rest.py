@@ -6,7 +6,7 @@ import base64
 import json
 import struct
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, Literal
 
 import numpy as np
@@ -14,11 +14,14 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.admission import Rejected
 from gateway.core import GatewayCore
-from omnistream.errors import InvalidRequest, OmniError, Unauthenticated, status_of
+from gateway.request_guards import BodyLimit, BodyTooLarge, first_invalid_unicode, printable
+from omnistream.errors import InternalError, InvalidRequest, OmniError, Unauthenticated, status_of
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.sampling import SamplingParams
 from omnistream.security import bearer_matches
@@ -27,18 +30,45 @@ from omnistream.wav import pcm16_wav_bytes, to_pcm16
 # The reference model's talker defaults (`generate`): sampled, as the real voice expects.
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 
+# Unknown fields are refused, and no type is coerced ("stream": "yes", "max_tokens": "12", 0 for
+# false): as OpenAI's API does, and as the published JSON schema says (an integer is still a number).
+STRICT = ConfigDict(extra="forbid", strict=True)
+
+# Names and labels, not prompt text: `model` is echoed into every streamed chunk, so an unbounded one
+# would multiply a request's size by the number of chunks.
+Name = Annotated[str, Field(max_length=256)]
+
 
 class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     type: Literal["text"]
     text: str
 
 
+def _content_kind(value: Any) -> str | None:
+    if isinstance(value, str):
+        return "<string>"
+    return "<parts>" if isinstance(value, list) else None
+
+
+# A tagged union, so a bad `content` is reported against the one form it was meant as (not once as
+# "not a string" and once as "not a list"); the tags are dropped from `param` (`_UNION_TAGS`).
+Content = Annotated[
+    Annotated[str, Tag("<string>")] | Annotated[list[TextPart], Tag("<parts>")],
+    Discriminator(
+        _content_kind,
+        custom_error_type="content_type",
+        custom_error_message="Input should be a string or a list of text parts",
+    ),
+]
+_UNION_TAGS = frozenset({"<string>", "<parts>"})
+
+
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     role: Literal["system", "user", "assistant", "developer"]
-    content: str | list[TextPart]
-    name: str | None = None
+    content: Content
+    name: Name | None = None
 
     def text(self) -> str:
         if isinstance(self.content, str):
@@ -47,8 +77,8 @@ class ChatMessage(BaseModel):
 
 
 class AudioOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    voice: str = Field("ethan", description="One of the model's speakers (e.g. ethan, chelsie, aiden).")
+    model_config = STRICT
+    voice: Name = Field("ethan", description="One of the model's speakers (e.g. ethan, chelsie, aiden).")
     format: Literal["wav", "pcm16"] = Field(
         "wav",
         description="wav: a WAV file (streamed: header in the first chunk); "
@@ -57,15 +87,15 @@ class AudioOptions(BaseModel):
 
 
 class StreamOptions(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
     include_usage: bool = True
 
 
 class ChatCompletionRequest(BaseModel):
     """The OpenAI chat-completions request, plus omnistream's own knobs (marked as extensions)."""
 
-    model_config = ConfigDict(extra="forbid")
-    model: str | None = None
+    model_config = STRICT
+    model: Name | None = None
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     modalities: list[Literal["text", "audio"]] = Field(["text", "audio"], min_length=1)
     audio: AudioOptions | None = None
@@ -77,9 +107,9 @@ class ChatCompletionRequest(BaseModel):
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     seed: int | None = Field(None, ge=0, lt=2**63)
     n: int | None = Field(None, ge=1, le=1)
-    user: str | None = None
+    user: Name | None = None
     # extensions
-    speaker: str | None = Field(None, description="Extension: same as audio.voice.")
+    speaker: Name | None = Field(None, description="Extension: same as audio.voice.")
     initial_codec_chunk_frames: int | None = Field(
         None,
         ge=1,
@@ -101,6 +131,24 @@ class ChatCompletionRequest(BaseModel):
     timeout: float | None = Field(
         None, gt=0.0, description="Extension: seconds before the request ends with 504."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _valid_unicode_everywhere(cls, data: Any) -> Any:
+        """Refuse a lone surrogate anywhere in the body (values and keys) with a 422 naming its path.
+
+        JSON may escape one ("\\ud800") and Python decodes it, but it cannot be encoded as UTF-8, so
+        it would fail later: building the stage's protobuf message, or writing the SSE stream. One
+        walk over the raw body covers every field, present and future.
+        """
+        path = first_invalid_unicode(data)
+        if path is None:
+            return data
+        error = PydanticCustomError("invalid_unicode", "string is not valid Unicode (a lone surrogate)")
+        loc = tuple(printable(p) if isinstance(p, str) else p for p in path)  # the bad one may be a key
+        raise ValidationError.from_exception_data(
+            cls.__name__, [InitErrorDetails(type=error, loc=loc, input="(not valid Unicode)")]
+        )
 
 
 def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
@@ -149,19 +197,38 @@ def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tup
 # --- errors ------------------------------------------------------------------------------------------
 _TYPES = {
     401: "authentication_error",
-    422: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
     504: "timeout",
 }
+# Codes for the statuses Starlette/FastAPI raise themselves (unknown path, wrong method, ...).
+_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
+
+
+class ErrorDetail(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, authentication_error, rate_limit_error, ...")
+    param: str | None = Field(None, description="The field at fault, as a path (messages.0.content)")
+    code: str = Field(description="The error kind (invalid_request, request_too_large, ...)")
+
+
+class ErrorResponse(BaseModel):
+    """Every non-2xx answer of the API has this body (OpenAI's error format)."""
+
+    error: ErrorDetail
+
+
+def error_type(status: int) -> str:
+    return _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 
 
 def error_body(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
+    # Messages and field names may quote the client's input: escape what UTF-8 cannot carry.
     return {
         "error": {
-            "message": message,
-            "type": _TYPES.get(status, "server_error"),
-            "param": param,
+            "message": printable(message),
+            "type": error_type(status),
+            "param": printable(param) if param is not None else None,
             "code": kind,
         }
     }
@@ -176,6 +243,45 @@ def error_response(exc: OmniError) -> JSONResponse:
 
 
 _FIELD_NAMES = {"voice": "audio.voice", "speaker": "audio.voice"}
+
+
+def from_validation_errors(errors: Sequence[Any]) -> InvalidRequest:
+    """The first FastAPI/pydantic validation error as the domain error, its location as `param`."""
+    if not errors:
+        return InvalidRequest("invalid request")
+    first = errors[0]
+    loc = tuple(first.get("loc", ()))
+    if loc[:1] == ("body",):
+        loc = loc[1:]
+    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
+        detail = (first.get("ctx") or {}).get("error", "decode error")
+        offset = f" at character {loc[0]}" if loc else ""
+        return InvalidRequest(f"the request body is not valid JSON: {detail}{offset}")
+    param = ".".join(str(p) for p in loc if p not in _UNION_TAGS) or None
+    if param is None:
+        return InvalidRequest(
+            "the request body must be a JSON object (Content-Type: application/json): "
+            f"{first.get('msg', 'invalid request')}"
+        )
+    return InvalidRequest(f"{param}: {first.get('msg', 'invalid value')}", field=param)
+
+
+def from_http_exception(exc: StarletteHTTPException) -> tuple[int, dict[str, Any]]:
+    """Status and OpenAI-style body for an HTTPException raised by Starlette or FastAPI."""
+    # FastAPI answers a body its JSON parser fails on with a bare 400 (save for syntax errors): bytes
+    # that are not UTF-8, nesting past the parser's recursion limit, an integer of over 4,300 digits.
+    # Those are plain bad input and get the API's usual 422.
+    cause = exc.__cause__
+    if exc.status_code == 400 and isinstance(cause, ValueError | RecursionError):
+        if isinstance(cause, UnicodeDecodeError):
+            message = "the request body is not valid UTF-8"
+        elif isinstance(cause, RecursionError):
+            message = "the request body is nested too deeply"
+        else:
+            message = f"the request body is not valid JSON: {cause}"
+        return 422, error_body(422, message, InvalidRequest.kind, None)
+    code = _HTTP_CODES.get(exc.status_code, "http_error")
+    return exc.status_code, error_body(exc.status_code, str(exc.detail), code, None)
 
 
 def _wav_stream_header(sample_rate: int) -> bytes:
@@ -219,11 +325,22 @@ def build_app(core: GatewayCore) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": "invalid request"}
-        loc = [str(p) for p in first.get("loc", ()) if p != "body"]
-        param = ".".join(loc) or None
-        message = f"{param}: {first.get('msg')}" if param else str(first.get("msg"))
-        return JSONResponse(error_body(422, message, "invalid_request", param), status_code=422)
+        return error_response(from_validation_errors(exc.errors()))
+
+    @app.exception_handler(BodyTooLarge)
+    async def on_body_too_large(_: Request, exc: BodyTooLarge) -> JSONResponse:
+        return error_response(exc.error)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        status, body = from_http_exception(exc)
+        return JSONResponse(body, status_code=status, headers=exc.headers)
+
+    @app.exception_handler(Exception)
+    async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
+        # A bug, not bad input: still a JSON body, without internals (Starlette logs the traceback).
+        error = InternalError(f"internal error ({type(exc).__name__})")
+        return JSONResponse(error_body(500, error.message, error.kind, None), status_code=500)
 
     @app.exception_handler(OmniError)
     async def on_omni_error(_: Request, exc: OmniError) -> JSONResponse:
@@ -239,7 +356,9 @@ def build_app(core: GatewayCore) -> FastAPI:
         "/ready", summary="Every stage has a SERVING replica", responses={503: {"description": "not ready"}}
     )
     async def ready() -> JSONResponse:
-        body = {"ready": core.ready, "stages": core.replicas.snapshot()}
+        body: dict[str, Any] = {"ready": core.ready, "stages": core.replicas.snapshot()}
+        if not core.ready:
+            body |= error_body(503, _unavailable().message, "unavailable", None)
         return JSONResponse(body, status_code=200 if core.ready else 503)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
@@ -263,10 +382,15 @@ def build_app(core: GatewayCore) -> FastAPI:
                 "description": "A chat.completion; with stream=true an SSE stream of chat.completion.chunk",
                 "content": {"text/event-stream": {}},
             },
-            422: {"description": "Invalid request"},
-            429: {"description": "Overloaded (see Retry-After)"},
-            503: {"description": "No healthy replica"},
-            504: {"description": "Timed out"},
+            401: {"model": ErrorResponse, "description": "Missing or wrong API key (when one is set)"},
+            413: {
+                "model": ErrorResponse,
+                "description": "Body over max_request_bytes, or prompt over max_prompt_chars",
+            },
+            422: {"model": ErrorResponse, "description": "Invalid request (`param` names the field)"},
+            429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
+            503: {"model": ErrorResponse, "description": "No healthy replica"},
+            504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
         },
     )
     async def chat_completions(body: ChatCompletionRequest, http_request: Request) -> Response:
@@ -286,6 +410,8 @@ def build_app(core: GatewayCore) -> FastAPI:
             )
         return await _complete(session, completion_id, created, model, audio_format, request.return_audio)
 
+    # Added last, so it runs first: an oversize body is refused before anything reads it.
+    app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)
     return app
 
 

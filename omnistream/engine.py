@@ -121,6 +121,11 @@ class RequestState:
     arrived: float = field(default_factory=time.monotonic)
     slot: int | None = None
     finished: bool = False
+    suspicions: int = 0  # batched steps that failed with this request in them
+
+
+# A request in a batch that failed is retried alone this many times before it is failed itself.
+MAX_SUSPICIONS = 2
 
 
 @dataclass
@@ -150,6 +155,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self.stats = EngineStats()
         self._step_listeners: list[Any] = []
+        self._suspects: deque[RequestState] = deque()  # retried alone after their batch failed
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -180,12 +186,17 @@ class Engine:
     def new_output(self) -> OutputStream:
         return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
 
-    def abort(self, request_id: str) -> bool:
-        """Forget the request now; its KV slot is released before the next step."""
+    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+        """Forget the request now; its KV slot is released before the next step.
+
+        With `output`, only the request that owns that output is aborted: a stream that ends late
+        never aborts a newer request that reuses its id.
+        """
         with self._cond:
-            state = self._requests.pop(request_id, None)
-            if state is None:
+            state = self._requests.get(request_id)
+            if state is None or (output is not None and state.output is not output):
                 return False
+            del self._requests[request_id]
             state.finished = True
             self._released.append(state)
             self.stats.aborted += 1
@@ -205,6 +216,10 @@ class Engine:
     def has_request(self, request_id: str) -> bool:
         with self._cond:
             return request_id in self._requests
+
+    def request_ids(self) -> list[str]:
+        with self._cond:
+            return list(self._requests)
 
     # --- engine thread ------------------------------------------------------------------------------
     def _finish(self, state: RequestState) -> None:
@@ -229,9 +244,21 @@ class Engine:
     def _release(self, state: RequestState) -> None:
         """Free the model-side resources of a finished or aborted request (engine thread)."""
 
-    def _schedule(self) -> Any | None:
-        """Under the lock: return the work for one step, or None when nothing can progress."""
+    def _schedule(self, candidates: list[RequestState]) -> Any | None:
+        """Under the lock: the work for one step among `candidates`, or None when none can progress."""
         raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _row(self, state: RequestState):
+        """Per-request work after a batched forward (sampling, emitting): a failure there is that
+        request's alone, so it fails only that request and the rest of the batch carries on."""
+        try:
+            yield
+        except OmniError as exc:
+            self._fail(state, exc)
+        except Exception as exc:
+            log.exception("%s: request %s failed", self.name, state.request_id)
+            self._fail(state, InternalError(f"{self.name} failed on this request: {exc}"))
 
     def _run(self, work: Any) -> None:
         """Outside the lock: run one step of model work."""
@@ -246,6 +273,36 @@ class Engine:
             running = sum(1 for s in self._requests.values() if s.slot is not None)
             return running, len(self._requests) - running
 
+    def _next_work(self) -> Any | None:
+        """Under the lock: a suspect alone while there are any, else the normal batch."""
+        while self._suspects:
+            state = self._suspects.popleft()
+            if state.finished or self._requests.get(state.request_id) is not state:
+                continue
+            work = self._schedule([state])
+            if work is not None:
+                return work
+            # It cannot step right now (waits for input or room): it rejoins the batch later.
+        return self._schedule(list(self._requests.values()))
+
+    def _step_failed(self, work: Any, error: Exception) -> None:
+        """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:
+        every member is retried alone (the forward left no trace: lengths advance only after it),
+        so only the one that fails again alone is failed and the innocent ones carry on."""
+        states = [s for s in self._work_states(work) if not s.finished]
+        if not isinstance(error, OmniError):
+            log.exception("%s step failed (%d request(s))", self.name, len(states), exc_info=error)
+        for state in states:
+            state.suspicions += 1
+            if len(states) == 1 or state.suspicions > MAX_SUSPICIONS:
+                if isinstance(error, OmniError):
+                    self._fail(state, error)
+                else:
+                    self._fail(state, InternalError(f"{self.name} step failed: {error}"))
+            else:
+                with self._cond:
+                    self._suspects.append(state)
+
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
         while True:
@@ -256,7 +313,7 @@ class Engine:
                         self._release(state)
                     if self._stopping:
                         return
-                    work = self._schedule()
+                    work = self._next_work()
                     if work is not None:
                         break
                     self._cond.wait(timeout=1.0)
@@ -265,13 +322,8 @@ class Engine:
             try:
                 with torch.inference_mode():
                     self._run(work)
-            except OmniError as exc:
-                for state in self._work_states(work):
-                    self._fail(state, exc)
-            except Exception as exc:  # a model failure ends the requests in that batch, not the engine
-                log.exception("%s step failed", self.name)
-                for state in self._work_states(work):
-                    self._fail(state, InternalError(f"{self.name} step failed: {exc}"))
+            except Exception as exc:  # a failed step ends the request that caused it, never the engine
+                self._step_failed(work, exc)
             elapsed = time.perf_counter() - started
             self.stats.steps += 1
             self.stats.last_step_seconds = elapsed

@@ -28,6 +28,18 @@ class InvalidRequest(OmniError):
     kind = "invalid_request"
 
 
+class TooLarge(InvalidRequest):
+    """The request (its body or its prompt) is over a configured size limit: HTTP 413.
+
+    INVALID_ARGUMENT on gRPC, not RESOURCE_EXHAUSTED: the same request will never fit, whatever the
+    load, so clients must not treat it as the retryable overload that RESOURCE_EXHAUSTED (with its
+    `retry-after` metadata) means in this project, and `from_grpc` maps RESOURCE_EXHAUSTED back to
+    `Overloaded`. (gRPC's own message-size refusal, before our code runs, stays RESOURCE_EXHAUSTED.)
+    """
+
+    kind = "request_too_large"
+
+
 class SequenceError(InvalidRequest):
     """A chunk arrived out of order or twice: never handled silently."""
 
@@ -77,6 +89,7 @@ class Status:
 STATUS_TABLE: dict[str, Status] = {
     InvalidRequest.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
     SequenceError.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    TooLarge.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 413),
     Overloaded.kind: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     Unavailable.kind: Status(grpc.StatusCode.UNAVAILABLE, 503),
     Unauthenticated.kind: Status(grpc.StatusCode.UNAUTHENTICATED, 401),

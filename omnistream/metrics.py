@@ -79,6 +79,21 @@ class StageMetrics:
         self.waiting.set_function(lambda: engine.counts()[1])
         engine.add_step_listener(self._on_step)
 
+    def track_streams(self, servicer) -> None:
+        """The lifecycle invariant, observable: every engine request has an open stream."""
+        Gauge(
+            "omnistream_stage_engine_requests",
+            "Requests the engine holds (running or waiting)",
+            ["stage"],
+            registry=self.registry,
+        ).labels(stage=self.stage).set_function(lambda: servicer.engine.num_requests)
+        Gauge(
+            "omnistream_stage_orphaned_requests",
+            "Engine requests whose stream has ended (a leak: always 0)",
+            ["stage"],
+            registry=self.registry,
+        ).labels(stage=self.stage).set_function(servicer.orphaned_requests)
+
     def _on_step(self, engine, seconds: float) -> None:
         self.step_seconds.observe(seconds)
         if engine.stats.last_batch_size:

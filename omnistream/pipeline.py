@@ -133,7 +133,7 @@ class Pipeline:
         started = time.perf_counter()
         prompt_ids = request.prompt_ids
         if prompt_ids is None:
-            prompt_ids = self.thinker.encode_chat(request.messages or [])
+            prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
         sequential = request.mode == "sequential"
         out: Emit  # set by run_all: hands an event to the consumer
         thinker_out = self.thinker.add_request(

@@ -19,7 +19,7 @@ import grpc
 from omnistream.chunk_key import ChunkKey, SequenceChecker, Stage, validate_request_id
 from omnistream.convert import plan_from_fields
 from omnistream.engine import Engine, OutputStream
-from omnistream.errors import InvalidRequest, OmniError, Unavailable
+from omnistream.errors import InternalError, InvalidRequest, OmniError, Unavailable
 from omnistream.metrics import StageMetrics
 from omnistream.proto.omni.v1 import common_pb2
 from omnistream.security import add_port, server_credentials
@@ -31,6 +31,7 @@ from omnistream.server import (
     set_serving,
     start_metrics_http,
 )
+from omnistream.wire import Method, add_service, parsed
 
 log = logging.getLogger(__name__)
 
@@ -43,29 +44,103 @@ MODES = {
 }
 
 
+@dataclass
+class Admitted:
+    """A request the engine accepted at the open message, and how its stream runs."""
+
+    request_id: str
+    output: OutputStream
+    chunks: AsyncIterator  # the response messages, from the engine's output
+    checker: SequenceChecker  # keys of the input chunks after the open
+    # Handles one input chunk, returns True on the last one. None: the stage takes no input after
+    # the open (the thinker), so any further message is a protocol violation.
+    handle: Callable[[object], bool] | None = None
+
+
 class StageServicer:
-    """Base of the three servicers: draining, metrics, the input pump, error mapping."""
+    """Base of the three servicers: the one request lifecycle, draining, metrics, the input pump.
+
+    `Stream` is a coroutine that writes with `context.write()` rather than an async generator:
+    grpc.aio cancels the handler task when the call ends early (cancel, deadline, disconnect), and
+    that cancellation then lands inside `Stream`, whose single `finally` releases the engine request.
+    A generator suspended at `yield` would only be closed whenever it is garbage collected, and any
+    await between adding the request and entering the `try` was a window in which a cancel leaked it.
+    """
 
     stage: Stage
     input_stage: Stage  # the stage whose output this service consumes (keys of incoming chunks)
+    request_type: type
+    response_type: type
+    drain_input = True  # after the output ends, wait (a while) for the client to half-close
 
     def __init__(self, engine: Engine, metrics: StageMetrics) -> None:
         self.engine = engine
         self.metrics = metrics
         self.draining = False
         self.open_streams = 0
+        self._stream_outputs: dict[str, OutputStream] = {}  # request id -> output, per open stream
+        metrics.track_streams(self)
 
-    async def _first(self, requests: AsyncIterator, context: grpc.aio.ServicerContext):
-        if self.draining:
-            await abort_with(context, Unavailable(f"{self.stage.value} is draining"))
+    async def _open(self, first) -> Admitted:
+        """Validate the open message and add the request to the engine (subclasses)."""
+        raise NotImplementedError
+
+    def orphaned_requests(self) -> int:
+        """Engine requests without an open stream: always 0 unless the lifecycle leaks."""
+        streams = set(self._stream_outputs)
+        return sum(1 for rid in self.engine.request_ids() if rid not in streams)
+
+    async def Stream(self, request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> None:
+        requests = parsed(request_iterator)
+        self.open_streams += 1
+        self.metrics.streams.inc()
+        admitted: Admitted | None = None
+        pump_task: asyncio.Task | None = None
+        ok = False
+        try:
+            if self.draining:
+                raise Unavailable(f"{self.stage.value} is draining")
+            admitted = await self._open(await self._first(requests))
+            # Nothing awaits between the engine's add (inside _open) and this line.
+            self._stream_outputs[admitted.request_id] = admitted.output
+            self.metrics.requests.inc()
+            # Initial metadata tells the caller the open was accepted (before any output exists), so
+            # a gateway learns of a refused or unreachable stage before it streams to its client.
+            await context.send_initial_metadata(())
+            output_done = asyncio.Event()
+            pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done))
+            async for chunk in admitted.chunks:
+                self.metrics.chunks_out.inc()
+                await context.write(chunk)
+            ok = True
+            output_done.set()
+            if self.drain_input:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(asyncio.shield(pump_task), INPUT_DRAIN_SECONDS)
+        except OmniError as exc:
+            self.metrics.error(exc.kind)
+            await abort_with(context, exc)
+        finally:
+            self.metrics.streams.dec()
+            self.open_streams -= 1
+            if pump_task is not None:
+                pump_task.cancel()
+                with contextlib.suppress(BaseException):
+                    await pump_task
+            if admitted is not None:
+                rid = admitted.request_id
+                if self._stream_outputs.get(rid) is admitted.output:
+                    del self._stream_outputs[rid]
+                if self.engine.abort(rid, admitted.output) or not ok:
+                    self.metrics.aborts.inc()
+
+    async def _first(self, requests: AsyncIterator):
         try:
             first = await anext(requests)
         except StopAsyncIteration:
-            await abort_with(context, InvalidRequest("the stream ended before its open message"))
+            raise InvalidRequest("the stream ended before its open message") from None
         if first.WhichOneof("kind") != "open":
-            await abort_with(
-                context, InvalidRequest("the first message of a stream must be `open`", field="open")
-            )
+            raise InvalidRequest("the first message of a stream must be `open`", field="open")
         return first
 
     @contextlib.contextmanager
@@ -78,11 +153,6 @@ class StageServicer:
             self.metrics.chunk_cpu.labels(stage=self.stage.value, direction=direction).observe(
                 time.thread_time() - started
             )
-
-    async def _reject(self, context: grpc.aio.ServicerContext, error: OmniError) -> None:
-        """Refuse a stream at its open message (bad parameters, engine full)."""
-        self.metrics.error(error.kind)
-        await abort_with(context, error)
 
     def _open_streaming(self, open_, key: common_pb2.ChunkKey):
         """The fields talker and code2wav opens share: (request id, input checker, mode, chunk plan)."""
@@ -99,25 +169,23 @@ class StageServicer:
         checker.expect(key)  # the open message is chunk 0
         return checker
 
-    async def _pump(
-        self,
-        requests: AsyncIterator,
-        checker: SequenceChecker,
-        out: OutputStream,
-        handle: Callable[[object], bool],
-        output_done: asyncio.Event,
-    ) -> None:
+    async def _pump(self, requests: AsyncIterator, admitted: Admitted, output_done: asyncio.Event) -> None:
         """Read input chunks until the one marked last; any problem fails the request's output.
 
         Once this stage's output is complete (codec EOS before the thinker ended, say) the rest of
         the input is read and dropped: the RPC closes only after the client half-closes, so a
         client write never races the end of the call.
         """
+        out, checker = admitted.output, admitted.checker
         try:
-            finished = False
+            finished = admitted.handle is None
             async for message in requests:
                 if output_done.is_set():
                     continue
+                if admitted.handle is None:
+                    raise InvalidRequest(
+                        f"the {self.stage.value} takes no message after its open", field="open"
+                    )
                 if finished:
                     raise InvalidRequest(
                         f"chunk {ChunkKey.from_proto(message.key)} arrived after the last one"
@@ -127,7 +195,7 @@ class StageServicer:
                     raise InvalidRequest("only the first message may be `open`", field="open")
                 self.metrics.chunks_in.inc()
                 with self.chunk_cpu("in"):
-                    finished = handle(message.input)
+                    finished = admitted.handle(message.input)
             if not finished:
                 raise InvalidRequest(
                     f"the input stream ended before its last chunk (expected {checker.expected})"
@@ -136,45 +204,17 @@ class StageServicer:
             out.fail(exc)
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             pass
+        except Exception as exc:  # a bug in input handling fails this request, never the stage
+            log.exception("%s: input handling failed", self.stage.value)
+            out.fail(InternalError(f"{self.stage.value} could not handle its input ({type(exc).__name__})"))
 
-    async def _serve(
-        self,
-        context: grpc.aio.ServicerContext,
-        request_id: str,
-        chunks: AsyncIterator,
-        pump: Callable[[asyncio.Event], Awaitable[None]] | None = None,
-    ) -> AsyncIterator:
-        """Yield the response chunks; abort the engine request however the stream ends."""
-        # Initial metadata tells the caller the open was accepted (before any output exists), so a
-        # gateway learns of a refused or unreachable stage before it streams anything to its client.
-        await context.send_initial_metadata(())
-        self.metrics.requests.inc()
-        self.metrics.streams.inc()
-        self.open_streams += 1
-        output_done = asyncio.Event()
-        pump_task = asyncio.ensure_future(pump(output_done)) if pump is not None else None
-        ok = False
-        try:
-            async for chunk in chunks:
-                self.metrics.chunks_out.inc()
-                yield chunk
-            ok = True
-            output_done.set()
-            if pump_task is not None:
-                with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(pump_task), INPUT_DRAIN_SECONDS)
-        except OmniError as exc:
-            self.metrics.error(exc.kind)
-            await abort_with(context, exc)
-        finally:
-            self.metrics.streams.dec()
-            self.open_streams -= 1
-            if pump_task is not None:
-                pump_task.cancel()
-                with contextlib.suppress(BaseException):
-                    await pump_task
-            if self.engine.abort(request_id) or not ok:
-                self.metrics.aborts.inc()
+    def add_to_server(self, server: grpc.aio.Server) -> str:
+        """Register `Stream` with tolerant parsing; returns the service's full name."""
+        name = self.request_type.DESCRIPTOR.file.services_by_name[self.service_name].full_name
+        add_service(server, name, [Method("Stream", self.Stream, self.request_type, self.response_type)])
+        return name
+
+    service_name: str  # e.g. "TalkerService" in omni.v1
 
 
 @dataclass
@@ -193,8 +233,6 @@ class ServeOptions:
 
 async def run_stage_server(
     servicer: StageServicer,
-    add_to_server: Callable[[object, grpc.aio.Server], None],
-    service_full_name: str,
     warmup: Callable[[], Awaitable[None]],
     options: ServeOptions,
 ) -> int:
@@ -202,7 +240,7 @@ async def run_stage_server(
     engine = servicer.engine
     engine.start()
     server = build_server(options.max_message_bytes, options.max_streams)
-    add_to_server(servicer, server)
+    service_full_name = servicer.add_to_server(server)
     health = add_health_and_reflection(server, [service_full_name])
     credentials = server_credentials(options.tls_cert, options.tls_key, options.tls_client_ca)
     port = add_port(server, f"{options.host}:{options.port}", credentials)

@@ -8,7 +8,6 @@ import torch
 
 from omnistream.checkpoint import LoadOptions
 from omnistream.metrics import StageMetrics
-from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.stage_service import ServeOptions, run_stage_server
 
@@ -58,34 +57,21 @@ async def serve(args: argparse.Namespace) -> int:
         from services.thinker.servicer import ThinkerServicer
 
         engine = ThinkerEngine(args.model, options, max_model_len=args.max_model_len, **common)
-        servicer_cls, add, warm = (
-            ThinkerServicer,
-            stage_pb2_grpc.add_ThinkerServiceServicer_to_server,
-            _warm_thinker,
-        )
-        name = stage_pb2.DESCRIPTOR.services_by_name["ThinkerService"].full_name
+        servicer_cls, warm = ThinkerServicer, _warm_thinker
     elif args.stage == "talker":
         from services.talker.engine import TalkerEngine
         from services.talker.servicer import TalkerServicer
 
         engine = TalkerEngine(args.model, options, max_model_len=args.max_model_len * 2, **common)
-        servicer_cls, add, warm = (
-            TalkerServicer,
-            stage_pb2_grpc.add_TalkerServiceServicer_to_server,
-            _warm_talker,
-        )
-        name = stage_pb2.DESCRIPTOR.services_by_name["TalkerService"].full_name
+        servicer_cls, warm = TalkerServicer, _warm_talker
     else:
+        from omnistream.heap_trim import HeapTrimmer
         from services.code2wav.engine import Code2WavEngine
         from services.code2wav.servicer import Code2WavServicer
 
         engine = Code2WavEngine(args.model, options, **common)
-        servicer_cls, add, warm = (
-            Code2WavServicer,
-            stage_pb2_grpc.add_Code2WavServiceServicer_to_server,
-            _warm_code2wav,
-        )
-        name = stage_pb2.DESCRIPTOR.services_by_name["Code2WavService"].full_name
+        engine.add_step_listener(HeapTrimmer())  # freed activations back to the OS: see heap_trim.py
+        servicer_cls, warm = Code2WavServicer, _warm_code2wav
     servicer = servicer_cls(engine, StageMetrics(args.stage, engine))
     serve_options = ServeOptions(
         host=args.host,
@@ -103,7 +89,7 @@ async def serve(args: argparse.Namespace) -> int:
     async def warmup() -> None:
         await warm(engine)
 
-    return await run_stage_server(servicer, add, name, warmup, serve_options)
+    return await run_stage_server(servicer, warmup, serve_options)
 
 
 def main(args: argparse.Namespace) -> int:

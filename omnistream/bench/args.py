@@ -30,6 +30,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--stage-timings", action="store_true", help="also time each engine's step at batch 1 and 8"
     )
+    p.add_argument(
+        "--big-prompt",
+        default="",
+        help="comma list of prompt sizes in bytes (e.g. 10000000,4000000): small-request latency and "
+        "/ready while prompts of these sizes are refused (services target, started here)",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

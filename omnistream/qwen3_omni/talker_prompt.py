@@ -84,7 +84,9 @@ class TalkerPromptBuilder:
             if mm:
                 if multimodal_hidden is None or any(users[j] not in multimodal_hidden for j in mm):
                     raise ValueError("multimodal prompt positions need the thinker's deep hidden rows")
-                hidden = torch.stack([multimodal_hidden[users[j]] for j in mm]).to(user_rows.dtype)
+                hidden = torch.stack([multimodal_hidden[users[j]] for j in mm]).to(
+                    user_rows.device, user_rows.dtype
+                )
                 user_rows = user_rows.clone()
                 user_rows[0, mm] = self.talker.hidden_projection(hidden.unsqueeze(0))[0]
             parts.append(user_rows)

@@ -93,9 +93,9 @@ class Code2WavEngine(Engine):
             self._cond.notify_all()
 
     # --- engine thread ------------------------------------------------------------------------------
-    def _schedule(self):
+    def _schedule(self, candidates):
         ready = []
-        for state in self._requests.values():
+        for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
             if state.done and state.available == state.start:
@@ -139,20 +139,34 @@ class Code2WavEngine(Engine):
             batch[row, :, : stop - begin] = state.codes[:, begin:stop]
         wav = self.code2wav(batch)[:, 0]  # [B, samples]
         for row, (state, begin, end, stop, lookahead, done) in enumerate(jobs):
-            context = state.start - begin
-            keep_from = context * self.upsample
-            if lookahead:
-                keep_to = (context + end - state.start) * self.upsample
-            else:  # the true end: everything this window yields
-                keep_to = (stop - begin) * self.upsample - self.trailing_loss
-            audio = wav[row, keep_from:keep_to].to(torch.float32).cpu().numpy()
-            final = done and end >= state.available
-            state.output.put(AudioOutput(audio, state.samples, state.window, finished=final))
-            state.samples += audio.shape[0]
-            state.window += 1
-            state.start = end
-            if final:
-                self._finish(state)
+            with self._row(state):
+                self._emit(state, wav[row], begin, end, stop, lookahead, done)
+
+    def _emit(
+        self,
+        state: _Code2WavState,
+        wav: torch.Tensor,
+        begin: int,
+        end: int,
+        stop: int,
+        lookahead: int,
+        done: bool,
+    ) -> None:
+        """Keep this window's new samples and queue them (one request's share of a batched decode)."""
+        context = state.start - begin
+        keep_from = context * self.upsample
+        if lookahead:
+            keep_to = (context + end - state.start) * self.upsample
+        else:  # the true end: everything this window yields
+            keep_to = (stop - begin) * self.upsample - self.trailing_loss
+        audio = wav[keep_from:keep_to].to(torch.float32).cpu().numpy()
+        final = done and end >= state.available
+        state.output.put(AudioOutput(audio, state.samples, state.window, finished=final))
+        state.samples += audio.shape[0]
+        state.window += 1
+        state.start = end
+        if final:
+            self._finish(state)
 
     @property
     def trailing_loss(self) -> int:

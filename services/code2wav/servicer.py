@@ -2,37 +2,28 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
-import grpc
 import torch
 
 from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.errors import InvalidRequest, OmniError, SequenceError
-from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.stage_service import StageServicer
+from omnistream.errors import InvalidRequest, SequenceError
+from omnistream.proto.omni.v1 import stage_pb2
+from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
 from services.code2wav.engine import SAMPLE_RATE
 
 MAX_FRAMES_PER_CHUNK = 4096
 
 
-class Code2WavServicer(StageServicer, stage_pb2_grpc.Code2WavServiceServicer):
+class Code2WavServicer(StageServicer):
     stage = Stage.CODE2WAV
     input_stage = Stage.TALKER
+    service_name = "Code2WavService"
+    request_type = stage_pb2.Code2WavRequest
+    response_type = stage_pb2.AudioChunk
 
-    async def Stream(
-        self, request_iterator: AsyncIterator[stage_pb2.Code2WavRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[stage_pb2.AudioChunk]:
-        first = await self._first(request_iterator, context)
-        open_ = first.open
-        try:
-            rid, checker, mode, plan = self._open_streaming(open_, first.key)
-            out = self.engine.add_request(rid, plan)
-        except OmniError as exc:
-            await self._reject(context, exc)
-
+    async def _open(self, first: stage_pb2.Code2WavRequest) -> Admitted:
+        rid, checker, mode, plan = self._open_streaming(first.open, first.key)
+        out = self.engine.add_request(rid, plan)
         received = 0
         held: list[torch.Tensor] = []
 
@@ -77,8 +68,4 @@ class Code2WavServicer(StageServicer, stage_pb2_grpc.Code2WavServiceServicer):
                     yield message
                     index += 1
 
-        def pump(output_done: asyncio.Event):
-            return self._pump(request_iterator, checker, out, handle, output_done)
-
-        async for chunk in self._serve(context, rid, chunks(), pump):
-            yield chunk
+        return Admitted(rid, out, chunks(), checker, handle)

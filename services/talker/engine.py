@@ -20,6 +20,7 @@ from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
     TalkerPromptBuilder,
     assistant_start,
+    user_positions,
 )
 from omnistream.sampling import SamplingParams, choose
 
@@ -87,6 +88,7 @@ class TalkerEngine(Engine):
         self.suppress[vocab - 1024 :] = True
         self.suppress[self.codec_eos] = False
         self.prompts = TalkerPromptBuilder(self.config, self.talker, holder.thinker.model.embed_tokens)
+        self.hidden_width = self.talker.hidden_projection.linear_fc1.in_features  # the thinker's
         self.thinker_vocab = self.config.thinker_config.text_config.vocab_size
         text = tc.text_config
         self.max_batch = max_batch
@@ -155,9 +157,12 @@ class TalkerEngine(Engine):
                         f"the talker length {self.max_model_len}",
                         field="max_frames",
                     )
+                self._check_multimodal(prompt_ids, multimodal_hidden)
                 state.prompt_ids = list(prompt_ids)
                 state.stream = list(prompt_ids[start:])
                 state.multimodal_hidden = multimodal_hidden
+            elif multimodal_hidden is not None:
+                raise InvalidRequest("multimodal rows come with the prompt only", field="prompt_hidden")
             elif state.prompt_ids is None:
                 raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
             state.stream.extend(token_ids)
@@ -166,6 +171,36 @@ class TalkerEngine(Engine):
                 if len(state.stream) < ASSISTANT_PROMPT_TOKENS:
                     raise InvalidRequest("the talker needs at least one generated token to speak")
             self._cond.notify_all()
+
+    def _check_multimodal(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
+        """Rows and positions must match the prompt exactly before the request may join a batch:
+        one row of the thinker's width per multimodal token of a user turn, and nothing else."""
+        cfg = self.config
+        mm_ids = self.prompts.multimodal_ids
+        needed = {
+            p
+            for p in user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            if prompt_ids[p] in mm_ids
+        }
+        given = hidden or {}
+        for position, row in given.items():
+            if not 0 <= position < len(prompt_ids) or prompt_ids[position] not in mm_ids:
+                raise InvalidRequest(
+                    f"multimodal position {position} holds no audio, image or video token of the prompt",
+                    field="multimodal_positions",
+                )
+            if row.shape != (self.hidden_width,):
+                raise InvalidRequest(
+                    f"prompt_hidden rows must have width {self.hidden_width}, got {tuple(row.shape)}",
+                    field="prompt_hidden",
+                )
+        missing = sorted(needed - set(given))
+        if missing:
+            raise InvalidRequest(
+                f"prompt positions {missing[:8]} hold audio/image/video tokens but no prompt_hidden row "
+                "was given for them",
+                field="prompt_hidden",
+            )
 
     # --- engine thread ------------------------------------------------------------------------------
     def _release(self, state: _TalkerState) -> None:
@@ -177,9 +212,9 @@ class TalkerEngine(Engine):
         # Frame k+1 consumes assistant-stream token 4 + k, or the end marker once the stream ended.
         return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
 
-    def _schedule(self):
+    def _schedule(self, candidates):
         prefill, predict, decode = [], [], []
-        for state in self._requests.values():
+        for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
             if state.slot is None:
@@ -215,29 +250,35 @@ class TalkerEngine(Engine):
     def _take_code0(self, states: list[_TalkerState], hidden: torch.Tensor) -> None:
         logits = self.talker.codec_head(hidden[:, -1])
         for row, state in enumerate(states):
-            if state.finished:
-                continue
-            code0 = choose(
-                logits[row],
-                state.params.sampling,
-                state.generator,
-                previous=state.code0_history,
-                suppress=self.suppress,
-            )
-            state.code0_history.append(code0)
-            if code0 == self.codec_eos:
-                state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
-                self._finish(state)
-                continue
-            state.pending_code0 = code0
-            state.past_hidden = hidden[row : row + 1]
+            if not state.finished:
+                with self._row(state):
+                    self._accept_code0(state, logits[row], hidden[row : row + 1])
+
+    def _accept_code0(self, state: _TalkerState, logits: torch.Tensor, hidden: torch.Tensor) -> None:
+        code0 = choose(
+            logits,
+            state.params.sampling,
+            state.generator,
+            previous=state.code0_history,
+            suppress=self.suppress,
+        )
+        state.code0_history.append(code0)
+        if code0 == self.codec_eos:
+            state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
+            self._finish(state)
+            return
+        state.pending_code0 = code0
+        state.past_hidden = hidden
 
     def _run(self, work) -> None:
         prefill, predict, decode = work
-        for state in prefill:
-            head = state.stream[:ASSISTANT_PROMPT_TOKENS]
-            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
-            self._take_code0([state], self._talker_forward([state], rows))
+        for state in prefill:  # alone by construction: a failure here is this request's
+            try:
+                head = state.stream[:ASSISTANT_PROMPT_TOKENS]
+                rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+                self._take_code0([state], self._talker_forward([state], rows))
+            except Exception as exc:
+                self._step_failed([state], exc)
         predict = [s for s in predict if not s.finished]
         if predict:
             self._predict_residuals(predict)
@@ -291,14 +332,19 @@ class TalkerEngine(Engine):
             hiddens.append(embeds)
         codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
         for row, state in enumerate(states):
-            frame = [codes[g][row] for g in range(self.num_groups)]
-            state.pending_code0 = None
-            state.past_hidden = None
-            state.next_codec_sum = codec_sum[row : row + 1]
-            state.frames += 1
-            done = state.frames >= state.params.max_frames
-            state.output.put(
-                TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
-            )
-            if done:
-                self._finish(state)
+            with self._row(state):
+                self._emit_frame(
+                    state, [codes[g][row] for g in range(self.num_groups)], codec_sum[row : row + 1]
+                )
+
+    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor) -> None:
+        state.pending_code0 = None
+        state.past_hidden = None
+        state.next_codec_sum = codec_sum
+        state.frames += 1
+        done = state.frames >= state.params.max_frames
+        state.output.put(
+            TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
+        )
+        if done:
+            self._finish(state)

@@ -2,77 +2,84 @@
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import AsyncIterator
-
-import grpc
+import torch
 
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import sampling_from_proto
-from omnistream.errors import InvalidRequest, OmniError
-from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.errors import InvalidRequest
+from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.qwen3_omni.codec_chunks import FrameShipper
-from omnistream.stage_service import StageServicer
+from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
 from services.talker.engine import TalkerParams
 
 DEFAULT_MAX_FRAMES = 2048
+HIDDEN_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
-class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
+def multimodal_rows(msg: stage_pb2.TalkerInput) -> dict[int, torch.Tensor] | None:
+    """The deep hidden rows of the multimodal positions, checked before they reach a batch."""
+    if not msg.multimodal_positions:
+        if msg.HasField("prompt_hidden") and msg.prompt_hidden.shape:
+            raise InvalidRequest("prompt_hidden without multimodal_positions", field="prompt_hidden")
+        return None
+    rows = from_proto(
+        msg.prompt_hidden, field="prompt_hidden", max_elements=1 << 26, expect_dtype=HIDDEN_DTYPES
+    )
+    if rows.dim() != 2 or rows.shape[0] != len(msg.multimodal_positions):
+        raise InvalidRequest("prompt_hidden must have one row per multimodal position", field="prompt_hidden")
+    if not bool(torch.isfinite(rows).all()):
+        raise InvalidRequest("prompt_hidden holds NaN or infinite values", field="prompt_hidden")
+    positions = [int(p) for p in msg.multimodal_positions]
+    if len(set(positions)) != len(positions):
+        raise InvalidRequest("multimodal_positions repeat a position", field="multimodal_positions")
+    return {p: rows[i] for i, p in enumerate(positions)}
+
+
+class TalkerServicer(StageServicer):
     stage = Stage.TALKER
     input_stage = Stage.THINKER
+    service_name = "TalkerService"
+    request_type = stage_pb2.TalkerRequest
+    response_type = stage_pb2.TalkerChunk
 
-    async def Stream(
-        self, request_iterator: AsyncIterator[stage_pb2.TalkerRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[stage_pb2.TalkerChunk]:
-        first = await self._first(request_iterator, context)
+    async def _open(self, first: stage_pb2.TalkerRequest) -> Admitted:
         open_ = first.open
-        try:
-            rid, checker, mode, plan = self._open_streaming(open_, first.key)
-            params = TalkerParams(
-                speaker=open_.speaker or "ethan",
-                max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
-                sampling=sampling_from_proto(open_.sampling, "talker_"),
-            )
-            out = self.engine.add_request(rid, params)
-        except OmniError as exc:
-            await self._reject(context, exc)
-
+        rid, checker, mode, plan = self._open_streaming(open_, first.key)
+        params = TalkerParams(
+            speaker=open_.speaker or "ethan",
+            max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
+            sampling=sampling_from_proto(open_.sampling, "talker_"),
+        )
+        out = self.engine.add_request(rid, params)
         held: list[stage_pb2.TalkerInput] = []  # sequential mode: input is released at the end
 
         def feed(msg: stage_pb2.TalkerInput) -> None:
-            hidden = None
-            if msg.multimodal_positions:
-                rows = from_proto(msg.prompt_hidden, field="prompt_hidden", max_elements=1 << 26)
-                if rows.dim() != 2 or rows.shape[0] != len(msg.multimodal_positions):
-                    raise InvalidRequest(
-                        "prompt_hidden must have one row per multimodal position", field="prompt_hidden"
-                    )
-                hidden = {int(p): rows[i] for i, p in enumerate(msg.multimodal_positions)}
             self.engine.feed(
                 rid,
                 list(msg.token_ids),
                 msg.last,
                 prompt_ids=list(msg.prompt_ids) or None,
-                multimodal_hidden=hidden,
+                multimodal_hidden=multimodal_rows(msg),
             )
 
         def handle(msg: stage_pb2.TalkerInput) -> bool:
-            if mode == "sequential":
-                held.append(msg)
-                if msg.last:
-                    prompt = [p for m in held for p in m.prompt_ids]
-                    merged = stage_pb2.TalkerInput(
-                        prompt_ids=prompt, token_ids=[t for m in held for t in m.token_ids], last=True
-                    )
-                    for m in held:
-                        if m.multimodal_positions:
-                            merged.prompt_hidden.CopyFrom(m.prompt_hidden)
-                            merged.multimodal_positions.extend(m.multimodal_positions)
-                    feed(merged)
+            if mode != "sequential":
+                feed(msg)
                 return msg.last
-            feed(msg)
+            multimodal_rows(msg)  # refuse bad rows when they arrive, not at the end
+            held.append(msg)
+            if msg.last:
+                merged = stage_pb2.TalkerInput(
+                    prompt_ids=[p for m in held for p in m.prompt_ids],
+                    token_ids=[t for m in held for t in m.token_ids],
+                    last=True,
+                )
+                for m in held:
+                    if m.multimodal_positions:
+                        merged.prompt_hidden.CopyFrom(m.prompt_hidden)
+                        merged.multimodal_positions.extend(m.multimodal_positions)
+                feed(merged)
             return msg.last
 
         async def chunks():
@@ -100,8 +107,4 @@ class TalkerServicer(StageServicer, stage_pb2_grpc.TalkerServiceServicer):
                 yield message
                 index += 1
 
-        def pump(output_done: asyncio.Event):
-            return self._pump(request_iterator, checker, out, handle, output_done)
-
-        async for chunk in self._serve(context, rid, chunks(), pump):
-            yield chunk
+        return Admitted(rid, out, chunks(), checker, handle)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omnistream.chat_encoding import ChatEncoder
 from omnistream.checkpoint import LoadOptions, load_stage, load_tokenizer
 from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
@@ -72,28 +73,34 @@ class ThinkerEngine(Engine):
             self.eos_ids.add(self.tokenizer.eos_token_id)
         self.max_model_len = max_model_len
         self.max_batch = max_batch
+        self.chat = ChatEncoder(self.tokenizer, max_model_len)
+        tc = self.config.thinker_config
+        self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
 
     # --- public API ---------------------------------------------------------------------------------
+    def check_chat(self, messages: list[dict[str, str]]) -> None:
+        """Cheap refusals of a chat (roles, a prompt that cannot fit) before it is tokenized."""
+        self.chat.check(messages)
+
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
-        """The exact prompt ids the reference would see for a chat (ChatML, generation prompt added)."""
-        for i, message in enumerate(messages):
-            if message.get("role") not in ("system", "user", "assistant"):
-                raise InvalidRequest(
-                    f"messages[{i}].role must be system, user or assistant", field="messages"
-                )
-        ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
-        if not isinstance(ids, list):
-            ids = ids["input_ids"]
-        return list(ids)
+        """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
+        that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
+        prompts: servicers call it off the event loop."""
+        return self.chat.encode(messages)
 
     def add_request(self, request_id: str, prompt_ids: list[int], params: ThinkerParams) -> OutputStream:
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty", field="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
+        if not self.multimodal_ids.isdisjoint(prompt_ids):
+            # Their rows come from media encoders this thinker does not run (text-only input).
+            raise InvalidRequest(
+                "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
+            )
         if not params.max_tokens >= 1:
             raise InvalidRequest("max_tokens must be at least 1", field="max_tokens")
         if len(prompt_ids) + params.max_tokens > self.max_model_len:
@@ -120,9 +127,9 @@ class ThinkerEngine(Engine):
             self.cache.release(state.slot)
             state.slot = None
 
-    def _schedule(self):
+    def _schedule(self, candidates):
         prefill, decode = [], []
-        for state in self._requests.values():
+        for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
             if state.slot is None:
@@ -151,8 +158,9 @@ class ThinkerEngine(Engine):
             cache=self.cache,
             use_cache=True,
         )
-        self.cache.commit()
-        return self.thinker.lm_head(out.last_hidden_state[:, -1])
+        logits = self.thinker.lm_head(out.last_hidden_state[:, -1])
+        self.cache.commit()  # last: a step that raised left the lengths as they were (retry-safe)
+        return logits
 
     def _run(self, work) -> None:
         prefill, decode = work
@@ -160,14 +168,16 @@ class ThinkerEngine(Engine):
         for state in prefill:
             ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=device)
             logits = self._forward([state], ids)
-            self._accept(state, logits[0], first=True)
+            with self._row(state):
+                self._accept(state, logits[0], first=True)
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
             logits = self._forward(decode, ids)
             for row, state in enumerate(decode):
-                self._accept(state, logits[row], first=False)
+                with self._row(state):
+                    self._accept(state, logits[row], first=False)
 
     def _accept(self, state: _ThinkerState, logits: torch.Tensor, first: bool) -> None:
         if state.finished:  # aborted while the step ran

@@ -2,25 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-
-import grpc
+import asyncio
+from concurrent.futures import ThreadPoolExecutor
 
 from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
 from omnistream.convert import sampling_from_proto
-from omnistream.errors import InvalidRequest, OmniError
-from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.stage_service import StageServicer
+from omnistream.errors import InvalidRequest
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2
+from omnistream.stage_service import Admitted, StageServicer
 from services.thinker.engine import ThinkerParams
 
 DEFAULT_MAX_TOKENS = 256
+# Tokenizing runs here, off the event loop (the tokenizer releases the GIL), so one long prompt
+# cannot stall health checks or other streams; the pool bounds how many run at once.
+TOKENIZER_THREADS = 2
 
 
-class ThinkerServicer(StageServicer, stage_pb2_grpc.ThinkerServiceServicer):
+class ThinkerServicer(StageServicer):
     stage = Stage.THINKER
     input_stage = Stage.GATEWAY
+    service_name = "ThinkerService"
+    request_type = stage_pb2.ThinkerRequest
+    response_type = stage_pb2.ThinkerChunk
+    drain_input = False  # nothing follows the open; the output's end is the stream's end
 
-    def _prompt_ids(self, open_: stage_pb2.ThinkerOpen) -> list[int]:
+    def __init__(self, engine, metrics) -> None:
+        super().__init__(engine, metrics)
+        self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
+
+    async def _prompt_ids(self, open_: stage_pb2.ThinkerOpen) -> list[int]:
         given = [bool(open_.prompt_ids), bool(open_.prompt_text), bool(open_.messages)]
         if sum(given) != 1:
             raise InvalidRequest("give exactly one of prompt_ids, prompt_text or messages", field="prompt")
@@ -30,25 +40,21 @@ class ThinkerServicer(StageServicer, stage_pb2_grpc.ThinkerServiceServicer):
             messages = [{"role": "user", "content": open_.prompt_text}]
         else:
             messages = [{"role": m.role, "content": m.content} for m in open_.messages]
-        return self.engine.encode_chat(messages)
+        self.engine.check_chat(messages)  # cheap refusals before any tokenizing
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self._tokenizer_pool, self.engine.encode_chat, messages)
 
-    async def Stream(
-        self, request_iterator: AsyncIterator[stage_pb2.ThinkerRequest], context: grpc.aio.ServicerContext
-    ) -> AsyncIterator[stage_pb2.ThinkerChunk]:
-        first = await self._first(request_iterator, context)
+    async def _open(self, first: stage_pb2.ThinkerRequest) -> Admitted:
         open_ = first.open
-        try:
-            rid = validate_request_id(open_.request_id)
-            self._checker(rid, first.key)
-            prompt_ids = self._prompt_ids(open_)
-            params = ThinkerParams(
-                max_tokens=open_.max_tokens or DEFAULT_MAX_TOKENS,
-                ignore_eos=open_.ignore_eos,
-                sampling=sampling_from_proto(open_.sampling),
-            )
-            out = self.engine.add_request(rid, prompt_ids, params)
-        except OmniError as exc:
-            await self._reject(context, exc)
+        rid = validate_request_id(open_.request_id)
+        checker = self._checker(rid, first.key)
+        params = ThinkerParams(
+            max_tokens=open_.max_tokens or DEFAULT_MAX_TOKENS,
+            ignore_eos=open_.ignore_eos,
+            sampling=sampling_from_proto(open_.sampling),
+        )
+        prompt_ids = await self._prompt_ids(open_)
+        out = self.engine.add_request(rid, prompt_ids, params)
 
         async def chunks():
             index = 0
@@ -73,5 +79,4 @@ class ThinkerServicer(StageServicer, stage_pb2_grpc.ThinkerServiceServicer):
                 index += 1
                 yield chunk
 
-        async for chunk in self._serve(context, rid, chunks()):
-            yield chunk
+        return Admitted(rid, out, chunks(), checker)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
+import random
 import threading
 
 import grpc
@@ -253,7 +255,74 @@ def test_client_disconnect_mid_audio_frees_everything(gateway, stages):
         in_flight = [line for line in gw.splitlines() if line.startswith("omnistream_requests_in_flight ")]
         return stage_idle and float(in_flight[0].split()[1]) == 0
 
-    assert asyncio.run(wait_for(idle, timeout=1.0))
+    assert asyncio.run(wait_for(idle, timeout=30.0))
+
+
+def _gateway_idle(gateway, stages) -> bool:
+    """No request anywhere: every stage's engine and streams empty, nothing in flight at the gateway."""
+    for s in stages.values():
+        for name in ("engine_requests", "orphaned_requests", "open_streams"):
+            if metric(s, f"omnistream_stage_{name}") != 0:
+                return False
+    gw = httpx.get(f"{_url(gateway)}/metrics", timeout=5).text
+    in_flight = [line for line in gw.splitlines() if line.startswith("omnistream_requests_in_flight ")]
+    return float(in_flight[0].split()[1]) == 0
+
+
+def test_cancel_races_through_the_gateway_leave_nothing_behind(gateway, stages):
+    """gRPC calls cancelled and REST streams dropped at random points of their life."""
+    rng = random.Random(7)
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 40,
+        "ignore_eos": True,
+        "stream": True,
+        "max_audio_frames": 40,
+        "initial_codec_chunk_frames": 2,
+    }
+
+    async def grpc_race(stub, i: int) -> None:
+        call = stub.Generate(
+            gateway_pb2.GenerateRequest(
+                messages=[common_pb2.Message(role="user", content="Tell me about rivers.")],
+                max_tokens=40,
+                ignore_eos=True,
+                max_audio_frames=40,
+                request_id=f"grpc-race-{i}",
+            ),
+            timeout=60,
+        )
+        try:
+            for _ in range(rng.randrange(0, 4)):
+                await call.read()
+            await asyncio.sleep(rng.uniform(0, 0.05))
+        except grpc.aio.AioRpcError:
+            pass  # e.g. RESOURCE_EXHAUSTED: a refusal is a fine outcome of a race
+        finally:
+            call.cancel()
+
+    async def rest_race(client: httpx.AsyncClient) -> None:
+        lines = rng.randrange(0, 6)
+        with contextlib.suppress(httpx.HTTPError):
+            async with client.stream("POST", "/v1/chat/completions", json=body) as reply:
+                async for _ in reply.aiter_lines():
+                    lines -= 1
+                    if lines < 0:
+                        break  # leaving the block drops the connection
+
+    async def run() -> bool:
+        async with (
+            grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel,
+            httpx.AsyncClient(base_url=_url(gateway), timeout=60) as client,
+        ):
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            for i in range(8):
+                await asyncio.gather(grpc_race(stub, i), rest_race(client))
+        return await wait_for(lambda: _gateway_idle(gateway, stages), timeout=30.0, interval=0.2)
+
+    assert asyncio.run(run())
+    reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json={**body, "stream": False}, timeout=120)
+    assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 40
 
 
 def test_models_health_ready_and_openapi(gateway):

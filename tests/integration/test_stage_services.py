@@ -10,44 +10,30 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.wiring import StageStubs, run_request
+from gateway.wiring import run_request
 from omnistream.checkpoint import LoadOptions, load_tokenizer
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.launcher import start_services
-from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, TextEvent, collect
+from omnistream.pipeline import AudioEvent, Pipeline, TextEvent, collect
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
-from omnistream.tensors import to_proto
 
 from .conftest import metric, stage_args, wait_for
+from .stage_calls import (
+    c2w_input,
+    c2w_open,
+    collect_services,
+    make_request,
+    raw_stream,
+    stubs,
+    talker_input,
+    talker_open,
+)
 
 PROMPTS = [
     [{"role": "user", "content": "Tell me a story about the sea."}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, how are you?"}],
 ]
-
-
-def _request(messages, mode="async", **kw) -> GenerationRequest:
-    base = {"max_tokens": 24, "max_audio_frames": 40, "initial_codec_chunk_frames": 4, "mode": mode}
-    return GenerationRequest(messages=messages, **{**base, **kw})
-
-
-def _stubs(stages) -> StageStubs:
-    return StageStubs.connect(*(stages[s].address for s in ("thinker", "talker", "code2wav")))
-
-
-async def _collect_services(stages, request: GenerationRequest, rid: str):
-    text, frames, audio, done = [], [], [], None
-    async for event in run_request(_stubs(stages), request, rid, ChunkPlan(4, 25, 25)):
-        if isinstance(event, TextEvent):
-            text.append(event.delta)
-        elif isinstance(event, AudioEvent):
-            audio.append(event.audio)
-        elif hasattr(event, "codes"):
-            frames.append(event.codes)
-        else:
-            done = event
-    return "".join(text), np.array(frames).T, np.concatenate(audio), done
 
 
 @pytest.fixture(scope="module")
@@ -59,9 +45,9 @@ def local(tiny_model_dir):
 @pytest.mark.parametrize("mode", ["async", "sequential"])
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
 def test_services_match_in_process_pipeline(stages, local, mode, index):
-    request = _request(PROMPTS[index], mode)
-    expected = asyncio.run(collect(local, _request(PROMPTS[index], mode)))
-    text, codes, audio, done = asyncio.run(_collect_services(stages, request, f"parity-{mode}-{index}"))
+    request = make_request(PROMPTS[index], mode)
+    expected = asyncio.run(collect(local, make_request(PROMPTS[index], mode)))
+    text, codes, audio, done = asyncio.run(collect_services(stages, request, f"parity-{mode}-{index}"))
     assert done.output_ids == expected.output_ids
     assert text == expected.text
     np.testing.assert_array_equal(codes, expected.codes)
@@ -69,13 +55,13 @@ def test_services_match_in_process_pipeline(stages, local, mode, index):
 
 
 def test_async_mode_first_audio_leaves_before_thinker_finishes(stages):
-    request = _request(
+    request = make_request(
         PROMPTS[0], max_tokens=400, ignore_eos=True, max_audio_frames=12, initial_codec_chunk_frames=2
     )
 
     async def run():
         order = []
-        async for event in run_request(_stubs(stages), request, "order", ChunkPlan(2, 25, 25)):
+        async for event in run_request(stubs(stages), request, "order", ChunkPlan(2, 25, 25)):
             if isinstance(event, AudioEvent):
                 order.append("audio")
             elif isinstance(event, TextEvent):
@@ -88,12 +74,12 @@ def test_async_mode_first_audio_leaves_before_thinker_finishes(stages):
 
 
 def test_cancel_mid_stream_frees_every_stage(stages):
-    request = _request(
+    request = make_request(
         PROMPTS[0], max_tokens=300, ignore_eos=True, max_audio_frames=300, initial_codec_chunk_frames=2
     )
 
     async def run():
-        events = run_request(_stubs(stages), request, "cancel-me", ChunkPlan(2, 25, 25))
+        events = run_request(stubs(stages), request, "cancel-me", ChunkPlan(2, 25, 25))
         async for event in events:
             if isinstance(event, AudioEvent):
                 break
@@ -113,47 +99,6 @@ def test_cancel_mid_stream_frees_every_stage(stages):
     assert asyncio.run(run())
 
 
-async def _raw_stream(stub_call, messages, timeout=30):
-    """Send `messages` on a fresh bidi call; return (status code, details)."""
-    call = stub_call(timeout=timeout)
-    try:
-        for message in messages:
-            await call.write(message)
-        await call.done_writing()
-        async for _ in call:
-            pass
-        return grpc.StatusCode.OK, ""
-    except grpc.aio.AioRpcError as exc:
-        return exc.code(), exc.details()
-
-
-def _talker_open(rid: str, **kw) -> stage_pb2.TalkerRequest:
-    return stage_pb2.TalkerRequest(
-        key=ChunkKey(rid, Stage.THINKER, 0).to_proto(),
-        open=stage_pb2.TalkerOpen(request_id=rid, max_frames=5, **kw),
-    )
-
-
-def _talker_input(rid: str, index: int, **kw) -> stage_pb2.TalkerRequest:
-    return stage_pb2.TalkerRequest(
-        key=ChunkKey(rid, Stage.THINKER, index).to_proto(), input=stage_pb2.TalkerInput(**kw)
-    )
-
-
-def _c2w_open(rid: str) -> stage_pb2.Code2WavRequest:
-    return stage_pb2.Code2WavRequest(
-        key=ChunkKey(rid, Stage.TALKER, 0).to_proto(), open=stage_pb2.Code2WavOpen(request_id=rid)
-    )
-
-
-def _c2w_input(rid: str, index: int, codes, first_frame=0, last=True) -> stage_pb2.Code2WavRequest:
-    tensor = codes if isinstance(codes, common_pb2.Tensor) else to_proto(codes)
-    return stage_pb2.Code2WavRequest(
-        key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
-        input=stage_pb2.CodecInput(codes=tensor, first_frame=first_frame, last=last),
-    )
-
-
 def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
     prompt_ids = tok.apply_chat_template([{"role": "user", "content": "hi"}], add_generation_prompt=True)
@@ -168,8 +113,8 @@ def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_di
         talker = stage_pb2_grpc.TalkerServiceStub(grpc.aio.insecure_channel(stages["talker"].address, opts))
         c2w = stage_pb2_grpc.Code2WavServiceStub(grpc.aio.insecure_channel(stages["code2wav"].address, opts))
         good = asyncio.ensure_future(
-            _collect_services(
-                stages, _request(PROMPTS[0], max_tokens=60, ignore_eos=True, max_audio_frames=60), "good"
+            collect_services(
+                stages, make_request(PROMPTS[0], max_tokens=60, ignore_eos=True, max_audio_frames=60), "good"
             )
         )
         gw = ChunkKey("bad1", Stage.GATEWAY, 0).to_proto()
@@ -208,15 +153,15 @@ def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_di
             ),
             "talker unknown speaker": (
                 talker.Stream,
-                [_talker_open("bad2", speaker="nobody")],
+                [talker_open("bad2", speaker="nobody")],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "speaker",
             ),
             "talker chunk out of order": (
                 talker.Stream,
                 [
-                    _talker_open("bad3"),
-                    _talker_input("bad3", 2, prompt_ids=prompt_ids, token_ids=[5], last=True),
+                    talker_open("bad3"),
+                    talker_input("bad3", 2, prompt_ids=prompt_ids, token_ids=[5], last=True),
                 ],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "bad3_thinker_2",
@@ -224,44 +169,44 @@ def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_di
             "talker chunk repeated": (
                 talker.Stream,
                 [
-                    _talker_open("bad4"),
-                    _talker_input("bad4", 1, prompt_ids=prompt_ids, token_ids=[5]),
-                    _talker_input("bad4", 1, token_ids=[6], last=True),
+                    talker_open("bad4"),
+                    talker_input("bad4", 1, prompt_ids=prompt_ids, token_ids=[5]),
+                    talker_input("bad4", 1, token_ids=[6], last=True),
                 ],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "bad4_thinker_1",
             ),
             "code2wav codes out of range": (
                 c2w.Stream,
-                [_c2w_open("bad5"), _c2w_input("bad5", 1, np.full((16, 3), 9999, dtype=np.int64))],
+                [c2w_open("bad5"), c2w_input("bad5", 1, np.full((16, 3), 9999, dtype=np.int64))],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "codes",
             ),
             "code2wav malformed tensor": (
                 c2w.Stream,
                 [
-                    _c2w_open("bad6"),
-                    _c2w_input("bad6", 1, common_pb2.Tensor(dtype="int64", shape=[16, 3], data=b"xx")),
+                    c2w_open("bad6"),
+                    c2w_input("bad6", 1, common_pb2.Tensor(dtype="int64", shape=[16, 3], data=b"xx")),
                 ],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "codes",
             ),
             "code2wav frame gap": (
                 c2w.Stream,
-                [_c2w_open("bad7"), _c2w_input("bad7", 1, ok_codes, first_frame=7)],
+                [c2w_open("bad7"), c2w_input("bad7", 1, ok_codes, first_frame=7)],
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "frame",
             ),
             "code2wav oversized message": (
                 c2w.Stream,
-                [_c2w_open("bad8"), _c2w_input("bad8", 1, np.zeros((16, 200_000), dtype=np.int64))],
+                [c2w_open("bad8"), c2w_input("bad8", 1, np.zeros((16, 200_000), dtype=np.int64))],
                 grpc.StatusCode.RESOURCE_EXHAUSTED,
                 "",
             ),
         }
         results = {}
         for name, (call, messages, code, needle) in cases.items():
-            results[name] = (await _raw_stream(call, messages), code, needle)
+            results[name] = (await raw_stream(call, messages), code, needle)
         *_, done = await good
         return results, done
 
@@ -302,7 +247,7 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
                 tokens += len(chunk.token_ids)
                 last = chunk
             # A new stream during the drain is refused.
-            code, _ = await _raw_stream(
+            code, _ = await raw_stream(
                 stub.Stream,
                 [
                     stage_pb2.ThinkerRequest(

@@ -301,3 +301,20 @@ async def test_client_cancel_closes_the_session(serve: Serve) -> None:
     call.cancel()
     await asyncio.wait_for(session.closed.wait(), 5)
     await asyncio.wait_for(session.events_finalized.wait(), 5)
+
+
+async def test_malformed_request_bytes_are_invalid_argument() -> None:
+    core = FakeCore()
+    server = build_server(16 * 1024 * 1024, 8)
+    add_gateway_api(server, core)  # type: ignore[arg-type]
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            call = channel.unary_stream(f"/{SERVICE_NAME}/Generate")(b"\xff\xff\xff\xff\x0f not a message")
+            events, error = await collect(call)
+    finally:
+        await server.stop(None)
+    assert not events and error is not None
+    assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in error.details()
+    assert not core.opened  # refused before the core saw anything

@@ -103,3 +103,44 @@ def test_admission_bound(engine):
 
     asyncio.run(run())
     assert engine.num_requests == 0
+
+
+def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_model_dir):
+    """The backstop behind validation: a batched forward that raises is retried request by request,
+    and only the one that fails alone is failed; the others keep their exact greedy output."""
+    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    params = ThinkerParams(12, True)
+    prompt = _prompt(engine)
+    engine.start()
+    try:
+        solo = asyncio.run(_run(engine, "solo", params))
+        forward = engine._forward
+        batch_sizes_failed: list[int] = []
+
+        def faulty_forward(states, ids):
+            # Decode steps only: the prefill succeeds, then the request poisons every batch it joins.
+            if ids.shape[1] == 1 and any(s.request_id == "poison" for s in states):
+                batch_sizes_failed.append(len(states))
+                raise RuntimeError("injected fault")
+            return forward(states, ids)
+
+        engine._forward = faulty_forward
+
+        async def together():
+            async def run(rid):
+                out = engine.add_request(rid, prompt, params)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            return await asyncio.gather(*(run(r) for r in ("a", "b", "poison", "c", "d")))
+
+        results = asyncio.run(together())
+    finally:
+        engine.stop()
+    by_id = dict(zip(("a", "b", "poison", "c", "d"), results, strict=True))
+    assert isinstance(by_id.pop("poison"), Exception)
+    assert all(tokens == solo for tokens in by_id.values()), by_id
+    assert max(batch_sizes_failed) > 1 and batch_sizes_failed[-1] == 1  # failed batched, then alone
+    assert engine.num_requests == 0
