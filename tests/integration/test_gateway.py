@@ -419,3 +419,87 @@ def test_example_config_loads():
     config = GatewayConfig.from_yaml(Path(__file__).resolve().parents[2] / "deploy" / "gateway.example.yaml")
     config.validate()
     assert len(config.talker) == 2 and config.max_queue == 8
+
+
+def _stream_until_then_kill(base: str, body: dict, kind: str, victim) -> list[dict]:
+    """Stream `body`; at the first delta of `kind` ("content" or "audio") kill -9 `victim()`; return
+    every SSE payload after that (the stream must end, with an error, instead of hanging)."""
+    after: list[dict] = []
+    killed = False
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as reply:
+        assert reply.status_code == 200
+        for line in reply.iter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                after.append({"done": True})
+                break
+            payload = json.loads(line[6:])
+            if killed:
+                after.append(payload)
+            elif payload.get("choices") and payload["choices"][0]["delta"].get(kind):
+                victim().kill()
+                killed = True
+    assert killed
+    return after
+
+
+def test_kill_9_mid_stream_ends_with_an_error_and_frees_the_rest(tiny_model_dir):
+    """A talker replica, then the thinker, killed with SIGKILL while they stream: the client gets an
+    explicit error and [DONE] (no hang, no truncated success), and the surviving stages hold nothing."""
+    specs = {
+        "thinker": stage_args("thinker", tiny_model_dir),
+        "talker-a": stage_args("talker", tiny_model_dir),
+        "talker-b": stage_args("talker", tiny_model_dir),
+        "code2wav": stage_args("code2wav", tiny_model_dir),
+    }
+    services = start_services(specs)
+    try:
+        services.update(start_services({"gateway": gateway_args(services)}))
+        base = _url(services["gateway"])
+        long = {
+            "messages": MESSAGES,
+            "max_tokens": 400,
+            "ignore_eos": True,
+            "stream": True,
+            "max_audio_frames": 400,
+            "initial_codec_chunk_frames": 2,
+        }
+
+        def busy_talker():
+            for name in ("talker-a", "talker-b"):
+                if metric(services[name], "omnistream_stage_engine_requests"):
+                    return services[name]
+            raise AssertionError("no talker holds the request")
+
+        after = _stream_until_then_kill(base, long, "audio", busy_talker)
+        errors = [p["error"] for p in after if "error" in p]
+        assert errors and errors[0]["code"] in ("unavailable", "internal"), after[-3:]
+        assert after[-1] == {"done": True}
+
+        def survivors_idle(names) -> bool:
+            return all(
+                metric(services[n], "omnistream_stage_engine_requests") == 0
+                and metric(services[n], "omnistream_stage_open_streams") == 0
+                for n in names
+            )
+
+        talkers = [n for n in ("talker-a", "talker-b") if services[n].proc.poll() is None]
+        assert asyncio.run(wait_for(lambda: survivors_idle(("thinker", "code2wav", *talkers)), timeout=30.0))
+
+        # The other talker takes over; now the thinker dies while it streams text.
+        assert asyncio.run(
+            wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, timeout=30.0)
+        )
+        after = _stream_until_then_kill(base, long, "content", lambda: services["thinker"])
+        errors = [p["error"] for p in after if "error" in p]
+        assert errors and errors[0]["code"] in ("unavailable", "internal"), after[-3:]
+        assert after[-1] == {"done": True}
+        assert asyncio.run(wait_for(lambda: survivors_idle(("code2wav", *talkers)), timeout=30.0))
+        # With no thinker left the gateway says so instead of accepting work.
+        assert asyncio.run(
+            wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 503, timeout=30.0)
+        )
+    finally:
+        for service in services.values():
+            service.stop()

@@ -161,9 +161,10 @@ def test_schemathesis_finds_no_unexpected_5xx(gateway, api_schema):
     seen = fuzz(api_schema, _url(gateway), max_examples=100)
     print(f"schemathesis: {sum(seen.values())} requests\n{_report(seen)}")
     chat = {(status, kind) for (label, status, kind) in seen if label.startswith(f"POST {CHAT}")}
-    # The run means something only if valid requests ran to the end, streamed and not, and invalid
-    # ones were refused.
-    assert {(200, "sse"), (200, "json"), (422, "json")} <= chat, _report(seen)
+    # The run means something only if valid requests ran to the end and invalid ones were refused.
+    # Whether a streamed one is among the generated examples depends on hypothesis' seed, which
+    # follows the source tree, so it is not required here (the battery below streams explicitly).
+    assert {(200, "json"), (422, "json")} <= chat, _report(seen)
 
 
 @pytest.mark.slow

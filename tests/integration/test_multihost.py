@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from omnistream.launcher import start_services
+from tests.procs import wait_until
 
 from .conftest import metric, stage_args
 from .netns import Network, netns_unavailable
@@ -112,15 +113,6 @@ def _talkers(base: str) -> dict[str, dict]:
     return {r["address"]: r for r in _ready(base)[1]["stages"]["talker"]}
 
 
-def _wait(predicate, timeout: float, interval: float = 0.2) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(interval)
-    return predicate()
-
-
 def _post_short(base: str) -> httpx.Response:
     return httpx.post(f"{base}/v1/chat/completions", json=SHORT, timeout=60)
 
@@ -193,7 +185,7 @@ def test_requests_cross_hosts_and_survive_a_cut_link(network, stack):
         )
 
     # (3) new requests go to the surviving talker while the link is down
-    assert _wait(lambda: not _talkers(base)[cut.address]["healthy"], 10), _talkers(base)
+    assert wait_until(lambda: not _talkers(base)[cut.address]["healthy"], 10), _talkers(base)
     assert _ready(base)[0] == 200
     before = metric(survivor, "omnistream_stage_requests_total")
     served_cut = _talkers(base)[cut.address]["served"]
@@ -205,7 +197,7 @@ def test_requests_cross_hosts_and_survive_a_cut_link(network, stack):
 
     # (4) the link comes back: the talker is healthy again and gets requests again
     network.restore(cut_node)
-    assert _wait(lambda: _talkers(base)[cut.address]["healthy"], 60), _talkers(base)
+    assert wait_until(lambda: _talkers(base)[cut.address]["healthy"], 60), _talkers(base)
     before = metric(cut, "omnistream_stage_requests_total")
     for _ in range(2):
         reply = _post_short(base)
