@@ -87,7 +87,7 @@ class StageServicer:
 
     def orphaned_requests(self) -> int:
         """Engine requests without an open stream: always 0 unless the lifecycle leaks."""
-        streams = set(self._stream_outputs)
+        streams = self._stream_outputs.copy()  # read from the metrics thread: one atomic copy
         return sum(1 for rid in self.engine.request_ids() if rid not in streams)
 
     async def Stream(self, request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> None:
@@ -243,9 +243,11 @@ async def run_stage_server(
     service_full_name = servicer.add_to_server(server)
     health = add_health_and_reflection(server, [service_full_name])
     credentials = server_credentials(options.tls_cert, options.tls_key, options.tls_client_ca)
+    # Both ports are bound before the server starts: a busy one ends the process with its one-line
+    # error and nothing running yet to tear down.
+    metrics_port = start_metrics_http(options.metrics_port, options.metrics_host, servicer.metrics.registry)
     port = add_port(server, f"{options.host}:{options.port}", credentials)
     await server.start()
-    metrics_port = start_metrics_http(options.metrics_port, options.metrics_host, servicer.metrics.registry)
     stage = servicer.stage.value
     print(
         json.dumps(

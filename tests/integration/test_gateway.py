@@ -270,8 +270,18 @@ def _gateway_idle(gateway, stages) -> bool:
 
 
 def test_cancel_races_through_the_gateway_leave_nothing_behind(gateway, stages):
-    """gRPC calls cancelled and REST streams dropped at random points of their life."""
-    rng = random.Random(7)
+    _gateway_cancel_races(gateway, stages, rounds=8, seed=7)
+
+
+@pytest.mark.slow
+def test_hundreds_of_cancel_races_through_the_gateway_leave_nothing_behind(gateway, stages):
+    _gateway_cancel_races(gateway, stages, rounds=250, seed=8)
+
+
+def _gateway_cancel_races(gateway, stages, rounds: int, seed: int) -> None:
+    """gRPC calls cancelled and REST streams dropped at random points of their life, one of each per
+    round; then nothing is held anywhere and a normal request succeeds."""
+    rng = random.Random(seed)
     body = {
         "messages": MESSAGES,
         "max_tokens": 40,
@@ -316,7 +326,7 @@ def test_cancel_races_through_the_gateway_leave_nothing_behind(gateway, stages):
             httpx.AsyncClient(base_url=_url(gateway), timeout=60) as client,
         ):
             stub = gateway_pb2_grpc.GatewayStub(channel)
-            for i in range(8):
+            for i in range(rounds):
                 await asyncio.gather(grpc_race(stub, i), rest_race(client))
         return await wait_for(lambda: _gateway_idle(gateway, stages), timeout=30.0, interval=0.2)
 
