@@ -2,14 +2,9 @@
 
 from __future__ import annotations
 
-import base64
-import json
-import struct
 import time
-from collections.abc import AsyncIterator, Sequence
 from typing import Annotated, Any, Literal
 
-import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -18,14 +13,21 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, Validatio
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from gateway.admission import Rejected
 from gateway.core import GatewayCore
 from gateway.request_guards import BodyLimit, BodyTooLarge, first_invalid_unicode, printable
-from omnistream.errors import InternalError, InvalidRequest, OmniError, Unauthenticated, status_of
-from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from gateway.rest_errors import (
+    FIELD_NAMES,
+    ErrorResponse,
+    error_body,
+    error_response,
+    from_http_exception,
+    from_validation_errors,
+)
+from gateway.rest_responses import complete, sse_stream
+from omnistream.errors import InternalError, OmniError, Unauthenticated
+from omnistream.pipeline import GenerationRequest
 from omnistream.sampling import SamplingParams
 from omnistream.security import bearer_matches
-from omnistream.wav import pcm16_wav_bytes, to_pcm16
 
 # The reference model's talker defaults (`generate`): sampled, as the real voice expects.
 TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
@@ -52,7 +54,7 @@ def _content_kind(value: Any) -> str | None:
 
 
 # A tagged union, so a bad `content` is reported against the one form it was meant as (not once as
-# "not a string" and once as "not a list"); the tags are dropped from `param` (`_UNION_TAGS`).
+# "not a string" and once as "not a list"); the tags are dropped from `param` (`UNION_TAGS`).
 Content = Annotated[
     Annotated[str, Tag("<string>")] | Annotated[list[TextPart], Tag("<parts>")],
     Discriminator(
@@ -61,7 +63,6 @@ Content = Annotated[
         custom_error_message="Input should be a string or a list of text parts",
     ),
 ]
-_UNION_TAGS = frozenset({"<string>", "<parts>"})
 
 
 class ChatMessage(BaseModel):
@@ -194,111 +195,6 @@ def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tup
     return request, audio_format
 
 
-# --- errors ------------------------------------------------------------------------------------------
-_TYPES = {
-    401: "authentication_error",
-    429: "rate_limit_error",
-    503: "service_unavailable",
-    504: "timeout",
-}
-# Codes for the statuses Starlette/FastAPI raise themselves (unknown path, wrong method, ...).
-_HTTP_CODES = {400: "invalid_request", 404: "not_found", 405: "method_not_allowed", 413: "request_too_large"}
-
-
-class ErrorDetail(BaseModel):
-    message: str
-    type: str = Field(description="invalid_request_error, authentication_error, rate_limit_error, ...")
-    param: str | None = Field(None, description="The field at fault, as a path (messages.0.content)")
-    code: str = Field(description="The error kind (invalid_request, request_too_large, ...)")
-
-
-class ErrorResponse(BaseModel):
-    """Every non-2xx answer of the API has this body (OpenAI's error format)."""
-
-    error: ErrorDetail
-
-
-def error_type(status: int) -> str:
-    return _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-
-
-def error_body(status: int, message: str, kind: str, param: str | None) -> dict[str, Any]:
-    # Messages and field names may quote the client's input: escape what UTF-8 cannot carry.
-    return {
-        "error": {
-            "message": printable(message),
-            "type": error_type(status),
-            "param": printable(param) if param is not None else None,
-            "code": kind,
-        }
-    }
-
-
-def error_response(exc: OmniError) -> JSONResponse:
-    status = status_of(exc).http_status
-    headers = {"Retry-After": str(exc.retry_after)} if isinstance(exc, Rejected) else None
-    return JSONResponse(
-        error_body(status, exc.message, exc.kind, exc.field), status_code=status, headers=headers
-    )
-
-
-_FIELD_NAMES = {"voice": "audio.voice", "speaker": "audio.voice"}
-
-
-def from_validation_errors(errors: Sequence[Any]) -> InvalidRequest:
-    """The first FastAPI/pydantic validation error as the domain error, its location as `param`."""
-    if not errors:
-        return InvalidRequest("invalid request")
-    first = errors[0]
-    loc = tuple(first.get("loc", ()))
-    if loc[:1] == ("body",):
-        loc = loc[1:]
-    if first.get("type") == "json_invalid":  # its loc is a character offset, not a field
-        detail = (first.get("ctx") or {}).get("error", "decode error")
-        offset = f" at character {loc[0]}" if loc else ""
-        return InvalidRequest(f"the request body is not valid JSON: {detail}{offset}")
-    param = ".".join(str(p) for p in loc if p not in _UNION_TAGS) or None
-    if param is None:
-        return InvalidRequest(
-            "the request body must be a JSON object (Content-Type: application/json): "
-            f"{first.get('msg', 'invalid request')}"
-        )
-    return InvalidRequest(f"{param}: {first.get('msg', 'invalid value')}", field=param)
-
-
-def from_http_exception(exc: StarletteHTTPException) -> tuple[int, dict[str, Any]]:
-    """Status and OpenAI-style body for an HTTPException raised by Starlette or FastAPI."""
-    # FastAPI answers a body its JSON parser fails on with a bare 400 (save for syntax errors): bytes
-    # that are not UTF-8, nesting past the parser's recursion limit, an integer of over 4,300 digits.
-    # Those are plain bad input and get the API's usual 422.
-    cause = exc.__cause__
-    if exc.status_code == 400 and isinstance(cause, ValueError | RecursionError):
-        if isinstance(cause, UnicodeDecodeError):
-            message = "the request body is not valid UTF-8"
-        elif isinstance(cause, RecursionError):
-            message = "the request body is nested too deeply"
-        else:
-            message = f"the request body is not valid JSON: {cause}"
-        return 422, error_body(422, message, InvalidRequest.kind, None)
-    code = _HTTP_CODES.get(exc.status_code, "http_error")
-    return exc.status_code, error_body(exc.status_code, str(exc.detail), code, None)
-
-
-def _wav_stream_header(sample_rate: int) -> bytes:
-    """A WAV header for a stream of unknown length (sizes at their maximum, as streaming servers do)."""
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", 0xFFFFFFFF)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", 16)
-        + fmt
-        + b"data"
-        + struct.pack("<I", 0xFFFFFFFF)
-    )
-
-
 def build_app(core: GatewayCore) -> FastAPI:
     app = FastAPI(
         title="omnistream gateway",
@@ -344,8 +240,8 @@ def build_app(core: GatewayCore) -> FastAPI:
 
     @app.exception_handler(OmniError)
     async def on_omni_error(_: Request, exc: OmniError) -> JSONResponse:
-        if exc.field in _FIELD_NAMES:
-            exc.field = _FIELD_NAMES[exc.field]
+        if exc.field in FIELD_NAMES:
+            exc.field = FIELD_NAMES[exc.field]
         return error_response(exc)
 
     @app.get("/health", summary="The process is alive")
@@ -404,11 +300,11 @@ def build_app(core: GatewayCore) -> FastAPI:
         if body.stream:
             include_usage = body.stream_options.include_usage if body.stream_options else True
             return StreamingResponse(
-                _sse(session, completion_id, created, model, audio_format, include_usage),
+                sse_stream(session, completion_id, created, model, audio_format, include_usage),
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": session.request_id},
             )
-        return await _complete(session, completion_id, created, model, audio_format, request.return_audio)
+        return await complete(session, completion_id, created, model, audio_format, request.return_audio)
 
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)
@@ -419,99 +315,3 @@ def _unavailable() -> OmniError:
     from omnistream.errors import Unavailable
 
     return Unavailable("the gateway has no healthy replica for every stage yet")
-
-
-def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, usage=None) -> str:
-    body: dict[str, Any] = {
-        "id": cid,
-        "object": "chat.completion.chunk",
-        "created": created,
-        "model": model,
-        "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-    }
-    if usage is not None:
-        body["usage"] = usage
-    return f"data: {json.dumps(body, ensure_ascii=False)}\n\n"
-
-
-def _usage(done: DoneEvent) -> dict[str, int]:
-    return {
-        "prompt_tokens": len(done.prompt_ids),
-        "completion_tokens": len(done.output_ids),
-        "total_tokens": len(done.prompt_ids) + len(done.output_ids),
-    }
-
-
-async def _sse(
-    session, cid: str, created: int, model: str, audio_format: str, include_usage: bool
-) -> AsyncIterator[str]:
-    audio_id = f"audio-{session.request_id}"
-    header_sent = audio_format != "wav"
-    try:
-        yield _chunk(cid, created, model, {"role": "assistant", "content": ""})
-        async for event in session.events():
-            if isinstance(event, TextEvent):
-                if event.delta:
-                    yield _chunk(cid, created, model, {"content": event.delta})
-            elif isinstance(event, AudioEvent):
-                data = to_pcm16(event.audio)
-                if not header_sent:
-                    data = _wav_stream_header(event.sample_rate) + data
-                    header_sent = True
-                b64 = base64.b64encode(data).decode()
-                yield _chunk(cid, created, model, {"audio": {"id": audio_id, "data": b64, "transcript": ""}})
-            elif isinstance(event, DoneEvent):
-                usage = _usage(event) if include_usage else None
-                yield _chunk(cid, created, model, {}, finish=event.finish_reason, usage=usage)
-        yield "data: [DONE]\n\n"
-    except OmniError as exc:
-        status = status_of(exc).http_status
-        yield f"data: {json.dumps(error_body(status, exc.message, exc.kind, exc.field))}\n\n"
-        yield "data: [DONE]\n\n"
-    finally:
-        await session.aclose()
-
-
-async def _complete(
-    session, cid: str, created: int, model: str, audio_format: str, want_audio: bool
-) -> JSONResponse:
-    text: list[str] = []
-    audio: list[np.ndarray] = []
-    done: DoneEvent | None = None
-    sample_rate = 24000
-    try:
-        async for event in session.events():
-            if isinstance(event, TextEvent):
-                text.append(event.delta)
-            elif isinstance(event, AudioEvent):
-                audio.append(event.audio)
-                sample_rate = event.sample_rate
-            elif isinstance(event, DoneEvent):
-                done = event
-    except OmniError as exc:
-        return error_response(exc)
-    finally:
-        await session.aclose()
-    if done is None:
-        return error_response(InvalidRequest("the request ended without a result"))
-    content = "".join(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if want_audio:
-        wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
-        data = pcm16_wav_bytes(wav, sample_rate) if audio_format == "wav" else to_pcm16(wav)
-        message["audio"] = {
-            "id": f"audio-{session.request_id}",
-            "data": base64.b64encode(data).decode(),
-            "transcript": content,
-            "expires_at": created + 3600,
-        }
-    return JSONResponse(
-        {
-            "id": cid,
-            "object": "chat.completion",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason}],
-            "usage": _usage(done),
-        }
-    )

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import urllib.request
+from collections.abc import Iterator
 
 import pytest
 
@@ -18,6 +20,35 @@ STAGES = ("thinker", "talker", "code2wav")
 
 def stage_args(stage: str, model_dir: str, *extra: str) -> list[str]:
     return ["serve", stage, "--model", model_dir, "--dtype", "float64", "--max-batch", "8", *extra]
+
+
+def gateway_args(stages: dict, *extra: str) -> list[str]:
+    args = ["serve", "gateway", "--http-port", "0", "--grpc-port", "0"]
+    for name, service in stages.items():
+        args += [f"--{name.split('-')[0]}", service.address]
+    return [*args, *extra]
+
+
+def gateway_url(gateway: ServiceProcess) -> str:
+    return f"http://127.0.0.1:{gateway.http_port}"
+
+
+@contextlib.contextmanager
+def replicated_stack(tiny_model_dir: str) -> Iterator[dict[str, ServiceProcess]]:
+    """A thinker, two talker replicas, a code2wav and a gateway of their own (for tests that kill)."""
+    specs = {
+        "thinker": stage_args("thinker", tiny_model_dir),
+        "talker-a": stage_args("talker", tiny_model_dir),
+        "talker-b": stage_args("talker", tiny_model_dir),
+        "code2wav": stage_args("code2wav", tiny_model_dir),
+    }
+    services = start_services(specs)
+    try:
+        services.update(start_services({"gateway": gateway_args(services)}))
+        yield services
+    finally:
+        for service in services.values():
+            service.stop()
 
 
 @pytest.fixture(scope="session")

@@ -32,8 +32,7 @@ from gateway.config import GatewayConfig
 from omnistream.launcher import ServiceProcess, start_services
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from .conftest import metric
-from .test_gateway import gateway_args
+from .conftest import gateway_args, metric
 
 LIMITS = {"max_tokens_limit": 4, "default_max_tokens": 4, "max_audio_frames": 4}
 DEFAULTS = GatewayConfig()
