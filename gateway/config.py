@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from omnistream.qwen3_omni.codec_chunks import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
+from omnistream.qwen3_omni.chunk_plan import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
 

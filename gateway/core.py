@@ -23,8 +23,8 @@ from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_request
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
-from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan, dynamic_initial_frames
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
+from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.security import channel_credentials
 
 log = logging.getLogger(__name__)

@@ -25,8 +25,8 @@ import numpy as np
 from gateway.admission import Rejected
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, OmniError
-from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.protogen import ensure_generated
+from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
 ensure_generated()
 

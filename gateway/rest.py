@@ -25,8 +25,8 @@ from gateway.rest_errors import (
 )
 from gateway.rest_responses import complete, sse_stream
 from omnistream.errors import InternalError, OmniError, Unauthenticated
-from omnistream.pipeline import GenerationRequest
-from omnistream.sampling import SamplingParams
+from omnistream.request import GenerationRequest
+from omnistream.sampling_params import SamplingParams
 from omnistream.security import bearer_matches
 
 # The reference model's talker defaults (`generate`): sampled, as the real voice expects.

@@ -14,7 +14,7 @@ from fastapi.responses import JSONResponse
 
 from gateway.rest_errors import error_body, error_response
 from omnistream.errors import InvalidRequest, OmniError, status_of
-from omnistream.pipeline import AudioEvent, DoneEvent, TextEvent
+from omnistream.request import AudioEvent, DoneEvent, TextEvent
 from omnistream.wav import pcm16_wav_bytes, to_pcm16
 
 

@@ -19,10 +19,10 @@ import numpy as np
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import MODE_TO_PROTO, sampling_to_proto
 from omnistream.errors import OmniError, from_grpc
-from omnistream.pipeline import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.relay import Emit, relay
+from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.server import ERROR_KIND_METADATA_KEY, client_channel_options
 from omnistream.tensors import numpy_from_proto
 

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 from omnistream.proto.omni.v1 import common_pb2
-from omnistream.qwen3_omni.codec_chunks import (
+from omnistream.qwen3_omni.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
     DEFAULT_INITIAL_FRAMES,
     DEFAULT_LEFT_CONTEXT_FRAMES,
     ChunkPlan,
 )
-from omnistream.sampling import SamplingParams
+from omnistream.sampling_params import SamplingParams
 
 
 def sampling_from_proto(msg: common_pb2.Sampling, prefix: str = "") -> SamplingParams:

@@ -11,9 +11,9 @@ import numpy as np
 
 from omnistream.checkpoint import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
 from omnistream.sampling import SamplingParams
 from omnistream.wav import write_float32_wav
-from services.code2wav.engine import SAMPLE_RATE
 
 
 def request_from_args(args: argparse.Namespace) -> GenerationRequest:

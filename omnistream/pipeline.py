@@ -12,77 +12,37 @@ import asyncio
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
 from omnistream.checkpoint import LoadOptions
-from omnistream.errors import InvalidRequest
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames, frames_tensor
 from omnistream.relay import Emit, relay
-from omnistream.sampling import SamplingParams
-from services.code2wav.engine import SAMPLE_RATE, Code2WavEngine
+from omnistream.request import (  # re-exported: the pipeline's API speaks the request model
+    MODES,
+    AudioEvent,
+    CodesEvent,
+    DoneEvent,
+    Event,
+    GenerationRequest,
+    TextEvent,
+)
+from services.code2wav.engine import Code2WavEngine
 from services.talker.engine import TalkerEngine, TalkerParams
 from services.thinker.engine import ThinkerEngine, ThinkerParams
 
-MODES = ("async", "sequential")
-
-
-@dataclass
-class GenerationRequest:
-    messages: list[dict[str, str]] | None = None
-    prompt_ids: list[int] | None = None
-    max_tokens: int = 256
-    ignore_eos: bool = False
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    return_audio: bool = True
-    speaker: str = "ethan"
-    max_audio_frames: int = 4096
-    talker_sampling: SamplingParams = field(default_factory=SamplingParams)
-    initial_codec_chunk_frames: int | None = None  # None: chosen from load
-    codec_chunk_frames: int = 25
-    codec_left_context_frames: int = 25
-    mode: str = "async"
-
-    def validate(self) -> None:
-        if self.mode not in MODES:
-            raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
-        if (self.messages is None) == (self.prompt_ids is None):
-            raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
-
-
-@dataclass
-class TextEvent:
-    token_ids: list[int]
-    delta: str
-
-
-@dataclass
-class CodesEvent:
-    frame: int
-    codes: list[int]
-
-
-@dataclass
-class AudioEvent:
-    audio: np.ndarray
-    first_sample: int
-    sample_rate: int = SAMPLE_RATE
-
-
-@dataclass
-class DoneEvent:
-    prompt_ids: list[int]
-    output_ids: list[int]
-    finish_reason: str
-    frames: int
-    audio_samples: int
-    ttft: float | None
-    ttfp: float | None
-    e2e: float
-
-
-Event = TextEvent | CodesEvent | AudioEvent | DoneEvent
+__all__ = [
+    "MODES",
+    "AudioEvent",
+    "CodesEvent",
+    "DoneEvent",
+    "Event",
+    "GenerationRequest",
+    "Pipeline",
+    "TextEvent",
+    "collect",
+]
 
 
 class Pipeline:

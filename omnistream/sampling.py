@@ -8,49 +8,11 @@ whether it runs alone or batched with others.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from omnistream.errors import InvalidRequest
+from omnistream.sampling_params import SamplingParams
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.0  # 0 means greedy
-    top_p: float = 1.0
-    top_k: int = 0  # 0 means off
-    repetition_penalty: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0.0
-
-    def validate(self, prefix: str = "") -> SamplingParams:
-        if not 0.0 <= self.temperature <= 100.0:
-            raise InvalidRequest(f"{prefix}temperature must be in [0, 100]", field=f"{prefix}temperature")
-        if not 0.0 < self.top_p <= 1.0:
-            raise InvalidRequest(f"{prefix}top_p must be in (0, 1]", field=f"{prefix}top_p")
-        if not 0 <= self.top_k <= 100_000:
-            raise InvalidRequest(f"{prefix}top_k must be in [0, 100000]", field=f"{prefix}top_k")
-        if not 0.0 < self.repetition_penalty <= 10.0:
-            raise InvalidRequest(
-                f"{prefix}repetition_penalty must be in (0, 10]", field=f"{prefix}repetition_penalty"
-            )
-        if self.seed is not None and not 0 <= self.seed < 2**63:
-            raise InvalidRequest(f"{prefix}seed must be in [0, 2^63)", field=f"{prefix}seed")
-        return self
-
-    def generator(self, device: str | torch.device = "cpu") -> torch.Generator | None:
-        if self.greedy:
-            return None
-        gen = torch.Generator(device=device)
-        if self.seed is None:
-            gen.seed()
-        else:
-            gen.manual_seed(self.seed)
-        return gen
+__all__ = ["SamplingParams", "apply_repetition_penalty", "choose"]
 
 
 def apply_repetition_penalty(logits: torch.Tensor, previous: list[int], penalty: float) -> torch.Tensor:

@@ -3,16 +3,20 @@
 Stages exchange hidden states, codec frames and audio as `omni.v1.Tensor`. Decoding never unpickles
 and never trusts the header: a peer that lies about dtype, shape or length gets `InvalidRequest`
 (INVALID_ARGUMENT) instead of a crash or an out-of-bounds view.
+
+torch is imported only where a torch tensor is made or read: the gateway handles numpy arrays
+alone and never loads torch.
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 from collections.abc import Collection
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from omnistream.errors import InvalidRequest
 from omnistream.protogen import ensure_generated
@@ -22,22 +26,43 @@ ensure_generated()
 from omnistream.proto.omni.v1 import common_pb2  # noqa: E402  (generated just above)
 
 if TYPE_CHECKING:
+    import torch
+
     from omnistream.proto.omni.v1.common_pb2 import Tensor
 
-# Wire dtype name -> (torch dtype, little-endian numpy dtype of the raw bytes). bfloat16 has no numpy
-# type, so its bytes travel as int16 and are reinterpreted by torch.
-_DTYPES: dict[str, tuple[torch.dtype, np.dtype[Any]]] = {
-    "float32": (torch.float32, np.dtype("<f4")),
-    "float64": (torch.float64, np.dtype("<f8")),
-    "bfloat16": (torch.bfloat16, np.dtype("<i2")),
-    "float16": (torch.float16, np.dtype("<f2")),
-    "int64": (torch.int64, np.dtype("<i8")),
-    "int32": (torch.int32, np.dtype("<i4")),
-    "int16": (torch.int16, np.dtype("<i2")),
-    "uint8": (torch.uint8, np.dtype("u1")),
-    "bool": (torch.bool, np.dtype("?")),
+# Wire dtype name -> little-endian numpy dtype of the raw bytes. bfloat16 has no numpy type, so its
+# bytes travel as int16 and are reinterpreted by torch.
+_DTYPES: dict[str, np.dtype[Any]] = {
+    "float32": np.dtype("<f4"),
+    "float64": np.dtype("<f8"),
+    "bfloat16": np.dtype("<i2"),
+    "float16": np.dtype("<f2"),
+    "int64": np.dtype("<i8"),
+    "int32": np.dtype("<i4"),
+    "int16": np.dtype("<i2"),
+    "uint8": np.dtype("u1"),
+    "bool": np.dtype("?"),
 }
-_NAME_BY_TORCH = {t: name for name, (t, _) in _DTYPES.items()}
+
+
+@functools.cache
+def _torch_dtypes() -> dict[str, torch.dtype]:
+    """Wire dtype name -> torch dtype (first asked for by a process that uses torch anyway)."""
+    import torch
+
+    return {name: getattr(torch, name) for name in _DTYPES}
+
+
+@functools.cache
+def _names_by_torch_dtype() -> dict[torch.dtype, str]:
+    return {dtype: name for name, dtype in _torch_dtypes().items()}
+
+
+def _is_torch_tensor(t: object) -> bool:
+    torch = sys.modules.get("torch")  # a torch tensor exists only where torch is already loaded
+    return torch is not None and isinstance(t, torch.Tensor)
+
+
 _NAME_BY_NUMPY_KIND = {
     ("f", 4): "float32",
     ("f", 8): "float64",
@@ -59,13 +84,13 @@ def to_proto(t: torch.Tensor | np.ndarray) -> Tensor:
 
     Unsupported dtypes raise TypeError: producing one is a bug in this process, not bad input.
     """
-    if isinstance(t, torch.Tensor):
-        name = _NAME_BY_TORCH.get(t.dtype)
+    if _is_torch_tensor(t):
+        name = _names_by_torch_dtype().get(t.dtype)
         if name is None:
             raise TypeError(f"cannot send torch dtype {t.dtype}; supported: {sorted(SUPPORTED_DTYPES)}")
         cpu = t.detach().to("cpu").resolve_conj().resolve_neg().contiguous()
         if name == "bfloat16":
-            cpu = cpu.view(torch.int16)
+            cpu = cpu.view(_torch_dtypes()["int16"])
         array = cpu.numpy()
         shape = tuple(t.shape)
     elif isinstance(t, np.ndarray):
@@ -75,7 +100,7 @@ def to_proto(t: torch.Tensor | np.ndarray) -> Tensor:
         array, shape = t, t.shape
     else:
         raise TypeError(f"expected torch.Tensor or numpy.ndarray, got {type(t).__name__}")
-    wire = _DTYPES[name][1]
+    wire = _DTYPES[name]
     data = np.ascontiguousarray(array).astype(wire, copy=False).tobytes()
     return common_pb2.Tensor(dtype=name, shape=shape, data=data)
 
@@ -93,7 +118,7 @@ def numpy_from_proto(
     bfloat16 has no numpy dtype and is widened to float32, which is exact.
     """
     name, shape = _validate(msg, max_elements=max_elements, field=field, expect_dtype=expect_dtype)
-    raw = np.frombuffer(msg.data, dtype=_DTYPES[name][1]).reshape(shape)
+    raw = np.frombuffer(msg.data, dtype=_DTYPES[name]).reshape(shape)
     if name == "bfloat16":
         # bfloat16 is the top half of a float32: shift the bits into place.
         return (raw.view("<u2").astype(np.uint32) << 16).view(np.float32)
@@ -110,8 +135,10 @@ def from_proto(
     expect_dtype: str | Collection[str] | None = None,
 ) -> torch.Tensor:
     """Decode to a writable CPU torch tensor (one copy of the payload, then a zero-copy view)."""
+    import torch
+
     name, shape = _validate(msg, max_elements=max_elements, field=field, expect_dtype=expect_dtype)
-    torch_dtype, wire = _DTYPES[name]
+    torch_dtype, wire = _torch_dtypes()[name], _DTYPES[name]
     if math.prod(shape) == 0:
         return torch.empty(shape, dtype=torch_dtype)
     array = np.frombuffer(bytearray(msg.data), dtype=wire)
@@ -154,7 +181,7 @@ def _validate(
             f"{field}: shape {list(shape)} has {count} elements, more than the limit of {max_elements}",
             field=field,
         )
-    expected = count * _DTYPES[name][1].itemsize
+    expected = count * _DTYPES[name].itemsize
     if len(msg.data) != expected:
         raise InvalidRequest(
             f"{field}: {len(msg.data)} data bytes but shape {list(shape)} of {name} needs {expected}",

@@ -16,8 +16,6 @@ from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 
-SAMPLE_RATE = 24000
-
 
 @dataclass
 class AudioOutput:

@@ -7,9 +7,9 @@ import torch
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, SequenceError
 from omnistream.proto.omni.v1 import stage_pb2
+from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
 from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
-from services.code2wav.engine import SAMPLE_RATE
 
 MAX_FRAMES_PER_CHUNK = 4096
 

@@ -1,0 +1,72 @@
+"""One request and the events it produces: the model every entry point speaks (gateway, pipeline,
+CLI, benchmark). Torch-free on purpose, so the gateway is a small router that never loads a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from omnistream.errors import InvalidRequest
+from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
+from omnistream.sampling_params import SamplingParams
+
+MODES = ("async", "sequential")
+
+
+@dataclass
+class GenerationRequest:
+    messages: list[dict[str, str]] | None = None
+    prompt_ids: list[int] | None = None
+    max_tokens: int = 256
+    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    return_audio: bool = True
+    speaker: str = "ethan"
+    max_audio_frames: int = 4096
+    talker_sampling: SamplingParams = field(default_factory=SamplingParams)
+    initial_codec_chunk_frames: int | None = None  # None: chosen from load
+    codec_chunk_frames: int = 25
+    codec_left_context_frames: int = 25
+    mode: str = "async"
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
+
+
+@dataclass
+class TextEvent:
+    token_ids: list[int]
+    delta: str
+
+
+@dataclass
+class CodesEvent:
+    frame: int
+    codes: list[int]
+
+
+@dataclass
+class AudioEvent:
+    audio: np.ndarray
+    first_sample: int
+    sample_rate: int = SAMPLE_RATE
+
+
+@dataclass
+class DoneEvent:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    frames: int
+    audio_samples: int
+    ttft: float | None
+    ttfp: float | None
+    e2e: float
+
+
+Event = TextEvent | CodesEvent | AudioEvent | DoneEvent

@@ -1,0 +1,32 @@
+"""The gateway is a router: importing it and handling a request's data never loads torch or
+transformers (they take seconds and hundreds of MB to load)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import textwrap
+
+
+def test_gateway_imports_and_request_handling_load_no_torch():
+    probe = textwrap.dedent(
+        """
+        import sys
+
+        import numpy as np
+
+        import gateway.main, gateway.rest, gateway.grpc_api, gateway.core, gateway.wiring
+        from gateway.config import GatewayConfig
+        from omnistream.request import GenerationRequest
+        from omnistream.tensors import numpy_from_proto, to_proto
+
+        GenerationRequest(messages=[{"role": "user", "content": "hi"}]).validate()
+        pcm = np.linspace(-1, 1, 480, dtype=np.float32)
+        assert (numpy_from_proto(to_proto(pcm)) == pcm).all()
+        GatewayConfig(thinker=["a:1"], talker=["b:1"], code2wav=["c:1"]).validate()
+        print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")))
+        """
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]", out.stdout
