@@ -24,7 +24,7 @@ from gateway.wiring import StageStubs, run_request
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
-from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.security import channel_credentials
 
 log = logging.getLogger(__name__)
@@ -110,8 +110,6 @@ class Session:
         try:
             async with asyncio.timeout_at(self._deadline):
                 async for event in self._source:
-                    if isinstance(event, CodesEvent):
-                        continue  # codes stay inside the system
                     await self._collector.put(event)
         except TimeoutError:
             await self._collector.put(DeadlineExceeded("the request exceeded its timeout"))

@@ -90,7 +90,10 @@ async def run_request(
     rid: str,
     plan: ChunkPlan,
     timeout: float | None = None,
+    with_codes: bool = False,
 ) -> AsyncIterator[TextEvent | CodesEvent | AudioEvent | DoneEvent]:
+    """Events of one request; codec frames as CodesEvents only `with_codes` (tests and tools that
+    compare codes): a client never sees them, so the gateway does not decode them per frame."""
     request.validate()
     started = time.perf_counter()
     out: Emit  # set by run_all: hands an event to the consumer
@@ -190,7 +193,7 @@ async def run_request(
         index = 1
         async for chunk in talker:
             codes = numpy_from_proto(chunk.codes, field="codes")
-            for j in range(codes.shape[1] if codes.ndim == 2 else 0):
+            for j in range(codes.shape[1] if with_codes and codes.ndim == 2 else 0):
                 await out(CodesEvent(chunk.first_frame + j, codes[:, j].tolist()))
             state["frames"] += codes.shape[1] if codes.ndim == 2 else 0
             if chunk.finished:

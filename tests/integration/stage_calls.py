@@ -24,7 +24,7 @@ def stubs(stages) -> StageStubs:
 
 async def collect_services(stages, request: GenerationRequest, rid: str):
     text, frames, audio, done = [], [], [], None
-    async for event in run_request(stubs(stages), request, rid, ChunkPlan(4, 25, 25)):
+    async for event in run_request(stubs(stages), request, rid, ChunkPlan(4, 25, 25), with_codes=True):
         if isinstance(event, TextEvent):
             text.append(event.delta)
         elif isinstance(event, AudioEvent):
