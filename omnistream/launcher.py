@@ -35,7 +35,7 @@ class StartCancelled(Exception):
     """The `cancel` event of a start was set (the supervisor got a stop signal)."""
 
 
-def _check_cancel(cancel: threading.Event | None) -> None:
+def check_cancel(cancel: threading.Event | None) -> None:
     if cancel is not None and cancel.is_set():
         raise StartCancelled()
 
@@ -62,13 +62,7 @@ class ServiceProcess:
 
     def stop(self, timeout: float = 20.0) -> int | None:
         """SIGTERM (drain), then SIGKILL if it does not exit in time."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
+        stop_services([self], timeout)
         return self.proc.returncode
 
     def kill(self) -> None:
@@ -148,7 +142,7 @@ def wait_serving(
     with tls.channel(address) if tls is not None else grpc.insecure_channel(address) as channel:
         stub = health_pb2_grpc.HealthStub(channel)
         while time.monotonic() < deadline:
-            _check_cancel(cancel)
+            check_cancel(cancel)
             if proc is not None and proc.poll() is not None:
                 raise StartError(f"service at {address} exited with {proc.returncode}")
             try:
@@ -187,7 +181,7 @@ def start_services(
     started: dict[str, tuple[ServiceProcess, threading.Event]] = {}
     try:
         for name, args in specs.items():
-            _check_cancel(cancel)
+            check_cancel(cancel)
             started[name] = _spawn(name, args, env, (wrappers or {}).get(name, []))
         for service, ready in started.values():
             _wait_listening(service, ready, timeout, cancel)
@@ -205,7 +199,7 @@ def _wait_listening(
     """Until the service printed its "listening" line; StartError if it exits or times out first."""
     deadline = time.monotonic() + timeout
     while not ready.wait(WAIT_STEP_S):
-        _check_cancel(cancel)
+        check_cancel(cancel)
         if time.monotonic() > deadline:
             raise StartError(f"{service.name} did not report its port within {timeout:.0f}s")
     if not service.port:  # its stdout closed first: it is exiting

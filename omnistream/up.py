@@ -24,6 +24,7 @@ from omnistream.launcher import (
     ServiceProcess,
     StartCancelled,
     StartError,
+    check_cancel,
     start_services,
     stop_services,
 )
@@ -51,8 +52,7 @@ def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading
     url = f"http://{f'[{host}]' if ':' in host else host}:{gateway.http_port}/ready"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if cancel is not None and cancel.is_set():
-            raise StartCancelled()
+        check_cancel(cancel)
         if gateway.proc.poll() is not None:
             raise StartError(f"gateway exited with {gateway.proc.returncode} before it was ready")
         try:

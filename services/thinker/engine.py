@@ -81,10 +81,6 @@ class ThinkerEngine(Engine):
         )
 
     # --- public API ---------------------------------------------------------------------------------
-    def check_chat(self, messages: list[dict[str, str]]) -> None:
-        """Cheap refusals of a chat (roles, a prompt that cannot fit) before it is tokenized."""
-        self.chat.check(messages)
-
     def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
         """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
         that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long

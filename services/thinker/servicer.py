@@ -40,7 +40,6 @@ class ThinkerServicer(StageServicer):
             messages = [{"role": "user", "content": open_.prompt_text}]
         else:
             messages = [{"role": m.role, "content": m.content} for m in open_.messages]
-        self.engine.check_chat(messages)  # cheap refusals before any tokenizing
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._tokenizer_pool, self.engine.encode_chat, messages)
 
