@@ -232,7 +232,7 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
                 stage_pb2.ThinkerRequest(
                     key=ChunkKey("drain", Stage.GATEWAY, 0).to_proto(),
                     open=stage_pb2.ThinkerOpen(
-                        request_id="drain", prompt_text="hello", max_tokens=300, ignore_eos=True
+                        request_id="drain", prompt_text="hello", max_tokens=1000, ignore_eos=True
                     ),
                 )
             )
@@ -243,10 +243,8 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
             service.proc.send_signal(signal.SIGTERM)
             health = health_pb2_grpc.HealthStub(channel)
             status = await health.Check(health_pb2.HealthCheckRequest(service=""))
-            while (chunk := await call.read()) is not grpc.aio.EOF:  # read() and async-for don't mix
-                tokens += len(chunk.token_ids)
-                last = chunk
-            # A new stream during the drain is refused.
+            # A new stream during the drain is refused: sent while the first one is still generating
+            # (after it ends the server stops, and a stream then meets the shutdown, not the drain).
             code, _ = await raw_stream(
                 stub.Stream,
                 [
@@ -256,11 +254,14 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
                     )
                 ],
             )
+            while (chunk := await call.read()) is not grpc.aio.EOF:  # read() and async-for don't mix
+                tokens += len(chunk.token_ids)
+                last = chunk
             await channel.close()
             return tokens, last.finished, status.status, code
 
         tokens, finished, status, late_code = asyncio.run(run())
-        assert tokens == 300 and finished
+        assert tokens == 1000 and finished
         assert status == health_pb2.HealthCheckResponse.NOT_SERVING
         assert late_code == grpc.StatusCode.UNAVAILABLE
         assert service.proc.wait(30) == 0
