@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.admission import Admission, Permit, Rejected
 from gateway.config import GatewayConfig
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
-from gateway.wiring import StageStubs, run_request
+from gateway.wiring import StageStubs, run_stages
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
+from omnistream.relay import Emit
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.security import channel_credentials
+from omnistream.stage_chain import stages_for
 
 log = logging.getLogger(__name__)
 
@@ -89,14 +92,14 @@ class Session:
         request_id: str,
         permit: Permit,
         replicas: list[Replica],
-        source: AsyncIterator,
+        body: Callable[[Emit], Awaitable[DoneEvent]],
         deadline: float,
     ) -> None:
         self.core = core
         self.request_id = request_id
         self._permit = permit
         self._replicas = replicas
-        self._source = source
+        self._body = body  # runs the request, emitting into the collector: its one buffer
         self._deadline = deadline
         self._collector = _Collector()
         self._pump: asyncio.Task | None = None
@@ -109,15 +112,12 @@ class Session:
     async def _run_source(self) -> None:
         try:
             async with asyncio.timeout_at(self._deadline):
-                async for event in self._source:
-                    await self._collector.put(event)
+                done = await self._body(self._collector.put)
+            await self._collector.put(done)
         except TimeoutError:
             await self._collector.put(DeadlineExceeded("the request exceeded its timeout"))
         except BaseException as exc:  # handed to the reader, which raises it
             await self._collector.put(exc)
-        finally:
-            with contextlib.suppress(BaseException):
-                await self._source.aclose()
 
     def start(self) -> None:
         self._pump = asyncio.create_task(self._run_source())
@@ -279,7 +279,7 @@ class GatewayCore:
             self.metrics.rejected.labels(reason=exc.kind).inc()
             raise
         self.metrics.in_flight.inc()
-        stages = ("thinker", "talker", "code2wav") if request.return_audio else ("thinker",)
+        stages = stages_for(request)
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
         deadline = asyncio.get_running_loop().time() + timeout
         # A replica that is down is found when its stage does not accept the open message; nothing
@@ -299,8 +299,8 @@ class GatewayCore:
             stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
             # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
             stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
-            source = run_request(stubs, request, stage_rid, plan, timeout=timeout)
-            session = Session(self, rid, permit, picked, source, deadline)
+            body = functools.partial(run_stages, stubs, request, stage_rid, plan, timeout=timeout)
+            session = Session(self, rid, permit, picked, body, deadline)
             session.start()
             try:
                 await session.prime()

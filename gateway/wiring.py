@@ -17,13 +17,20 @@ import grpc
 import numpy as np
 
 from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.convert import MODE_TO_PROTO, sampling_to_proto
+from omnistream.convert import (
+    code2wav_open_proto,
+    codec_input_proto,
+    talker_input_proto,
+    talker_open_proto,
+    thinker_open_proto,
+)
 from omnistream.errors import OmniError, from_grpc
-from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE, ChunkPlan
 from omnistream.relay import Emit, relay
 from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.server import ERROR_KIND_METADATA_KEY, client_channel_options
+from omnistream.stage_chain import TALKER, stage_opens, stages_for
 from omnistream.tensors import numpy_from_proto
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
@@ -65,43 +72,27 @@ def grpc_error_from_status(stage: str, code: grpc.StatusCode, details: str) -> O
     return error
 
 
-def thinker_open(
-    request: GenerationRequest, rid: str, prompt_ids: list[int] | None
-) -> stage_pb2.ThinkerRequest:
-    open_ = stage_pb2.ThinkerOpen(
-        request_id=rid,
-        max_tokens=request.max_tokens,
-        ignore_eos=request.ignore_eos,
-        sampling=sampling_to_proto(request.sampling),
-        mode=MODE_TO_PROTO[request.mode],
-    )
-    if prompt_ids is not None:
-        open_.prompt_ids.extend(prompt_ids)
-    else:
-        open_.messages.extend(
-            common_pb2.Message(role=m["role"], content=m["content"]) for m in request.messages or []
-        )
-    return stage_pb2.ThinkerRequest(open=open_, key=ChunkKey(rid, Stage.GATEWAY, 0).to_proto())
-
-
-async def run_request(
+async def run_stages(
     stubs: StageStubs,
     request: GenerationRequest,
     rid: str,
     plan: ChunkPlan,
+    emit: Emit,
     timeout: float | None = None,
     with_codes: bool = False,
-) -> AsyncIterator[TextEvent | CodesEvent | AudioEvent | DoneEvent]:
-    """Events of one request; codec frames as CodesEvents only `with_codes` (tests and tools that
-    compare codes): a client never sees them, so the gateway does not decode them per frame."""
+) -> DoneEvent:
+    """Run one request through the stages, handing each event to `emit` as it comes; returns the
+    summary. `emit` is the request's one buffer (the gateway's per-client collector), so nothing
+    queues between the stages and it. Codec frames become CodesEvents only `with_codes` (tests and
+    tools that compare codes): a client never sees them, so the gateway does not decode them."""
     request.validate()
     started = time.perf_counter()
-    out: Emit  # set by run_all: hands an event to the consumer
+    opens = stage_opens(request, plan)
+    audio = TALKER in stages_for(request)
     thinker = stubs.thinker.Stream(timeout=timeout)
-    talker = stubs.talker.Stream(timeout=timeout) if request.return_audio else None
-    code2wav = stubs.code2wav.Stream(timeout=timeout) if request.return_audio else None
+    talker = stubs.talker.Stream(timeout=timeout) if audio else None
+    code2wav = stubs.code2wav.Stream(timeout=timeout) if audio else None
     calls = [c for c in (thinker, talker, code2wav) if c is not None]
-    mode = MODE_TO_PROTO[request.mode]
     state = {"prompt_ids": [], "output_ids": [], "reason": "stop", "frames": 0, "samples": 0}
     marks: dict[str, float] = {}
     talker_done = asyncio.Event()
@@ -122,41 +113,20 @@ async def run_request(
 
     async def open_talker() -> None:
         assert talker is not None
-        await talker.write(
-            stage_pb2.TalkerRequest(
-                key=ChunkKey(rid, Stage.THINKER, 0).to_proto(),
-                open=stage_pb2.TalkerOpen(
-                    request_id=rid,
-                    speaker=request.speaker,
-                    max_frames=request.max_audio_frames,
-                    sampling=sampling_to_proto(request.talker_sampling),
-                    mode=mode,
-                    initial_chunk_frames=plan.initial,
-                    chunk_frames=plan.chunk,
-                    left_context_frames=plan.left_context,
-                ),
-            )
-        )
+        key = ChunkKey(rid, Stage.THINKER, 0).to_proto()
+        await talker.write(stage_pb2.TalkerRequest(key=key, open=talker_open_proto(rid, opens)))
         await accepted("talker", talker)
 
     async def open_code2wav() -> None:
         assert code2wav is not None
-        await code2wav.write(
-            stage_pb2.Code2WavRequest(
-                key=ChunkKey(rid, Stage.TALKER, 0).to_proto(),
-                open=stage_pb2.Code2WavOpen(
-                    request_id=rid,
-                    mode=mode,
-                    initial_chunk_frames=plan.initial,
-                    chunk_frames=plan.chunk,
-                    left_context_frames=plan.left_context,
-                ),
-            )
-        )
+        key = ChunkKey(rid, Stage.TALKER, 0).to_proto()
+        await code2wav.write(stage_pb2.Code2WavRequest(key=key, open=code2wav_open_proto(rid, opens)))
         await accepted("code2wav", code2wav)
 
     async def run_thinker() -> None:
-        await thinker.write(thinker_open(request, rid, request.prompt_ids))
+        open_ = thinker_open_proto(rid, opens, request.messages, request.prompt_ids)
+        key = ChunkKey(rid, Stage.GATEWAY, 0).to_proto()
+        await thinker.write(stage_pb2.ThinkerRequest(open=open_, key=key))
         await thinker.done_writing()
         index = 1
         talker_closed = False
@@ -165,7 +135,7 @@ async def run_request(
                 state["prompt_ids"] = list(chunk.prompt_ids)
             state["output_ids"].extend(chunk.token_ids)
             marks.setdefault("ttft", time.perf_counter())
-            await out(TextEvent(list(chunk.token_ids), chunk.text_delta))
+            await emit(TextEvent(list(chunk.token_ids), chunk.text_delta))
             if talker is not None and talker_done.is_set() and not talker_closed:
                 # The talker finished first (codec EOS, max frames): its input is moot now.
                 talker_closed = True
@@ -173,14 +143,8 @@ async def run_request(
                     await talker.done_writing()
             if talker is not None and not talker_closed:
                 with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
-                    await talker.write(
-                        stage_pb2.TalkerRequest(
-                            key=ChunkKey(rid, Stage.THINKER, index).to_proto(),
-                            input=stage_pb2.TalkerInput(
-                                prompt_ids=chunk.prompt_ids, token_ids=chunk.token_ids, last=chunk.finished
-                            ),
-                        )
-                    )
+                    key = ChunkKey(rid, Stage.THINKER, index).to_proto()
+                    await talker.write(stage_pb2.TalkerRequest(key=key, input=talker_input_proto(chunk)))
                 index += 1
             if chunk.finished:
                 state["reason"] = chunk.finish_reason or "stop"
@@ -192,18 +156,17 @@ async def run_request(
         assert talker is not None and code2wav is not None
         index = 1
         async for chunk in talker:
-            codes = numpy_from_proto(chunk.codes, field="codes")
-            for j in range(codes.shape[1] if with_codes and codes.ndim == 2 else 0):
-                await out(CodesEvent(chunk.first_frame + j, codes[:, j].tolist()))
-            state["frames"] += codes.shape[1] if codes.ndim == 2 else 0
+            frames = chunk.codes.shape[1] if len(chunk.codes.shape) == 2 else 0
+            if with_codes and frames:
+                codes = numpy_from_proto(chunk.codes, field="codes")
+                for j in range(frames):
+                    await emit(CodesEvent(chunk.first_frame + j, codes[:, j].tolist()))
+            state["frames"] += frames
             if chunk.finished:
                 talker_done.set()
             await code2wav.write(
                 stage_pb2.Code2WavRequest(
-                    key=ChunkKey(rid, Stage.TALKER, index).to_proto(),
-                    input=stage_pb2.CodecInput(
-                        codes=chunk.codes, first_frame=chunk.first_frame, last=chunk.finished
-                    ),
+                    key=ChunkKey(rid, Stage.TALKER, index).to_proto(), input=codec_input_proto(chunk)
                 )
             )
             index += 1
@@ -216,23 +179,18 @@ async def run_request(
             if audio.size:
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                await out(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample)))
+                rate = chunk.sample_rate or SAMPLE_RATE
+                await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
-    async def run_all(emit: Emit) -> None:
-        nonlocal out
-        out = emit
-        if talker is not None:
+    try:
+        if audio:
             # Both accept their open before any thinker output can be forwarded to them.
             await asyncio.gather(guarded("talker", open_talker), guarded("code2wav", open_code2wav))
         tasks = [guarded("thinker", run_thinker)]
-        if talker is not None:
+        if audio:
             tasks += [guarded("talker", run_talker), guarded("code2wav", run_code2wav)]
-        await asyncio.gather(*tasks)
-
-    try:
-        async for item in relay(run_all):
-            yield item
-        yield DoneEvent(
+        await _all_or_none(tasks)
+        return DoneEvent(
             prompt_ids=state["prompt_ids"],
             output_ids=state["output_ids"],
             finish_reason=state["reason"],
@@ -245,3 +203,34 @@ async def run_request(
     finally:
         for call in calls:
             call.cancel()
+
+
+async def _all_or_none(coros: list) -> None:
+    """Run the pumps together; the first failure cancels the others and is raised as it is."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        done, _ = await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+        for task in done:
+            if task.exception() is not None:
+                raise task.exception()
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+async def run_request(
+    stubs: StageStubs,
+    request: GenerationRequest,
+    rid: str,
+    plan: ChunkPlan,
+    timeout: float | None = None,
+    with_codes: bool = False,
+) -> AsyncIterator[TextEvent | CodesEvent | AudioEvent | DoneEvent]:
+    """`run_stages` as an iterator of events ending with the DoneEvent (tests and tools)."""
+
+    async def body(emit: Emit) -> None:
+        await emit(await run_stages(stubs, request, rid, plan, emit, timeout, with_codes))
+
+    async for item in relay(body):
+        yield item

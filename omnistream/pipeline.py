@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnistream.checkpoint import LoadOptions
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames, frames_tensor
+from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
 from omnistream.relay import Emit, relay
 from omnistream.request import (  # re-exported: the pipeline's API speaks the request model
     MODES,
@@ -28,9 +28,10 @@ from omnistream.request import (  # re-exported: the pipeline's API speaks the r
     GenerationRequest,
     TextEvent,
 )
+from omnistream.stage_chain import CodecFeed, InputHold, TalkerFeed, stage_opens
 from services.code2wav.engine import Code2WavEngine
-from services.talker.engine import TalkerEngine, TalkerParams
-from services.thinker.engine import ThinkerEngine, ThinkerParams
+from services.talker.engine import TalkerEngine
+from services.thinker.engine import ThinkerEngine
 
 __all__ = [
     "MODES",
@@ -94,19 +95,14 @@ class Pipeline:
         prompt_ids = request.prompt_ids
         if prompt_ids is None:
             prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
-        sequential = request.mode == "sequential"
+        opens = stage_opens(request, self.chunk_plan(request) if request.return_audio else None)
         out: Emit  # set by run_all: hands an event to the consumer
-        thinker_out = self.thinker.add_request(
-            rid, prompt_ids, ThinkerParams(request.max_tokens, request.ignore_eos, request.sampling)
-        )
+        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker)
         talker_out = code2wav_out = None
         try:
-            if request.return_audio:
-                talker_out = self.talker.add_request(
-                    rid, TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
-                )
-                plan = self.chunk_plan(request)
-                code2wav_out = self.code2wav.add_request(rid, plan)
+            if opens.talker is not None and opens.plan is not None:
+                talker_out = self.talker.add_request(rid, opens.talker)
+                code2wav_out = self.code2wav.add_request(rid, opens.plan)
         except BaseException:
             for engine in self.engines:
                 engine.abort(rid)
@@ -116,6 +112,17 @@ class Pipeline:
         frames: list[list[int]] = []
         marks: dict[str, float] = {}
         finish = {"reason": "stop", "samples": 0}
+        # The receiving ends of the two edges, as in the stage services (sequential mode holds there).
+        talker_hold = InputHold(opens.mode, TalkerFeed.merge)
+        code2wav_hold = InputHold(opens.mode, CodecFeed.merge)
+
+        def feed_talker(feed: TalkerFeed) -> None:
+            for piece in talker_hold.push(feed, feed.last):
+                self.talker.feed(rid, piece.token_ids, piece.last, prompt_ids=piece.prompt_ids)
+
+        def feed_code2wav(feed: CodecFeed) -> None:
+            for piece in code2wav_hold.push(feed, feed.last):
+                self.code2wav.feed(rid, piece.codes, piece.last)
 
         async def pump_thinker() -> None:
             first = True
@@ -123,27 +130,23 @@ class Pipeline:
                 output_ids.extend(step.token_ids)
                 marks.setdefault("ttft", time.perf_counter())
                 await out(TextEvent(step.token_ids, step.text_delta))
-                if talker_out is not None and not sequential:
-                    self.talker.feed(
-                        rid, step.token_ids, step.finished, prompt_ids=prompt_ids if first else None
-                    )
+                if talker_out is not None:
+                    prompt = list(prompt_ids) if first else None
+                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt))
                 first = False
                 if step.finished:
                     finish["reason"] = step.finish_reason or "stop"
-            if talker_out is not None and sequential:
-                self.talker.feed(rid, output_ids, True, prompt_ids=prompt_ids)
 
         async def pump_talker() -> None:
-            assert talker_out is not None
-            shipper = FrameShipper(plan, frames)
+            assert talker_out is not None and opens.plan is not None
+            shipper = FrameShipper(opens.plan, frames)
             async for step in talker_out:
                 if step.codes is not None:
                     frames.append(step.codes)
                     await out(CodesEvent(step.frame, step.codes))
-                if not sequential and shipper.due(step.finished):
-                    self.code2wav.feed(rid, shipper.take()[1], step.finished)
-            if sequential:
-                self.code2wav.feed(rid, frames_tensor(frames), True)
+                if shipper.due(step.finished):
+                    first_frame, codes = shipper.take()
+                    feed_code2wav(CodecFeed(codes, first_frame, step.finished))
 
         async def pump_code2wav() -> None:
             assert code2wav_out is not None

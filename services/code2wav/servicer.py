@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import torch
-
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, SequenceError
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
+from omnistream.stage_chain import CodecFeed, InputHold
 from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
 
@@ -25,7 +24,7 @@ class Code2WavServicer(StageServicer):
         rid, checker, mode, plan = self._open_streaming(first.open, first.key)
         out = self.engine.add_request(rid, plan)
         received = 0
-        held: list[torch.Tensor] = []
+        hold = InputHold(mode, CodecFeed.merge)
 
         def handle(msg: stage_pb2.CodecInput) -> bool:
             nonlocal received
@@ -44,13 +43,8 @@ class Code2WavServicer(StageServicer):
                     field="first_frame",
                 )
             received += frames
-            if mode == "sequential":
-                if frames:
-                    held.append(codes)
-                if msg.last:
-                    self.engine.feed(rid, torch.cat(held, dim=1) if held else None, True)
-                return msg.last
-            self.engine.feed(rid, codes if frames else None, msg.last)
+            for piece in hold.push(CodecFeed(codes if frames else None, msg.first_frame, msg.last), msg.last):
+                self.engine.feed(rid, piece.codes, piece.last)
             return msg.last
 
         async def chunks():

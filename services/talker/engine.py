@@ -23,17 +23,11 @@ from omnistream.qwen3_omni.talker_prompt import (
     user_positions,
 )
 from omnistream.sampling import SamplingParams, choose
+from omnistream.stage_chain import TalkerParams  # the open params are part of the stage chain
 
 # The reference's code predictor samples with these whenever the talker samples.
 CODE_PREDICTOR_TOP_K = 50
 CODE_PREDICTOR_TOP_P = 0.8
-
-
-@dataclass(frozen=True)
-class TalkerParams:
-    speaker: str = "ethan"
-    max_frames: int = 4096
-    sampling: SamplingParams = field(default_factory=SamplingParams)
 
 
 @dataclass

@@ -9,9 +9,9 @@ from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.qwen3_omni.codec_chunks import FrameShipper
+from omnistream.stage_chain import InputHold, TalkerFeed, TalkerParams
 from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
-from services.talker.engine import TalkerParams
 
 DEFAULT_MAX_FRAMES = 2048
 HIDDEN_DTYPES = ("float32", "float64", "bfloat16", "float16")
@@ -52,34 +52,20 @@ class TalkerServicer(StageServicer):
             sampling=sampling_from_proto(open_.sampling, "talker_"),
         )
         out = self.engine.add_request(rid, params)
-        held: list[stage_pb2.TalkerInput] = []  # sequential mode: input is released at the end
-
-        def feed(msg: stage_pb2.TalkerInput) -> None:
-            self.engine.feed(
-                rid,
-                list(msg.token_ids),
-                msg.last,
-                prompt_ids=list(msg.prompt_ids) or None,
-                multimodal_hidden=multimodal_rows(msg),
-            )
+        hold = InputHold(mode, TalkerFeed.merge)
 
         def handle(msg: stage_pb2.TalkerInput) -> bool:
-            if mode != "sequential":
-                feed(msg)
-                return msg.last
-            multimodal_rows(msg)  # refuse bad rows when they arrive, not at the end
-            held.append(msg)
-            if msg.last:
-                merged = stage_pb2.TalkerInput(
-                    prompt_ids=[p for m in held for p in m.prompt_ids],
-                    token_ids=[t for m in held for t in m.token_ids],
-                    last=True,
+            # Rows are checked when they arrive (also when held), and decoded once.
+            rows = multimodal_rows(msg)
+            feed = TalkerFeed(list(msg.token_ids), msg.last, list(msg.prompt_ids) or None, rows)
+            for piece in hold.push(feed, msg.last):
+                self.engine.feed(
+                    rid,
+                    piece.token_ids,
+                    piece.last,
+                    prompt_ids=piece.prompt_ids,
+                    multimodal_hidden=piece.multimodal_hidden,
                 )
-                for m in held:
-                    if m.multimodal_positions:
-                        merged.prompt_hidden.CopyFrom(m.prompt_hidden)
-                        merged.multimodal_positions.extend(m.multimodal_positions)
-                feed(merged)
             return msg.last
 
         async def chunks():

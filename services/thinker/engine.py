@@ -17,14 +17,8 @@ from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
-from omnistream.sampling import SamplingParams, choose
-
-
-@dataclass(frozen=True)
-class ThinkerParams:
-    max_tokens: int = 256
-    ignore_eos: bool = False
-    sampling: SamplingParams = field(default_factory=SamplingParams)
+from omnistream.sampling import choose
+from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
 
 @dataclass

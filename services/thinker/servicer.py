@@ -9,8 +9,8 @@ from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
 from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
+from omnistream.stage_chain import ThinkerParams
 from omnistream.stage_service import Admitted, StageServicer
-from services.thinker.engine import ThinkerParams
 
 DEFAULT_MAX_TOKENS = 256
 # Tokenizing runs here, off the event loop (the tokenizer releases the GIL), so one long prompt
