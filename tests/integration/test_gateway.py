@@ -103,6 +103,7 @@ def test_grpc_api_audio_is_bit_exact_float32(gateway, expected):
                 messages=[common_pb2.Message(**m) for m in MESSAGES],
                 max_tokens=24,
                 max_audio_frames=40,
+                sampling=common_pb2.Sampling(temperature=0),
                 talker_sampling=common_pb2.Sampling(temperature=0),
                 initial_codec_chunk_frames=4,
             )
