@@ -8,7 +8,7 @@ from pathlib import Path
 
 import yaml
 
-from omnistream.qwen3_omni.chunk_plan import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
+from omnistream.request_defaults import DEFAULTS
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
 
@@ -31,16 +31,17 @@ class GatewayConfig:
     model_name: str = "qwen3-omni"
     model_dir: str | None = None  # optional: voices (and nothing else) are read from its config
     voices: tuple[str, ...] = DEFAULT_VOICES
-    async_chunk: bool = True
-    codec_chunk_frames: int = DEFAULT_CHUNK_FRAMES
-    codec_left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES
+    # What a request gets when it does not say (omnistream/request_defaults.py, README's table).
+    async_chunk: bool = DEFAULTS.async_chunk
+    codec_chunk_frames: int = DEFAULTS.codec_chunk_frames
+    codec_left_context_frames: int = DEFAULTS.codec_left_context_frames
     max_concurrency: int = 16
     max_queue: int = 0
     queue_timeout: float = 10.0
     request_timeout: float = 600.0
     max_tokens_limit: int = 4096
-    default_max_tokens: int = 256
-    max_audio_frames: int = 2048
+    default_max_tokens: int = DEFAULTS.max_tokens
+    max_audio_frames: int = DEFAULTS.max_audio_frames  # the default and the limit
     max_message_bytes: int = 16 * 1024 * 1024
     # A larger REST body gets 413 before it is parsed. 8 MiB holds a full `max_prompt_chars` prompt
     # even when a client escapes every character as \uXXXX (6 bytes, json.dumps' default), and

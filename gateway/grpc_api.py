@@ -27,11 +27,12 @@ from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, OmniError
 from omnistream.protogen import ensure_generated
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.request_defaults import Deployment, RequestInput, resolve
 
 ensure_generated()
 
-from omnistream.convert import sampling_from_proto  # noqa: E402  (generated just above)
-from omnistream.proto.omni.v1 import gateway_pb2, gateway_pb2_grpc  # noqa: E402
+from omnistream.convert import wire_float  # noqa: E402  (generated just above)
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from omnistream.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
 from omnistream.tensors import to_proto  # noqa: E402
 from omnistream.wire import Method, add_service, checked  # noqa: E402
@@ -44,48 +45,65 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME: str = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 RETRY_AFTER_METADATA_KEY = "retry-after"
-ROLES = ("system", "user", "assistant")
-DEFAULT_SPEAKER: str = GenerationRequest.speaker  # the dataclass default
 
 Event = gateway_pb2.GenerateEvent
 
 
 def default_speaker(config: GatewayConfig) -> str:
-    """The pipeline's default voice when this deployment has it, else the first configured voice."""
-    voices = tuple(getattr(config, "voices", ()) or ())
-    if not voices or DEFAULT_SPEAKER in (v.lower() for v in voices):
-        return DEFAULT_SPEAKER
-    return voices[0]
+    """The table's default voice when this deployment has it, else the first configured voice."""
+    return Deployment.of(config).default_voice()
+
+
+def _sampling_given(msg: common_pb2.Sampling) -> dict[str, float | int | None]:
+    """A `Sampling` the client set, as given: its zeros keep their documented meaning (temperature 0
+    is greedy, top_p/top_k/repetition_penalty 0 are off), since proto3 cannot tell them from unset."""
+    # float32 values read back as the decimals sent; bounds are checked by `resolve`, in its order.
+    return {
+        "temperature": wire_float(msg.temperature),
+        "top_p": wire_float(msg.top_p) if msg.top_p else 1.0,
+        "top_k": int(msg.top_k),
+        "repetition_penalty": wire_float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
+        "seed": int(msg.seed) if msg.HasField("seed") else None,
+    }
+
+
+def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
+    """The wire request as given: proto3 zeros and unset fields become None ("not given"), and an
+    unset `sampling`/`talker_sampling` message leaves every knob of it to the defaults."""
+    thinker = _sampling_given(request.sampling) if request.HasField("sampling") else {}
+    talker = _sampling_given(request.talker_sampling) if request.HasField("talker_sampling") else {}
+    return RequestInput(
+        messages=[{"role": m.role, "content": m.content} for m in request.messages] or None,
+        prompt_ids=list(request.prompt_ids) or None,
+        max_tokens=request.max_tokens or None,
+        ignore_eos=request.ignore_eos,
+        temperature=thinker.get("temperature"),
+        top_p=thinker.get("top_p"),
+        top_k=thinker.get("top_k"),
+        repetition_penalty=thinker.get("repetition_penalty"),
+        seed=thinker.get("seed"),
+        return_audio=not request.text_only,
+        voice=request.speaker or None,
+        max_audio_frames=request.max_audio_frames or None,
+        talker_temperature=talker.get("temperature"),
+        talker_top_p=talker.get("top_p"),
+        talker_top_k=talker.get("top_k"),
+        talker_repetition_penalty=talker.get("repetition_penalty"),
+        talker_seed=talker.get("seed"),
+        initial_codec_chunk_frames=(
+            request.initial_codec_chunk_frames if request.HasField("initial_codec_chunk_frames") else None
+        ),
+        async_chunk=request.async_chunk if request.HasField("async_chunk") else None,
+    )
 
 
 def to_generation_request(request: gateway_pb2.GenerateRequest, config: GatewayConfig) -> GenerationRequest:
-    """Map the wire request to the pipeline's; proto3 zeros and unset optionals become config defaults.
+    """The request the wire message asks for, defaults from the one table (`omnistream.request_defaults`).
 
-    Only what the wire format alone can get wrong is checked here (prompt shape, roles, sampling);
+    Only what the request alone can get wrong is checked here (prompt shape, roles, sampling);
     limits that depend on the deployment are checked by `GatewayCore.open()`.
     """
-    if bool(request.messages) == bool(request.prompt_ids):
-        raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
-    for i, message in enumerate(request.messages):
-        if message.role not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", field="messages")
-    async_chunk = request.async_chunk if request.HasField("async_chunk") else bool(config.async_chunk)
-    initial = request.initial_codec_chunk_frames if request.HasField("initial_codec_chunk_frames") else None
-    return GenerationRequest(
-        messages=[{"role": m.role, "content": m.content} for m in request.messages] or None,
-        prompt_ids=list(request.prompt_ids) or None,
-        max_tokens=request.max_tokens or config.default_max_tokens,
-        ignore_eos=request.ignore_eos,
-        sampling=sampling_from_proto(request.sampling),
-        return_audio=not request.text_only,
-        speaker=request.speaker or default_speaker(config),
-        max_audio_frames=request.max_audio_frames or config.max_audio_frames,
-        talker_sampling=sampling_from_proto(request.talker_sampling, "talker_"),
-        initial_codec_chunk_frames=initial,
-        codec_chunk_frames=config.codec_chunk_frames,
-        codec_left_context_frames=config.codec_left_context_frames,
-        mode="async" if async_chunk else "sequential",
-    )
+    return resolve(to_request_input(request), Deployment.of(config))
 
 
 def request_timeout(request: gateway_pb2.GenerateRequest, time_remaining: float | None) -> float | None:

@@ -26,11 +26,8 @@ from gateway.rest_errors import (
 from gateway.rest_responses import complete, sse_stream
 from omnistream.errors import InternalError, OmniError, Unauthenticated
 from omnistream.request import GenerationRequest
-from omnistream.sampling_params import SamplingParams
+from omnistream.request_defaults import DEFAULTS, Deployment, RequestInput, resolve
 from omnistream.security import bearer_matches
-
-# The reference model's talker defaults (`generate`): sampled, as the real voice expects.
-TALKER_DEFAULTS = {"temperature": 0.9, "top_k": 50, "top_p": 1.0, "repetition_penalty": 1.05}
 
 # Unknown fields are refused, and no type is coerced ("stream": "yes", "max_tokens": "12", 0 for
 # false): as OpenAI's API does, and as the published JSON schema says (an integer is still a number).
@@ -79,7 +76,11 @@ class ChatMessage(BaseModel):
 
 class AudioOptions(BaseModel):
     model_config = STRICT
-    voice: Name = Field("ethan", description="One of the model's speakers (e.g. ethan, chelsie, aiden).")
+    voice: Name | None = Field(
+        None,
+        description=f"One of the model's speakers (e.g. ethan, chelsie, aiden); default {DEFAULTS.voice!r} "
+        "(or the deployment's first voice when it lacks that one).",
+    )
     format: Literal["wav", "pcm16"] = Field(
         "wav",
         description="wav: a WAV file (streamed: header in the first chunk); "
@@ -104,9 +105,13 @@ class ChatCompletionRequest(BaseModel):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, lt=2**63)
+    temperature: float | None = Field(
+        None, ge=0.0, le=2.0, description=f"Default {DEFAULTS.temperature}; 0 = greedy."
+    )
+    top_p: float | None = Field(None, gt=0.0, le=1.0, description=f"Default {DEFAULTS.top_p}.")
+    seed: int | None = Field(
+        None, ge=0, lt=2**63, description="Seeds the text and (unless talker_seed) the voice."
+    )
     n: int | None = Field(None, ge=1, le=1)
     user: Name | None = None
     # extensions
@@ -121,11 +126,22 @@ class ChatCompletionRequest(BaseModel):
     max_audio_frames: int | None = Field(
         None, ge=1, description="Extension: at most this many 80 ms codec frames."
     )
-    talker_temperature: float | None = Field(None, ge=0.0, le=2.0, description="Extension: 0 = greedy voice.")
-    talker_top_k: int | None = Field(None, ge=0)
-    talker_top_p: float | None = Field(None, gt=0.0, le=1.0)
-    talker_repetition_penalty: float | None = Field(None, gt=0.0, le=10.0)
-    talker_seed: int | None = Field(None, ge=0, lt=2**63)
+    talker_temperature: float | None = Field(
+        None,
+        ge=0.0,
+        le=2.0,
+        description=f"Extension: default {DEFAULTS.talker_temperature}; 0 = greedy voice.",
+    )
+    talker_top_k: int | None = Field(
+        None, ge=0, description=f"Extension: default {DEFAULTS.talker_top_k}; 0 = off."
+    )
+    talker_top_p: float | None = Field(
+        None, gt=0.0, le=1.0, description=f"Extension: default {DEFAULTS.talker_top_p}."
+    )
+    talker_repetition_penalty: float | None = Field(
+        None, gt=0.0, le=10.0, description=f"Extension: default {DEFAULTS.talker_repetition_penalty}."
+    )
+    talker_seed: int | None = Field(None, ge=0, lt=2**63, description="Extension: default `seed`.")
     async_chunk: bool | None = Field(
         None, description="Extension: stream stage to stage (default: gateway's)."
     )
@@ -152,47 +168,36 @@ class ChatCompletionRequest(BaseModel):
         )
 
 
-def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
-    config = core.config
-    want_audio = "audio" in body.modalities
-    voice = body.speaker or (body.audio.voice if body.audio else "ethan")
-    audio_format = body.audio.format if body.audio else "wav"
-    messages = [
-        {"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages
-    ]
-    talker = SamplingParams(
-        temperature=TALKER_DEFAULTS["temperature"]
-        if body.talker_temperature is None
-        else body.talker_temperature,
-        top_p=body.talker_top_p if body.talker_top_p is not None else TALKER_DEFAULTS["top_p"],
-        top_k=body.talker_top_k if body.talker_top_k is not None else TALKER_DEFAULTS["top_k"],
-        repetition_penalty=(
-            body.talker_repetition_penalty
-            if body.talker_repetition_penalty is not None
-            else TALKER_DEFAULTS["repetition_penalty"]
-        ),
-        seed=body.talker_seed if body.talker_seed is not None else body.seed,
-    )
-    async_chunk = config.async_chunk if body.async_chunk is None else body.async_chunk
-    request = GenerationRequest(
-        messages=messages,
-        max_tokens=body.max_completion_tokens or body.max_tokens or config.default_max_tokens,
+def to_request_input(body: ChatCompletionRequest) -> RequestInput:
+    """The body as given: every field the client left out stays None, for `resolve` to fill in."""
+    audio = body.audio
+    return RequestInput(
+        messages=[
+            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
+            for m in body.messages
+        ],
+        max_tokens=body.max_completion_tokens or body.max_tokens,
         ignore_eos=body.ignore_eos,
-        sampling=SamplingParams(
-            temperature=1.0 if body.temperature is None else body.temperature,
-            top_p=1.0 if body.top_p is None else body.top_p,
-            seed=body.seed,
-        ),
-        return_audio=want_audio,
-        speaker=voice,
-        max_audio_frames=body.max_audio_frames or config.max_audio_frames,
-        talker_sampling=talker,
+        temperature=body.temperature,
+        top_p=body.top_p,
+        seed=body.seed,
+        return_audio="audio" in body.modalities,
+        voice=body.speaker or (audio.voice if audio else None),
+        max_audio_frames=body.max_audio_frames,
+        talker_temperature=body.talker_temperature,
+        talker_top_p=body.talker_top_p,
+        talker_top_k=body.talker_top_k,
+        talker_repetition_penalty=body.talker_repetition_penalty,
+        talker_seed=body.talker_seed,
         initial_codec_chunk_frames=body.initial_codec_chunk_frames,
-        codec_chunk_frames=config.codec_chunk_frames,
-        codec_left_context_frames=config.codec_left_context_frames,
-        mode="async" if async_chunk else "sequential",
+        async_chunk=body.async_chunk,
     )
-    return request, audio_format
+
+
+def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
+    """The request the body asks for, defaults from the one table (`omnistream.request_defaults`)."""
+    audio_format = body.audio.format if body.audio else "wav"
+    return resolve(to_request_input(body), Deployment.of(core.config)), audio_format
 
 
 def build_app(core: GatewayCore) -> FastAPI:

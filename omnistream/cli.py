@@ -30,6 +30,58 @@ def ensure_tiny_model(directory: Path) -> Path:
     return directory
 
 
+def _add_request_args(p: argparse.ArgumentParser) -> None:
+    """The request's flags. Every default is None ("not given"), so the one table of defaults
+    (omnistream/request_defaults.py, shared with the gateway) decides; the help names its value."""
+    from omnistream.request_defaults import DEFAULTS as D
+
+    p.add_argument("--system", default=None, help="system prompt, sent as a system message (default: none)")
+    p.add_argument(
+        "--mode",
+        default=None,
+        choices=["async", "sequential"],
+        help=f"default: {'async' if D.async_chunk else 'sequential'}",
+    )
+    p.add_argument("--max-tokens", type=int, default=None, help=f"default: {D.max_tokens}")
+    p.add_argument(
+        "--max-audio-frames",
+        type=int,
+        default=None,
+        help=f"at most this many codec frames (80 ms each; default: {D.max_audio_frames}); "
+        "the reference's talker_max_new_tokens = this + 1",
+    )
+    p.add_argument(
+        "--temperature",
+        type=float,
+        default=None,
+        help=f"thinker temperature (default: {D.temperature}); 0 = greedy",
+    )
+    p.add_argument("--top-p", type=float, default=None, help=f"default: {D.top_p}")
+    p.add_argument("--top-k", type=int, default=None, help=f"default: {D.top_k} (off)")
+    p.add_argument("--repetition-penalty", type=float, default=None, help=f"default: {D.repetition_penalty}")
+    p.add_argument(
+        "--seed", type=int, default=None, help="seeds the text and (unless --talker-seed) the voice"
+    )
+    p.add_argument(
+        "--talker-temperature", type=float, default=None, help=f"default: {D.talker_temperature}; 0 = greedy"
+    )
+    p.add_argument("--talker-top-k", type=int, default=None, help=f"default: {D.talker_top_k}")
+    p.add_argument("--talker-top-p", type=float, default=None, help=f"default: {D.talker_top_p}")
+    p.add_argument(
+        "--talker-repetition-penalty",
+        type=float,
+        default=None,
+        help=f"default: {D.talker_repetition_penalty}",
+    )
+    p.add_argument("--talker-seed", type=int, default=None, help="default: --seed")
+    p.add_argument(
+        "--speaker", default=None, help=f"default: {D.voice} (or the checkpoint's first voice without it)"
+    )
+    p.add_argument("--ignore-eos", action="store_true", default=None)
+    p.add_argument("--no-audio", action="store_true", default=None)
+    p.add_argument("--initial-codec-chunk-frames", type=int, default=None, help="default: chosen from load")
+
+
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from omnistream.tiny import make_tiny_model
 
@@ -64,27 +116,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="run one request through the in-process pipeline")
     _add_model_args(p)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--system", default="You are a helpful assistant.")
-    p.add_argument("--mode", default="async", choices=["async", "sequential"])
-    p.add_argument("--max-tokens", type=int, default=128)
-    p.add_argument(
-        "--max-audio-frames",
-        type=int,
-        default=200,
-        help="at most this many codec frames (80 ms each); the reference's talker_max_new_tokens = this + 1",
-    )
-    p.add_argument("--temperature", type=float, default=0.0, help="thinker temperature; 0 = greedy")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--talker-temperature", type=float, default=0.0, help="0 = greedy")
-    p.add_argument("--talker-top-k", type=int, default=50)
-    p.add_argument("--talker-top-p", type=float, default=1.0)
-    p.add_argument("--talker-repetition-penalty", type=float, default=1.0)
-    p.add_argument("--speaker", default="ethan")
-    p.add_argument("--ignore-eos", action="store_true")
-    p.add_argument("--no-audio", action="store_true")
-    p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    _add_request_args(p)
     p.add_argument("--output-dir", required=True)
     p.set_defaults(func=cmd_generate)
 

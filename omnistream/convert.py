@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.qwen3_omni.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
@@ -13,13 +15,23 @@ from omnistream.sampling_params import SamplingParams
 from omnistream.stage_chain import StageOpens
 
 
+def wire_float(value: float) -> float:
+    """The number a sender meant by a float32 field: the shortest decimal that is the same float32.
+
+    0.9 travels as 0.89999997...; read back as 0.9, a knob sent over gRPC (client to gateway, or
+    gateway to stage) is the very double that REST and the in-process pipeline use, so the same
+    request samples the same tokens through every entry point.
+    """
+    return float(str(np.float32(value)))
+
+
 def sampling_from_proto(msg: common_pb2.Sampling, prefix: str = "") -> SamplingParams:
-    """Proto3 zeros mean "unset": top_p 0 -> 1, repetition_penalty 0 -> 1; temperature 0 is greedy."""
+    """Proto3 zeros mean "off": top_p 0 -> 1, repetition_penalty 0 -> 1; temperature 0 is greedy."""
     return SamplingParams(
-        temperature=float(msg.temperature),
-        top_p=float(msg.top_p) if msg.top_p else 1.0,
+        temperature=wire_float(msg.temperature),
+        top_p=wire_float(msg.top_p) if msg.top_p else 1.0,
         top_k=int(msg.top_k),
-        repetition_penalty=float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
+        repetition_penalty=wire_float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
         seed=int(msg.seed) if msg.HasField("seed") else None,
     ).validate(prefix)
 

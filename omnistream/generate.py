@@ -12,32 +12,51 @@ import numpy as np
 from omnistream.checkpoint import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
-from omnistream.sampling import SamplingParams
+from omnistream.request_defaults import Deployment, RequestInput, resolve
 from omnistream.wav import write_float32_wav
 
 
-def request_from_args(args: argparse.Namespace) -> GenerationRequest:
-    messages = [{"role": "user", "content": args.prompt}]
-    if args.system:
-        messages.insert(0, {"role": "system", "content": args.system})
-    return GenerationRequest(
-        messages=messages,
+def checkpoint_voices(model_dir: str | Path) -> tuple[str, ...]:
+    """The checkpoint's speakers (as the gateway reads them from `--model`), so a checkpoint without
+    the default voice gets the same fallback here as through the gateway; () when not readable."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    speakers = config.get("talker_config", {}).get("speaker_id") or {}
+    return tuple(sorted(k.lower() for k in speakers))
+
+
+def request_input_from_args(args: argparse.Namespace) -> RequestInput:
+    """The flags as given: argparse defaults are None, so what the user left out stays "not given"."""
+    return RequestInput(
+        messages=[{"role": "user", "content": args.prompt}],
+        system=args.system,
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
-        sampling=SamplingParams(args.temperature, args.top_p, args.top_k, 1.0, args.seed).validate(),
-        return_audio=not args.no_audio,
-        speaker=args.speaker,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        return_audio=None if args.no_audio is None else not args.no_audio,
+        voice=args.speaker,
         max_audio_frames=args.max_audio_frames,
-        talker_sampling=SamplingParams(
-            args.talker_temperature,
-            args.talker_top_p,
-            args.talker_top_k if args.talker_temperature else 0,
-            args.talker_repetition_penalty,
-            args.seed,
-        ).validate("talker_"),
+        talker_temperature=args.talker_temperature,
+        talker_top_p=args.talker_top_p,
+        talker_top_k=args.talker_top_k,
+        talker_repetition_penalty=args.talker_repetition_penalty,
+        talker_seed=args.talker_seed,
         initial_codec_chunk_frames=args.initial_codec_chunk_frames,
-        mode=args.mode,
+        async_chunk=None if args.mode is None else args.mode == "async",
     )
+
+
+def request_from_args(args: argparse.Namespace, deployment: Deployment | None = None) -> GenerationRequest:
+    """The request the flags ask for, defaults from the one table the gateway also uses."""
+    if deployment is None:
+        deployment = Deployment(voices=checkpoint_voices(args.model))
+    return resolve(request_input_from_args(args), deployment)
 
 
 async def run_generate(args: argparse.Namespace) -> int:

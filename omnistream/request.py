@@ -17,6 +17,11 @@ MODES = ("async", "sequential")
 
 @dataclass
 class GenerationRequest:
+    """A request with every knob decided. Entry points build it with
+    `omnistream.request_defaults.resolve`, which applies the one table of defaults; the field
+    defaults here are only the engines' plain fallbacks (greedy), for code and tests that spell out
+    a request directly, e.g. to compare with the greedy reference."""
+
     messages: list[dict[str, str]] | None = None
     prompt_ids: list[int] | None = None
     max_tokens: int = 256

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from omnistream.bench.stats import RequestResult
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, Pipeline, TextEvent
-from omnistream.sampling import SamplingParams
+from omnistream.request_defaults import DEFAULTS, RequestInput, resolve
 
 SAMPLE_RATE = 24000
 REQUEST_TIMEOUT = 300.0  # a stuck request counts as a failure instead of stalling the run
@@ -23,6 +25,94 @@ class Workload:
     ignore_eos: bool = True
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
 
+    def request_input(self, prompt_ids: list[int], async_chunk: bool) -> RequestInput:
+        """One benchmark request as given, for every target alike (each resolves it through the one
+        table of defaults: in process here, behind the gateway for the services).
+
+        Greedy text and voice with no repetition penalty, deliberately not the table's sampled
+        defaults: every target and repeat then does the same work (the same codes, the same
+        audio), so their latencies compare like for like.
+        """
+        return RequestInput(
+            prompt_ids=prompt_ids,
+            max_tokens=self.output_len,
+            ignore_eos=self.ignore_eos,
+            temperature=0.0,
+            max_audio_frames=self.audio_frames,
+            talker_temperature=0.0,
+            talker_repetition_penalty=1.0,
+            initial_codec_chunk_frames=self.initial_codec_chunk_frames,
+            async_chunk=async_chunk,
+        )
+
+
+def _sampling_proto(given: RequestInput, prefix: str):
+    """The `Sampling` message for the knobs given, None when none is: a set message is read as sent,
+    so the knobs not given are filled from the same table the gateway would use."""
+    from omnistream.proto.omni.v1 import common_pb2
+
+    names = ("temperature", "top_p", "top_k", "repetition_penalty")
+    values = {n: getattr(given, prefix + n) for n in names}
+    seed = getattr(given, prefix + "seed")
+    if all(v is None for v in values.values()) and seed is None:
+        return None
+    msg = common_pb2.Sampling(
+        **{n: getattr(DEFAULTS, prefix + n) if v is None else v for n, v in values.items()}
+    )
+    if seed is not None:
+        msg.seed = seed
+    return msg
+
+
+def grpc_request(given: RequestInput, timeout: float | None = None):
+    """`given` as an omni.v1.Gateway request (the inverse of `gateway.grpc_api.to_request_input`)."""
+    from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
+
+    request = gateway_pb2.GenerateRequest(
+        messages=[common_pb2.Message(**m) for m in given.messages or ()],
+        prompt_ids=list(given.prompt_ids or ()),
+        max_tokens=given.max_tokens or 0,
+        ignore_eos=bool(given.ignore_eos),
+        text_only=given.return_audio is False,
+        speaker=given.voice or "",
+        max_audio_frames=given.max_audio_frames or 0,
+    )
+    for field, prefix in (("sampling", ""), ("talker_sampling", "talker_")):
+        msg = _sampling_proto(given, prefix)
+        if msg is not None:
+            getattr(request, field).CopyFrom(msg)
+    if given.initial_codec_chunk_frames is not None:
+        request.initial_codec_chunk_frames = given.initial_codec_chunk_frames
+    if given.async_chunk is not None:
+        request.async_chunk = given.async_chunk
+    if timeout is not None:
+        request.timeout_seconds = timeout
+    return request
+
+
+REST_FIELDS = (
+    "max_tokens", "ignore_eos", "temperature", "top_p", "seed", "max_audio_frames", "talker_temperature",
+    "talker_top_p", "talker_top_k", "talker_repetition_penalty", "talker_seed",
+    "initial_codec_chunk_frames", "async_chunk",
+)  # fmt: skip
+
+
+def rest_body(given: RequestInput) -> dict[str, Any]:
+    """`given` as a chat-completions body (the inverse of `gateway.rest.to_request_input`); only
+    the knobs given are sent. REST takes messages, not ids, and has no thinker top_k or penalty."""
+    unsupported = [
+        n for n in ("prompt_ids", "system", "top_k", "repetition_penalty") if getattr(given, n) is not None
+    ]
+    if unsupported:
+        raise ValueError(f"REST has no field for {unsupported}")
+    body: dict[str, Any] = {"messages": [dict(m) for m in given.messages or ()]}
+    body |= {n: getattr(given, n) for n in REST_FIELDS if getattr(given, n) is not None}
+    if given.return_audio is not None:
+        body["modalities"] = ["text", "audio"] if given.return_audio else ["text"]
+    if given.voice is not None:
+        body["audio"] = {"voice": given.voice}
+    return body
+
 
 class InProcessClient:
     name = "in-process"
@@ -32,16 +122,7 @@ class InProcessClient:
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         result = RequestResult(start=time.perf_counter())
-        request = GenerationRequest(
-            prompt_ids=prompt_ids,
-            max_tokens=workload.output_len,
-            ignore_eos=workload.ignore_eos,
-            max_audio_frames=workload.audio_frames,
-            initial_codec_chunk_frames=workload.initial_codec_chunk_frames,
-            mode="async" if async_chunk else "sequential",
-            sampling=SamplingParams(),
-            talker_sampling=SamplingParams(),
-        )
+        request = resolve(workload.request_input(prompt_ids, async_chunk))
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT):
                 await self._consume(request, result)
@@ -80,21 +161,9 @@ class GrpcGatewayClient:
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         import grpc
 
-        from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
         from omnistream.tensors import numpy_from_proto
 
-        request = gateway_pb2.GenerateRequest(
-            prompt_ids=prompt_ids,
-            max_tokens=workload.output_len,
-            ignore_eos=workload.ignore_eos,
-            max_audio_frames=workload.audio_frames,
-            async_chunk=async_chunk,
-            sampling=common_pb2.Sampling(temperature=0),
-            talker_sampling=common_pb2.Sampling(temperature=0),
-            timeout_seconds=REQUEST_TIMEOUT,
-        )
-        if workload.initial_codec_chunk_frames is not None:
-            request.initial_codec_chunk_frames = workload.initial_codec_chunk_frames
+        request = grpc_request(workload.request_input(prompt_ids, async_chunk), timeout=REQUEST_TIMEOUT)
         result = RequestResult(start=time.perf_counter())
         try:
             async for event in self.stub.Generate(request):
@@ -130,22 +199,13 @@ class RestGatewayClient:
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         # REST takes text: the random ids are decoded, so the prompt length is close to, not exactly, N.
         text = self.tokenizer.decode(prompt_ids[3:-5], skip_special_tokens=True)
-        body = {
-            "messages": [{"role": "user", "content": text}],
-            "modalities": ["text", "audio"],
-            "stream": True,
-            "max_tokens": workload.output_len,
-            "ignore_eos": workload.ignore_eos,
-            "temperature": 0,
-            "talker_temperature": 0,
-            "talker_repetition_penalty": 1.0,
-            "max_audio_frames": workload.audio_frames,
-            "audio": {"format": "pcm16"},
-            "timeout": REQUEST_TIMEOUT,
-            "async_chunk": async_chunk,
-        }
-        if workload.initial_codec_chunk_frames is not None:
-            body["initial_codec_chunk_frames"] = workload.initial_codec_chunk_frames
+        given = dataclasses.replace(
+            workload.request_input(prompt_ids, async_chunk),
+            prompt_ids=None,
+            messages=[{"role": "user", "content": text}],
+        )
+        body = rest_body(given) | {"stream": True, "timeout": REQUEST_TIMEOUT}
+        body["audio"] = {**body.get("audio", {}), "format": "pcm16"}
         result = RequestResult(start=time.perf_counter())
         try:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as reply:

@@ -7,6 +7,8 @@ import base64
 import contextlib
 import json
 import random
+import subprocess
+import sys
 import threading
 
 import grpc
@@ -19,9 +21,12 @@ from omnistream.checkpoint import LoadOptions
 from omnistream.launcher import start_services
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.request_defaults import RequestInput, resolve
 from omnistream.tensors import numpy_from_proto
+from omnistream.wav import read_float32_wav, to_pcm16
 
 from .conftest import gateway_args, metric, wait_for
+from .stage_calls import collect_services
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
 EXTRA = {
@@ -103,6 +108,7 @@ def test_grpc_api_audio_is_bit_exact_float32(gateway, expected):
                 messages=[common_pb2.Message(**m) for m in MESSAGES],
                 max_tokens=24,
                 max_audio_frames=40,
+                sampling=common_pb2.Sampling(temperature=0),
                 talker_sampling=common_pb2.Sampling(temperature=0),
                 initial_codec_chunk_frames=4,
             )
@@ -384,3 +390,73 @@ def test_example_config_loads():
     config = GatewayConfig.from_yaml(Path(__file__).resolve().parents[2] / "deploy" / "gateway.example.yaml")
     config.validate()
     assert len(config.talker) == 2 and config.max_queue == 8
+
+
+def test_same_prompt_and_seed_give_the_same_output_through_every_entry_point(
+    gateway, stages, tiny_model_dir, tmp_path
+):
+    """REST, the gateway's gRPC API, `omnistream generate` and the stage services with codes: one
+    request, sampled with the table's defaults and one seed (so the seed matters), gives the same
+    text, token ids, codes and audio; the chunk plan is fixed so that load cannot change it."""
+    seed, limits = 20261129, {"max_tokens": 24, "max_audio_frames": 40, "initial_codec_chunk_frames": 4}
+
+    # omnistream generate: the in-process pipeline, as a user runs it.
+    out = tmp_path / "generate"
+    flags = [f"--{k.replace('_', '-')}={v}" for k, v in limits.items()]
+    proc = subprocess.run(
+        [sys.executable, "-m", "omnistream.cli", "generate", "--model", tiny_model_dir, "--dtype", "float64",
+         "--prompt", MESSAGES[0]["content"], "--seed", str(seed), *flags, "--output-dir", str(out)],
+        capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    text = (out / "text.txt").read_text(encoding="utf-8")
+    output_ids = json.loads((out / "tokens.json").read_text())["output_ids"]
+    codes = np.load(out / "codes.npy")
+    audio, _ = read_float32_wav(out / "audio.wav")
+    assert output_ids and codes.shape[1] > 0 and audio.size > 0
+
+    # The stage services without the gateway, for the codes (clients never see them).
+    request = resolve(RequestInput(messages=MESSAGES, seed=seed, **limits))
+    assert not request.sampling.greedy and not request.talker_sampling.greedy
+    svc_text, svc_codes, svc_audio, svc_done = asyncio.run(collect_services(stages, request, "seeded-1"))
+    assert svc_done.output_ids == output_ids and svc_text == text
+    np.testing.assert_array_equal(svc_codes, codes)
+    np.testing.assert_array_equal(svc_audio, audio)
+
+    # gRPC: a set `sampling` is read as sent, so the temperature is stated with the seed.
+    async def grpc_run():
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            call = stub.Generate(
+                gateway_pb2.GenerateRequest(
+                    messages=[common_pb2.Message(**m) for m in MESSAGES],
+                    sampling=common_pb2.Sampling(temperature=1.0, seed=seed),
+                    **limits,
+                )
+            )
+            parts, ids, pcm = [], [], []
+            async for event in call:
+                if event.WhichOneof("event") == "text":
+                    parts.append(event.text.text)
+                    ids.extend(event.text.token_ids)
+                elif event.WhichOneof("event") == "audio":
+                    pcm.append(numpy_from_proto(event.audio.pcm, copy=True))
+            return "".join(parts), ids, np.concatenate(pcm)
+
+    grpc_text, grpc_ids, grpc_audio = asyncio.run(grpc_run())
+    assert (grpc_text, grpc_ids) == (text, output_ids)
+    np.testing.assert_array_equal(grpc_audio, audio)
+
+    # REST, not streamed: the text, the token count and the audio as 16-bit PCM (what REST sends).
+    body = {"messages": MESSAGES, "seed": seed, "audio": {"format": "pcm16"}, **limits}
+    reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=120)
+    assert reply.status_code == 200, reply.text
+    message = reply.json()["choices"][0]["message"]
+    assert message["content"] == text
+    assert reply.json()["usage"]["completion_tokens"] == len(output_ids)
+    assert base64.b64decode(message["audio"]["data"]) == to_pcm16(audio)
+
+    # The seed is what made them equal: another one samples something else.
+    other = resolve(RequestInput(messages=MESSAGES, seed=seed + 1, **limits))
+    _, other_codes, _, other_done = asyncio.run(collect_services(stages, other, "seeded-2"))
+    assert other_done.output_ids != output_ids or not np.array_equal(other_codes, codes)

@@ -16,6 +16,7 @@ from gateway.grpc_api import RETRY_AFTER_METADATA_KEY, SERVICE_NAME, add_gateway
 from omnistream.errors import InvalidRequest, Unavailable
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.request_defaults import DEFAULTS
 from omnistream.sampling import SamplingParams
 from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
 from omnistream.tensors import numpy_from_proto
@@ -186,7 +187,15 @@ async def test_defaults_come_from_the_config(serve: Serve) -> None:
         config.codec_chunk_frames,
         config.codec_left_context_frames,
     )
-    assert request.sampling == SamplingParams() and request.talker_sampling == SamplingParams()
+    # Unset sampling messages take the one table's defaults (sampled, not greedy).
+    assert request.sampling == SamplingParams(DEFAULTS.temperature, DEFAULTS.top_p, DEFAULTS.top_k)
+    assert request.talker_sampling == SamplingParams(
+        DEFAULTS.talker_temperature,
+        DEFAULTS.talker_top_p,
+        DEFAULTS.talker_top_k,
+        DEFAULTS.talker_repetition_penalty,
+    )
+    assert not request.sampling.greedy and not request.talker_sampling.greedy
 
 
 async def test_explicit_fields_are_mapped(serve: Serve) -> None:
@@ -213,7 +222,8 @@ async def test_explicit_fields_are_mapped(serve: Serve) -> None:
     assert not got.return_audio and got.speaker == "Chelsie" and got.ignore_eos
     assert got.mode == "sequential"  # unset async_chunk follows the config
     assert got.sampling == SamplingParams(temperature=0.5, top_p=0.875, seed=3)  # float32-exact
-    assert got.talker_sampling == SamplingParams(0.75, 1.0, 5, 1.125, None)
+    # A set talker_sampling is taken as given; without a seed of its own it takes the request's.
+    assert got.talker_sampling == SamplingParams(0.75, 1.0, 5, 1.125, 3)
     assert timeout == 12.5
 
     await collect(stub.Generate(chat(async_chunk=True, timeout_seconds=100), timeout=5))

@@ -18,9 +18,11 @@ def test_gateway_imports_and_request_handling_load_no_torch():
         import gateway.main, gateway.rest, gateway.grpc_api, gateway.core, gateway.wiring
         from gateway.config import GatewayConfig
         from omnistream.request import GenerationRequest
+        from omnistream.request_defaults import RequestInput, resolve
         from omnistream.tensors import numpy_from_proto, to_proto
 
         GenerationRequest(messages=[{"role": "user", "content": "hi"}]).validate()
+        resolve(RequestInput(messages=[{"role": "user", "content": "hi"}], seed=1))
         pcm = np.linspace(-1, 1, 480, dtype=np.float32)
         assert (numpy_from_proto(to_proto(pcm)) == pcm).all()
         GatewayConfig(thinker=["a:1"], talker=["b:1"], code2wav=["c:1"]).validate()
