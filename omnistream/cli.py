@@ -13,9 +13,9 @@ from omnistream.cli_common import add_model_args, ensure_default_model
 
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from omnistream.tiny import make_tiny_model
+    from omnistream.family import DEFAULT_FAMILY, family_named
 
-    path = make_tiny_model(
+    path = family_named(DEFAULT_FAMILY).make_tiny(
         args.dir, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers, experts=args.experts
     )
     print(path)

@@ -10,6 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from omnistream.load_options import DTYPE_NAMES
+
 DEFAULT_TINY_DIR = Path(".cache/tiny-model")
 
 
@@ -17,19 +19,19 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default=str(DEFAULT_TINY_DIR),
-        help="Hugging Face Qwen3-Omni checkpoint directory (default: the tiny one)",
+        help="Hugging Face checkpoint directory of a known model family (default: the tiny one)",
     )
     p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
 
 
 def ensure_tiny_model(directory: Path) -> Path:
-    """Build the embedded tiny checkpoint once (it is deterministic for its seed)."""
+    """Build the default family's tiny checkpoint once (it is deterministic for its seed)."""
     if not (directory / "config.json").exists():
-        from omnistream.tiny import make_tiny_model
+        from omnistream.family import DEFAULT_FAMILY, family_named
 
         print(f"building the tiny model in {directory} ...", file=sys.stderr)
-        make_tiny_model(directory)
+        family_named(DEFAULT_FAMILY).make_tiny(directory)
     return directory
 
 

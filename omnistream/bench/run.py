@@ -137,13 +137,16 @@ async def run_bench(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from omnistream.checkpoint import LoadOptions, load_config, load_tokenizer
+    from omnistream.family import family_for, read_config
+    from omnistream.load_options import LoadOptions
     from omnistream.pipeline import Pipeline
 
     torch.set_num_threads(1)  # as each stage service runs (see `omnistream serve --threads`)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config, tokenizer = load_config(args.model), load_tokenizer(args.model)
+    family = family_for(args.model)
+    config, tokenizer = family.load_config(args.model), family.load_tokenizer(args.model)
+    sample_rate = family.describe(read_config(args.model)).sample_rate
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
@@ -163,7 +166,7 @@ async def run_bench(args: argparse.Namespace) -> int:
 
                 gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2)
                 clients["services"] = (
-                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer)
+                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer, sample_rate)
                     if args.transport == "rest"
                     else GrpcGatewayClient(gateway.address)
                 )
