@@ -216,7 +216,8 @@ async def run_request(
             if audio.size:
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                await out(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample)))
+                rate = chunk.sample_rate or AudioEvent.sample_rate  # the stage's own rate when it sends one
+                await out(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
     async def run_all(emit: Emit) -> None:
         nonlocal out
