@@ -137,3 +137,10 @@ def family_for_config(config: Mapping[str, Any]) -> ModelFamily:
 def family_for(model_dir: str | Path) -> ModelFamily:
     """The family of the checkpoint in `model_dir`, chosen by its config.json."""
     return family_for_config(read_config(model_dir))
+
+
+def model_info(model_dir: str | Path) -> ModelInfo:
+    """What a stage serving `model_dir` can report about it (voices, sample rate, codebooks), without
+    loading a tensor: config.json and the family's `describe`."""
+    config = read_config(model_dir)
+    return family_for_config(config).describe(config)

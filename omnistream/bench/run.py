@@ -137,7 +137,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from omnistream.family import family_for, read_config
+    from omnistream.family import family_for, model_info
     from omnistream.load_options import LoadOptions
     from omnistream.pipeline import Pipeline
 
@@ -146,7 +146,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     family = family_for(args.model)
     config, tokenizer = family.load_config(args.model), family.load_tokenizer(args.model)
-    sample_rate = family.describe(read_config(args.model)).sample_rate
+    sample_rate = model_info(args.model).sample_rate
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]

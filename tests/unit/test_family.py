@@ -10,7 +10,7 @@ import textwrap
 import pytest
 
 from omnistream.errors import InvalidRequest
-from omnistream.family import families, family_for, family_named, read_config
+from omnistream.family import families, family_for, family_named, model_info, read_config
 
 
 def test_the_tiny_checkpoint_is_qwen3_omni(tiny_model_dir):
@@ -28,6 +28,7 @@ def test_describe_reads_what_stages_report_from_the_config(tiny_model_dir):
     assert info.frames_per_second == 12.5
     assert info.voices == ("aiden", "chelsie", "ethan")
     assert info.default_voice == "ethan"
+    assert model_info(tiny_model_dir) == info
 
 
 def test_an_unknown_model_type_is_refused_by_name(tmp_path):
