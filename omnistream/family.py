@@ -90,6 +90,13 @@ class ModelFamily(Protocol):
         """Run one tiny request through a started engine, so the first client pays no lazy setup."""
         ...
 
+    def random_prompts(
+        self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
+    ) -> list[list[int]]:
+        """`count` chat prompts of exactly `input_len` token ids, random text in the family's chat
+        framing (the benchmark's workload); `config` and `tokenizer` as `load_config`/`load_tokenizer`."""
+        ...
+
     def make_tiny(self, directory: str | Path, **options: Any) -> Path:
         """Write a small random checkpoint of the family's real architecture into `directory`."""
         ...

@@ -98,6 +98,13 @@ class Qwen3OmniFamily:
 
         await WARMERS[stage](engine)
 
+    def random_prompts(
+        self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
+    ) -> list[list[int]]:
+        from omnistream.qwen3_omni.random_prompts import random_prompts
+
+        return random_prompts(config, tokenizer, count, input_len, seed)
+
     def make_tiny(self, directory: str | Path, **options: Any) -> Path:
         from omnistream.qwen3_omni.tiny import make_tiny_model
 

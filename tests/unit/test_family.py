@@ -60,3 +60,12 @@ def test_choosing_a_family_and_describing_it_load_no_torch(tiny_model_dir):
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]", out.stdout
+
+
+def test_random_prompts_have_the_exact_length_and_the_chat_framing(tiny_model_dir):
+    family = family_for(tiny_model_dir)
+    config, tokenizer = family.load_config(tiny_model_dir), family.load_tokenizer(tiny_model_dir)
+    prompts = family.random_prompts(config, tokenizer, 3, 20, seed=1)
+    assert [len(p) for p in prompts] == [20, 20, 20]
+    assert all(p[:2] == [config.im_start_token_id, config.user_token_id] for p in prompts)
+    assert prompts == family.random_prompts(config, tokenizer, 3, 20, seed=1)
