@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnistream.family import STAGES, ModelInfo
+from omnistream.family import STAGES, ModelFamily, ModelInfo
 from omnistream.qwen3_omni.constants import (
     CODEBOOK_SIZE,
     DEFAULT_SPEAKER,
@@ -111,4 +111,4 @@ class Qwen3OmniFamily:
         return make_tiny_model(directory, **options)
 
 
-FAMILY = Qwen3OmniFamily()
+FAMILY: ModelFamily = Qwen3OmniFamily()  # annotated: a type checker holds the class to the interface
