@@ -23,7 +23,7 @@ proto: $(STAMP)
 	$(PY) -m omnistream.protogen
 
 tiny-model: setup
-	$(PY) -c "from omnistream.cli import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
+	$(PY) -c "from omnistream.cli_common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
 
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 50051

@@ -89,13 +89,13 @@ class GatewayConfig:
         return cls(**data)
 
     def resolve_voices(self) -> None:
+        """The checkpoint's own voices, as its model family reads them from config.json (no torch),
+        so the gateway knows no model's config layout."""
         if self.model_dir:
-            import json
+            from omnistream.family import family_for_config, read_config
 
-            config = json.loads((Path(self.model_dir) / "config.json").read_text())
-            speakers = config.get("talker_config", {}).get("speaker_id") or {}
-            if speakers:
-                self.voices = tuple(sorted(k.lower() for k in speakers))
+            config = read_config(self.model_dir)
+            self.voices = family_for_config(config).describe(config).voices
 
     def resolve_api_key(self) -> None:
         if not self.api_key:

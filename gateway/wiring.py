@@ -26,7 +26,7 @@ from omnistream.convert import (
 )
 from omnistream.errors import OmniError, from_grpc
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE, ChunkPlan
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.relay import Emit, relay
 from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.server import ERROR_KIND_METADATA_KEY, client_channel_options
@@ -179,7 +179,7 @@ async def run_stages(
             if audio.size:
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                rate = chunk.sample_rate or SAMPLE_RATE
+                rate = chunk.sample_rate or AudioEvent.sample_rate  # the stage's own rate when it sends one
                 await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
     try:

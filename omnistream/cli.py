@@ -7,27 +7,9 @@ import asyncio
 import json
 import logging
 import sys
-from pathlib import Path
 
-DEFAULT_TINY_DIR = Path(".cache/tiny-model")
-
-
-def _add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model", default=str(DEFAULT_TINY_DIR), help="Hugging Face Qwen3-Omni checkpoint directory"
-    )
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
-
-
-def ensure_tiny_model(directory: Path) -> Path:
-    """Build the embedded tiny checkpoint once (it is deterministic for its seed)."""
-    if not (directory / "config.json").exists():
-        from omnistream.tiny import make_tiny_model
-
-        print(f"building the tiny model in {directory} ...", file=sys.stderr)
-        make_tiny_model(directory)
-    return directory
+from omnistream import cli_services
+from omnistream.cli_common import add_model_args, ensure_default_model
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
@@ -83,9 +65,9 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:
-    from omnistream.tiny import make_tiny_model
+    from omnistream.family import DEFAULT_FAMILY, family_named
 
-    path = make_tiny_model(
+    path = family_named(DEFAULT_FAMILY).make_tiny(
         args.dir, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers, experts=args.experts
     )
     print(path)
@@ -95,8 +77,7 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
 def cmd_generate(args: argparse.Namespace) -> int:
     from omnistream.generate import run_generate
 
-    if Path(args.model) == DEFAULT_TINY_DIR:
-        ensure_tiny_model(DEFAULT_TINY_DIR)
+    ensure_default_model(args.model)
     return asyncio.run(run_generate(args))
 
 
@@ -114,13 +95,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_make_tiny_model)
 
     p = sub.add_parser("generate", help="run one request through the in-process pipeline")
-    _add_model_args(p)
+    add_model_args(p)
     p.add_argument("--prompt", required=True)
     _add_request_args(p)
     p.add_argument("--output-dir", required=True)
     p.set_defaults(func=cmd_generate)
-
-    from omnistream import cli_services
 
     cli_services.add_commands(sub)
     return parser

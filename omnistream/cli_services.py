@@ -1,8 +1,11 @@
-"""Sub-commands that run services; imported lazily so `generate` needs no gRPC stubs."""
+"""Sub-commands that run services. Their heavy imports (gRPC stubs, torch) happen when a command runs,
+so `generate` needs no gRPC stubs and `--help` stays fast."""
 
 from __future__ import annotations
 
 import argparse
+
+from omnistream.cli_common import ensure_default_model
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -110,12 +113,7 @@ def _bench(args: argparse.Namespace) -> int:
     ensure_generated()
     from omnistream.bench.run import run_bench
 
-    if args.model == ".cache/tiny-model":
-        from pathlib import Path
-
-        from omnistream.cli import ensure_tiny_model
-
-        ensure_tiny_model(Path(args.model))
+    ensure_default_model(args.model)
     return asyncio.run(run_bench(args))
 
 

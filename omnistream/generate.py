@@ -9,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from omnistream.checkpoint import LoadOptions
+from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
-from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
 from omnistream.request_defaults import Deployment, RequestInput, resolve
 from omnistream.wav import write_float32_wav
 
@@ -77,14 +76,15 @@ async def run_generate(args: argparse.Namespace) -> int:
         json.dumps({"prompt_ids": done.prompt_ids, "output_ids": done.output_ids})
     )
     np.save(out / "codes.npy", result.codes)
-    write_float32_wav(out / "audio.wav", wav, SAMPLE_RATE)
+    sample_rate = pipeline.code2wav.sample_rate
+    write_float32_wav(out / "audio.wav", wav, sample_rate)
     ttfp = f"{done.ttfp * 1000:.1f} ms" if done.ttfp is not None else "n/a"
     ttft = f"{done.ttft * 1000:.1f} ms" if done.ttft is not None else "n/a"
     print(
         f"[{request.mode}] time to first token {ttft}, time to first audio {ttfp}, total "
         f"{done.e2e * 1000:.1f} ms; {len(done.output_ids)} tokens ({done.finish_reason}), "
         f"{done.frames} frames, "
-        f"{wav.size / SAMPLE_RATE:.2f} s of audio -> {out}",
+        f"{wav.size / sample_rate:.2f} s of audio -> {out}",
         file=sys.stderr,
     )
     return 0

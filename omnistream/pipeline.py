@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnistream.checkpoint import LoadOptions
+from omnistream.family import family_for
+from omnistream.load_options import LoadOptions
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
 from omnistream.relay import Emit, relay
 from omnistream.request import (  # re-exported: the pipeline's API speaks the request model
@@ -28,10 +29,7 @@ from omnistream.request import (  # re-exported: the pipeline's API speaks the r
     GenerationRequest,
     TextEvent,
 )
-from omnistream.stage_chain import CodecFeed, InputHold, TalkerFeed, stage_opens
-from services.code2wav.engine import Code2WavEngine
-from services.talker.engine import TalkerEngine
-from services.thinker.engine import ThinkerEngine
+from omnistream.stage_chain import STAGES, CodecFeed, InputHold, TalkerFeed, stage_opens
 
 __all__ = [
     "MODES",
@@ -54,9 +52,11 @@ class Pipeline:
         max_batch: int = 16,
         max_model_len: int = 4096,
     ) -> None:
-        self.thinker = ThinkerEngine(model_dir, options, max_batch=max_batch, max_model_len=max_model_len)
-        self.talker = TalkerEngine(model_dir, options, max_batch=max_batch, max_model_len=max_model_len * 2)
-        self.code2wav = Code2WavEngine(model_dir, options, max_batch=max_batch)
+        self.family = family_for(model_dir)
+        self.thinker, self.talker, self.code2wav = (
+            self.family.engine(stage, model_dir, options, max_batch=max_batch, max_model_len=max_model_len)
+            for stage in STAGES
+        )
         self.max_batch = max_batch
         self._active = 0
 
@@ -154,7 +154,7 @@ class Pipeline:
                 if chunk.audio.size:
                     marks.setdefault("ttfp", time.perf_counter())
                     finish["samples"] += chunk.audio.size
-                    await out(AudioEvent(chunk.audio, chunk.first_sample))
+                    await out(AudioEvent(chunk.audio, chunk.first_sample, self.code2wav.sample_rate))
 
         async def run_all(emit: Emit) -> None:
             nonlocal out
@@ -188,7 +188,7 @@ class GenerationResult:
     prompt_ids: list[int]
     output_ids: list[int]
     text: str
-    codes: np.ndarray  # [16, T]
+    codes: np.ndarray  # [codebooks, T]
     audio: np.ndarray  # float32
     done: DoneEvent
 
@@ -214,6 +214,7 @@ async def collect(
         elif isinstance(event, DoneEvent):
             done = event
     assert done is not None
-    codes = np.array(frames, dtype=np.int64).T if frames else np.zeros((16, 0), np.int64)
+    empty = np.zeros((pipeline.code2wav.num_quantizers, 0), np.int64)
+    codes = np.array(frames, dtype=np.int64).T if frames else empty
     wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
     return GenerationResult(done.prompt_ids, done.output_ids, "".join(text), codes, wav, done)

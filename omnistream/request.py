@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from omnistream.errors import InvalidRequest
-from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
+from omnistream.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.sampling_params import SamplingParams
 
 MODES = ("async", "sequential")

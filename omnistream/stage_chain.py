@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan
+from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request import GenerationRequest
 from omnistream.sampling_params import SamplingParams
 
@@ -44,7 +45,7 @@ class ThinkerParams:
 
 @dataclass(frozen=True)
 class TalkerParams:
-    speaker: str = "ethan"
+    speaker: str = DEFAULT_SPEAKER
     max_frames: int = 4096
     sampling: SamplingParams = field(default_factory=SamplingParams)
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+from omnistream.load_options import DTYPE_NAMES
+
 MODEL_ENV = "OMNISTREAM_MODEL"
 
 
@@ -16,7 +18,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help=f"checkpoint directory (default: ${MODEL_ENV})",
     )
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16", "float64"])
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--metrics-host", default="127.0.0.1")

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import argparse
 
+from omnistream.cli_common import DEFAULT_TINY_DIR
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--model", default=".cache/tiny-model")
+    p.add_argument("--model", default=str(DEFAULT_TINY_DIR))
     p.add_argument("--targets", default="in-process,services", help="comma list of in-process, services")
     p.add_argument(
         "--transport", default="grpc", choices=["grpc", "rest"], help="how the services target is called"

@@ -14,7 +14,6 @@ from omnistream.bench.stats import RequestResult
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, Pipeline, TextEvent
 from omnistream.request_defaults import DEFAULTS, RequestInput, resolve
 
-SAMPLE_RATE = 24000
 REQUEST_TIMEOUT = 300.0  # a stuck request counts as a failure instead of stalling the run
 
 
@@ -190,11 +189,12 @@ class GrpcGatewayClient:
 class RestGatewayClient:
     name = "services-rest"
 
-    def __init__(self, base_url: str, tokenizer) -> None:
+    def __init__(self, base_url: str, tokenizer, sample_rate: int) -> None:
         import httpx
 
         self.client = httpx.AsyncClient(base_url=base_url, timeout=600)
         self.tokenizer = tokenizer
+        self.sample_rate = sample_rate  # pcm16 deltas carry no rate: the model's own (family.describe)
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         # REST takes text: the random ids are decoded, so the prompt length is close to, not exactly, N.
@@ -230,7 +230,7 @@ class RestGatewayClient:
                         result.first_audio = result.first_audio or now
                         result.last_audio = now
                         result.audio_seconds += (
-                            len(base64.b64decode(delta["audio"]["data"])) / 2 / SAMPLE_RATE
+                            len(base64.b64decode(delta["audio"]["data"])) / 2 / self.sample_rate
                         )
                     if chunk.get("usage"):
                         result.tokens = chunk["usage"]["completion_tokens"]

@@ -16,13 +16,16 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
 
 from omnistream.bench import report
 from omnistream.bench.clients import GrpcGatewayClient, InProcessClient, RestGatewayClient, Workload, run_cell
-from omnistream.bench.dataset import random_prompts
 from omnistream.bench.stats import merge_runs, summarize
+
+# (count, input_len, seed) -> prompts of exactly input_len ids, in the model family's chat framing.
+PromptMaker = Callable[[int, int, int], list[list[int]]]
 
 
 def machine_info() -> dict:
@@ -61,14 +64,16 @@ def _scrape(port: int) -> dict[str, float]:
     return values
 
 
-async def chunk_cost(client, services: dict, config, tokenizer, lengths: list[int], seed: int) -> dict:
+async def chunk_cost(
+    client, services: dict, make_prompts: PromptMaker, lengths: list[int], seed: int
+) -> dict:
     """CPU per thinker->talker chunk (thinker out + talker in) and per talker->code2wav chunk (talker
     out + code2wav in), through the services, by prompt length."""
     ports = [s.metrics_port for name, s in services.items() if name != "gateway"]
     results = {}
     workload = Workload(output_len=100, audio_frames=60, ignore_eos=True, initial_codec_chunk_frames=4)
     for length in lengths:
-        prompts = random_prompts(config, tokenizer, 4, length, seed=seed + length)
+        prompts = make_prompts(4, length, seed + length)
         await client.run(prompts[0], workload, True)  # warm the prompt length
         before = {}
         for port in ports:
@@ -137,13 +142,20 @@ async def run_bench(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from omnistream.checkpoint import LoadOptions, load_config, load_tokenizer
+    from omnistream.family import family_for, model_info
+    from omnistream.load_options import LoadOptions
     from omnistream.pipeline import Pipeline
 
     torch.set_num_threads(1)  # as each stage service runs (see `omnistream serve --threads`)
     out_dir = Path(args.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    config, tokenizer = load_config(args.model), load_tokenizer(args.model)
+    family = family_for(args.model)
+    config, tokenizer = family.load_config(args.model), family.load_tokenizer(args.model)
+
+    def make_prompts(count: int, length: int, seed: int) -> list[list[int]]:
+        return family.random_prompts(config, tokenizer, count, length, seed)
+
+    sample_rate = model_info(args.model).sample_rate
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
@@ -163,7 +175,7 @@ async def run_bench(args: argparse.Namespace) -> int:
 
                 gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2)
                 clients["services"] = (
-                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer)
+                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer, sample_rate)
                     if args.transport == "rest"
                     else GrpcGatewayClient(gateway.address)
                 )
@@ -171,7 +183,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             pipeline = Pipeline(args.model, LoadOptions(), max_batch=16).start()
             clients["in-process"] = InProcessClient(pipeline)
         order = [t for t in ("in-process", "services") if t in clients]
-        warm = random_prompts(config, tokenizer, max(args.warmup, 1), args.input_len, seed=args.seed + 999)
+        warm = make_prompts(max(args.warmup, 1), args.input_len, args.seed + 999)
         for name in order:
             for prompt in warm[: args.warmup]:
                 await clients[name].run(prompt, workload, True)
@@ -183,7 +195,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         for conc in concurrencies:
             count = args.num_prompts or max(3, conc)
             for async_chunk in modes:
-                prompts = random_prompts(config, tokenizer, count, args.input_len, seed=args.seed + conc)
+                prompts = make_prompts(count, args.input_len, args.seed + conc)
                 sequence = []
                 for i in range(args.repeats):  # A B B A ...
                     sequence += order if i % 2 == 0 else order[::-1]
@@ -208,7 +220,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         cost = None
         if args.chunk_cost and services and "services" in clients:
             lengths = [int(x) for x in args.chunk_cost_prompts.split(",")]
-            cost = await chunk_cost(clients["services"], services, config, tokenizer, lengths, args.seed)
+            cost = await chunk_cost(clients["services"], services, make_prompts, lengths, args.seed)
         big_prompt = None
         if args.big_prompt and "gateway" in services:
             from omnistream.bench.big_prompt import big_prompt_effect

@@ -9,7 +9,8 @@ import statistics
 
 import torch
 
-from omnistream.checkpoint import LoadOptions
+from omnistream.family import STAGES, family_for
+from omnistream.load_options import LoadOptions
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 from services.code2wav.engine import Code2WavEngine
 from services.talker.engine import TalkerEngine, TalkerParams
@@ -51,7 +52,8 @@ async def _code2wav(engine: Code2WavEngine, batch: int) -> None:
     outs = []
     for i in range(batch):
         outs.append(engine.add_request(f"c{i}", ChunkPlan(25, 25, 25)))
-        engine.feed(f"c{i}", torch.randint(0, 2048, (16, 150), generator=gen), True)
+        codes = torch.randint(0, engine.codebook_size, (engine.num_quantizers, 150), generator=gen)
+        engine.feed(f"c{i}", codes, True)
     await _drain(outs)
 
 
@@ -59,9 +61,10 @@ async def stage_timings(model: str, batches: tuple[int, ...] = (1, 8)) -> dict[s
     """Median milliseconds per step of each engine at each batch size."""
     torch.set_num_threads(1)
     options = LoadOptions()
-    thinker = ThinkerEngine(model, options, max_batch=max(batches))
-    talker = TalkerEngine(model, options, max_batch=max(batches))
-    code2wav = Code2WavEngine(model, options, max_batch=max(batches))
+    family = family_for(model)
+    thinker, talker, code2wav = (
+        family.engine(stage, model, options, max_batch=max(batches)) for stage in STAGES
+    )
     prompt = thinker.encode_chat([{"role": "user", "content": "x " * 60}])
     result: dict[str, dict[int, float | None]] = {
         "thinker_ms_per_token": {},

@@ -9,8 +9,6 @@ from dataclasses import dataclass
 
 from omnistream.errors import InvalidRequest
 
-SAMPLE_RATE = 24000  # Code2Wav's output: 24 kHz mono
-
 DEFAULT_CHUNK_FRAMES = 25
 DEFAULT_LEFT_CONTEXT_FRAMES = 25
 DEFAULT_INITIAL_FRAMES = 4

@@ -17,16 +17,15 @@ from omnistream.qwen3_omni.chunk_plan import (  # re-exported: the plan is this 
     DEFAULT_CHUNK_FRAMES,
     DEFAULT_INITIAL_FRAMES,
     DEFAULT_LEFT_CONTEXT_FRAMES,
-    SAMPLE_RATE,
     ChunkPlan,
     dynamic_initial_frames,
 )
+from omnistream.qwen3_omni.constants import NUM_CODEBOOKS
 
 __all__ = [
     "DEFAULT_CHUNK_FRAMES",
     "DEFAULT_INITIAL_FRAMES",
     "DEFAULT_LEFT_CONTEXT_FRAMES",
-    "SAMPLE_RATE",
     "ChunkPlan",
     "FrameShipper",
     "dynamic_initial_frames",
@@ -34,7 +33,7 @@ __all__ = [
 ]
 
 
-def frames_tensor(frames: list[list[int]], groups: int = 16) -> torch.Tensor:
+def frames_tensor(frames: list[list[int]], groups: int = NUM_CODEBOOKS) -> torch.Tensor:
     """Frames as the [groups, n] int64 tensor Code2Wav takes (n may be 0)."""
     if not frames:
         return torch.zeros((groups, 0), dtype=torch.long)

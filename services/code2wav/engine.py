@@ -2,6 +2,8 @@
 
 Windows come from `ChunkPlan`; ready windows of several requests are right-padded and decoded in one
 forward (Code2Wav is causal, so padding after a window does not change it).
+
+Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
 from __future__ import annotations
@@ -11,10 +13,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omnistream.checkpoint import LoadOptions, load_stage
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
+from omnistream.load_options import LoadOptions
+from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.qwen3_omni.constants import SAMPLE_RATE
 
 
 @dataclass
@@ -56,6 +60,7 @@ class Code2WavEngine(Engine):
         self.device = options.device
         c = self.config.code2wav_config
         self.num_quantizers = c.num_quantizers
+        self.sample_rate = SAMPLE_RATE  # not in the config: the decoder is built for it
         self.codebook_size = c.codebook_size
         self.upsample = int(self.code2wav.total_upsample)
         self.max_batch = max_batch

@@ -5,7 +5,6 @@ from __future__ import annotations
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, SequenceError
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
 from omnistream.stage_chain import CodecFeed, InputHold
 from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
@@ -32,10 +31,10 @@ class Code2WavServicer(StageServicer):
                 msg.codes,
                 field="codes",
                 expect_dtype=("int64", "int32"),
-                max_elements=16 * MAX_FRAMES_PER_CHUNK,
+                max_elements=self.engine.num_quantizers * MAX_FRAMES_PER_CHUNK,
             )
             if codes.numel() and codes.dim() != 2:
-                raise InvalidRequest("codes must be [16, frames]", field="codes")
+                raise InvalidRequest("codes must be [codebooks, frames]", field="codes")
             frames = codes.shape[1] if codes.dim() == 2 else 0
             if msg.first_frame != received:
                 raise SequenceError(
@@ -55,7 +54,7 @@ class Code2WavServicer(StageServicer):
                         message = stage_pb2.AudioChunk(
                             key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
                             audio=to_proto(piece.audio),
-                            sample_rate=SAMPLE_RATE,
+                            sample_rate=self.engine.sample_rate,
                             first_sample=piece.first_sample,
                             finished=piece.finished,
                         )

@@ -3,6 +3,8 @@
 One step per frame: a batched talker forward yields codebook 0 of the next frame for every request
 whose next text row is there, then the 15-step code predictor (KV-cached, batched) fills codebooks
 1..15. A request whose next thinker token has not arrived waits; the others go on.
+
+Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
 from __future__ import annotations
@@ -12,10 +14,12 @@ from dataclasses import dataclass, field
 import torch
 from transformers import DynamicCache
 
-from omnistream.checkpoint import LoadOptions, load_stage
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
+from omnistream.load_options import LoadOptions
+from omnistream.qwen3_omni.checkpoint import load_stage
+from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
     TalkerPromptBuilder,
@@ -75,6 +79,8 @@ class TalkerEngine(Engine):
         self.device = options.device
         tc = self.config.talker_config
         self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        # What a request that names no voice gets: the family default, if this checkpoint has it.
+        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
         self.num_groups = tc.num_code_groups
         self.codec_eos = tc.codec_eos_token_id
         vocab = tc.text_config.vocab_size

@@ -47,7 +47,7 @@ class TalkerServicer(StageServicer):
         open_ = first.open
         rid, checker, mode, plan = self._open_streaming(open_, first.key)
         params = TalkerParams(
-            speaker=open_.speaker or "ethan",
+            speaker=open_.speaker or self.engine.default_speaker,
             max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
             sampling=sampling_from_proto(open_.sampling, "talker_"),
         )

@@ -1,5 +1,7 @@
 """Thinker engine: prefill + batched decode of the Qwen3-Omni text model.
 
+Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
+
 Per step it emits the new token id and its text delta. The talker needs nothing else for text
 prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
 thinker sends per step never grows with the prompt.
@@ -12,11 +14,12 @@ from dataclasses import dataclass, field
 import torch
 
 from omnistream.chat_encoding import ChatEncoder
-from omnistream.checkpoint import LoadOptions, load_stage, load_tokenizer
 from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
+from omnistream.load_options import LoadOptions
+from omnistream.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.sampling import choose
 from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
 

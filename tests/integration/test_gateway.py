@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 from openai import OpenAI
 
-from omnistream.checkpoint import LoadOptions
 from omnistream.launcher import start_services
+from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from omnistream.request_defaults import RequestInput, resolve

@@ -14,8 +14,8 @@ import time
 import pytest
 
 from omnistream.bench.clients import GrpcGatewayClient, Workload
-from omnistream.bench.dataset import random_prompts
-from omnistream.checkpoint import load_config, load_tokenizer
+from omnistream.qwen3_omni.checkpoint import load_config, load_tokenizer
+from omnistream.qwen3_omni.random_prompts import random_prompts
 from omnistream.up import start_stack
 
 SOAK_SECONDS = float(os.environ.get("OMNISTREAM_SOAK_SECONDS", "240"))

@@ -12,9 +12,9 @@ import grpc
 import numpy as np
 import pytest
 
-from omnistream.checkpoint import load_tokenizer
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from omnistream.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.tensors import to_proto
 
 from .conftest import metric, wait_for

@@ -11,11 +11,12 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.wiring import run_request
-from omnistream.checkpoint import LoadOptions, load_tokenizer
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.launcher import start_services
+from omnistream.load_options import LoadOptions
 from omnistream.pipeline import AudioEvent, Pipeline, TextEvent, collect
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from omnistream.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 
 from .conftest import metric, stage_args, wait_for

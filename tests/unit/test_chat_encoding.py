@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from omnistream.chat_encoding import ChatEncoder
-from omnistream.checkpoint import load_tokenizer
 from omnistream.errors import InvalidRequest
+from omnistream.qwen3_omni.checkpoint import load_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from omnistream.checkpoint import load_tokenizer
 from omnistream.detokenizer import IncrementalDetokenizer
+from omnistream.qwen3_omni.checkpoint import load_tokenizer
 
 
 def test_multibyte_characters_are_never_split(tiny_model_dir):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from omnistream.checkpoint import LoadOptions
+from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 
 PROMPTS = [

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.checkpoint import LoadOptions
+from omnistream.load_options import LoadOptions
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 from services.code2wav.engine import Code2WavEngine
 

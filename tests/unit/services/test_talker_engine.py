@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from omnistream.checkpoint import LoadOptions
 from omnistream.errors import InvalidRequest
+from omnistream.load_options import LoadOptions
 from services.talker.engine import TalkerEngine, TalkerParams
 from services.thinker.engine import ThinkerEngine
 

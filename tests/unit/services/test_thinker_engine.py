@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from omnistream.checkpoint import LoadOptions
 from omnistream.errors import InvalidRequest, Overloaded
+from omnistream.load_options import LoadOptions
 from omnistream.sampling import SamplingParams
 from services.thinker.engine import ThinkerEngine, ThinkerParams
 

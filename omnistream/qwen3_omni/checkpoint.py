@@ -7,7 +7,6 @@ loads the embedded tiny checkpoint and the real 30B one.
 """
 
 import logging
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,16 +25,9 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 
-from omnistream.errors import InvalidRequest
+from omnistream.load_options import LoadOptions
 
 log = logging.getLogger(__name__)
-
-DTYPES = {
-    "float32": torch.float32,
-    "bfloat16": torch.bfloat16,
-    "float16": torch.float16,
-    "float64": torch.float64,
-}
 
 
 class ThinkerWeights(Qwen3OmniMoePreTrainedModel):
@@ -102,18 +94,6 @@ def _register_conversions() -> None:
     for cls in STAGE_CLASSES.values():
         register_checkpoint_conversion_mapping(cls.__name__, mapping, overwrite=True)
     _registered = True
-
-
-@dataclass(frozen=True)
-class LoadOptions:
-    device: str = "cpu"
-    dtype: str = "float32"
-
-    def torch_dtype(self) -> torch.dtype:
-        try:
-            return DTYPES[self.dtype]
-        except KeyError as exc:
-            raise InvalidRequest(f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPES)}") from exc
 
 
 def load_config(model_dir: str | Path) -> Qwen3OmniMoeConfig:

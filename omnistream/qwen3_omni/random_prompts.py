@@ -1,7 +1,8 @@
 """The random dataset of `vllm bench serve`, made exact: every prompt has exactly `input_len` ids.
 
-Prompts are given as token ids (the gRPC API and the in-process pipeline take ids), wrapped in the
-chat template's structure so the talker finds its user and assistant turns.
+Prompts are given as token ids (the gRPC API and the in-process pipeline take ids), wrapped in
+Qwen3-Omni's ChatML turns (its special-token ids from the config) so the talker finds its user and
+assistant turns; hence a family member, reached as `family.random_prompts`.
 """
 
 from __future__ import annotations

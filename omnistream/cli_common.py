@@ -1,0 +1,41 @@
+"""What the `omnistream` sub-commands share: the model flags and the default tiny checkpoint.
+
+Its own module so that `cli` (which builds the parser) and `cli_services` (the service commands it
+adds) both import it and neither imports the other.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from omnistream.load_options import DTYPE_NAMES
+
+DEFAULT_TINY_DIR = Path(".cache/tiny-model")
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default=str(DEFAULT_TINY_DIR),
+        help="Hugging Face checkpoint directory of a known model family (default: the tiny one)",
+    )
+    p.add_argument("--device", default="cpu", help="cpu or cuda")
+    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
+
+
+def ensure_tiny_model(directory: Path) -> Path:
+    """Build the default family's tiny checkpoint once (it is deterministic for its seed)."""
+    if not (directory / "config.json").exists():
+        from omnistream.family import DEFAULT_FAMILY, family_named
+
+        print(f"building the tiny model in {directory} ...", file=sys.stderr)
+        family_named(DEFAULT_FAMILY).make_tiny(directory)
+    return directory
+
+
+def ensure_default_model(model: str | Path) -> None:
+    """The default --model is built on first use; any other directory must already exist."""
+    if Path(model) == DEFAULT_TINY_DIR:
+        ensure_tiny_model(DEFAULT_TINY_DIR)

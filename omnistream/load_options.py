@@ -1,0 +1,31 @@
+"""Where and in what precision a stage's weights live: the one load setting every family shares.
+
+Kept out of the family packages so the CLI, the services and the pipeline can name a device and a
+dtype without depending on any model; torch is imported only when a dtype is resolved, so parsing
+the flags stays cheap (the CLI imports this before its lifeline is bound, see lifeline.py).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    device: str = "cpu"
+    dtype: str = "float32"
+
+    def torch_dtype(self) -> torch.dtype:
+        if self.dtype not in DTYPE_NAMES:
+            from omnistream.errors import InvalidRequest  # grpc: not at import time, see above
+
+            raise InvalidRequest(f"unknown dtype {self.dtype!r}; choose from {sorted(DTYPE_NAMES)}")
+        import torch
+
+        return getattr(torch, self.dtype)

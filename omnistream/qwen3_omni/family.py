@@ -1,0 +1,114 @@
+"""Qwen3-Omni as a `ModelFamily`: the one place the rest of omnistream reaches this model through.
+
+The stage engines under services/<stage>/engine.py are this family's engines (their forward code
+calls Qwen3-Omni submodules); they are built here, so callers never name them to get one. Nothing
+heavy is imported at module level: the gateway imports this (for voices) without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnistream.family import STAGES, ModelFamily, ModelInfo
+from omnistream.qwen3_omni.constants import (
+    CODEBOOK_SIZE,
+    DEFAULT_SPEAKER,
+    MODEL_TYPE,
+    NUM_CODEBOOKS,
+    SAMPLE_RATE,
+    UPSAMPLE_RATES,
+    UPSAMPLING_RATIOS,
+    VOICES,
+)
+
+if TYPE_CHECKING:
+    from omnistream.engine import Engine
+    from omnistream.load_options import LoadOptions
+
+# The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
+# frames (12.5 per second) than tokens; twice the thinker's context covers it.
+TALKER_LENGTH_FACTOR = 2
+
+
+class Qwen3OmniFamily:
+    name = "qwen3_omni"
+
+    def detect(self, config: Mapping[str, Any]) -> bool:
+        return config.get("model_type") == MODEL_TYPE
+
+    def describe(self, config: Mapping[str, Any]) -> ModelInfo:
+        talker = config.get("talker_config") or {}
+        code2wav = config.get("code2wav_config") or {}
+        speakers = talker.get("speaker_id") or {}
+        voices = tuple(sorted(k.lower() for k in speakers)) or VOICES
+        rates = code2wav.get("upsample_rates") or UPSAMPLE_RATES
+        ratios = code2wav.get("upsampling_ratios") or UPSAMPLING_RATIOS
+        return ModelInfo(
+            family=self.name,
+            model_type=str(config.get("model_type", MODEL_TYPE)),
+            sample_rate=SAMPLE_RATE,  # not in the config: Code2Wav's decoder is built for 24 kHz
+            codebooks=int(code2wav.get("num_quantizers", NUM_CODEBOOKS)),
+            codebook_size=int(code2wav.get("codebook_size", CODEBOOK_SIZE)),
+            samples_per_frame=math.prod(rates) * math.prod(ratios),
+            voices=voices,
+            default_voice=DEFAULT_SPEAKER if DEFAULT_SPEAKER in voices else voices[0],
+        )
+
+    def load_config(self, model_dir: str | Path) -> Any:
+        from omnistream.qwen3_omni.checkpoint import load_config
+
+        return load_config(model_dir)
+
+    def load_tokenizer(self, model_dir: str | Path) -> Any:
+        from omnistream.qwen3_omni.checkpoint import load_tokenizer
+
+        return load_tokenizer(model_dir)
+
+    def engine(
+        self,
+        stage: str,
+        model_dir: str | Path,
+        options: LoadOptions,
+        *,
+        max_batch: int = 16,
+        max_requests: int | None = None,
+        max_model_len: int = 4096,
+    ) -> Engine:
+        limits = {"max_batch": max_batch, "max_requests": max_requests}
+        if stage == "thinker":
+            from services.thinker.engine import ThinkerEngine
+
+            return ThinkerEngine(str(model_dir), options, max_model_len=max_model_len, **limits)
+        if stage == "talker":
+            from services.talker.engine import TalkerEngine
+
+            length = max_model_len * TALKER_LENGTH_FACTOR
+            return TalkerEngine(str(model_dir), options, max_model_len=length, **limits)
+        if stage == "code2wav":
+            from services.code2wav.engine import Code2WavEngine
+
+            return Code2WavEngine(str(model_dir), options, **limits)
+        raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+
+    async def warm_up(self, stage: str, engine: Engine) -> None:
+        from omnistream.qwen3_omni.warmup import WARMERS
+
+        await WARMERS[stage](engine)
+
+    def random_prompts(
+        self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
+    ) -> list[list[int]]:
+        from omnistream.qwen3_omni.random_prompts import random_prompts
+
+        return random_prompts(config, tokenizer, count, input_len, seed)
+
+    def make_tiny(self, directory: str | Path, **options: Any) -> Path:
+        from omnistream.qwen3_omni.tiny import make_tiny_model
+
+        return make_tiny_model(directory, **options)
+
+
+FAMILY: ModelFamily = Qwen3OmniFamily()  # annotated: a type checker holds the class to the interface
