@@ -7,7 +7,7 @@ import torch
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, SequenceError
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.qwen3_omni.chunk_plan import SAMPLE_RATE
+from omnistream.qwen3_omni.describe import describe
 from omnistream.stage_service import Admitted, StageServicer
 from omnistream.tensors import from_proto, to_proto
 
@@ -20,6 +20,14 @@ class Code2WavServicer(StageServicer):
     service_name = "Code2WavService"
     request_type = stage_pb2.Code2WavRequest
     response_type = stage_pb2.AudioChunk
+
+    def _describe(self, info: stage_pb2.StageInfo) -> None:
+        facts = describe(self.engine.config.to_dict())
+        info.family = facts.family
+        info.sample_rate = facts.sample_rate
+        info.codebooks = facts.decoder_codebooks
+        info.frames_per_second = facts.frames_per_second
+        info.limits.max_frames = self.engine.max_frames
 
     async def _open(self, first: stage_pb2.Code2WavRequest) -> Admitted:
         rid, checker, mode, plan = self._open_streaming(first.open, first.key)
@@ -53,6 +61,8 @@ class Code2WavServicer(StageServicer):
             self.engine.feed(rid, codes if frames else None, msg.last)
             return msg.last
 
+        sample_rate = self.info().sample_rate
+
         async def chunks():
             index = 0
             while pieces := await out.get_batch():
@@ -61,7 +71,7 @@ class Code2WavServicer(StageServicer):
                         message = stage_pb2.AudioChunk(
                             key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
                             audio=to_proto(piece.audio),
-                            sample_rate=SAMPLE_RATE,
+                            sample_rate=sample_rate,
                             first_sample=piece.first_sample,
                             finished=piece.finished,
                         )
