@@ -1,4 +1,5 @@
-"""The gateway's gRPC face: `omni.v1.Gateway/Generate` (protos/omni/v1/gateway.proto) over GatewayCore.
+"""The gateway's gRPC face: `omni.v1.Gateway/Generate` and `/Info` (protos/omni/v1/gateway.proto)
+over GatewayCore.
 
 Refusals (validation, admission, no replica, a stage refusing the request) happen inside
 `GatewayCore.open()`, before the first event, and become plain gRPC statuses; RESOURCE_EXHAUSTED
@@ -24,7 +25,7 @@ import numpy as np
 
 from gateway.admission import Rejected
 from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.errors import InvalidRequest, OmniError
+from omnistream.errors import InvalidRequest, OmniError, Unavailable
 from omnistream.protogen import ensure_generated
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
@@ -50,15 +51,16 @@ DEFAULT_SPEAKER: str = GenerationRequest.speaker  # the dataclass default
 Event = gateway_pb2.GenerateEvent
 
 
-def default_speaker(config: GatewayConfig) -> str:
-    """The pipeline's default voice when this deployment has it, else the first configured voice."""
-    voices = tuple(getattr(config, "voices", ()) or ())
+def default_speaker(voices: tuple[str, ...] | None) -> str:
+    """The pipeline's default voice when the deployment's talker has it, else its first voice."""
     if not voices or DEFAULT_SPEAKER in (v.lower() for v in voices):
         return DEFAULT_SPEAKER
     return voices[0]
 
 
-def to_generation_request(request: gateway_pb2.GenerateRequest, config: GatewayConfig) -> GenerationRequest:
+def to_generation_request(
+    request: gateway_pb2.GenerateRequest, config: GatewayConfig, voices: tuple[str, ...] | None = None
+) -> GenerationRequest:
     """Map the wire request to the pipeline's; proto3 zeros and unset optionals become config defaults.
 
     Only what the wire format alone can get wrong is checked here (prompt shape, roles, sampling);
@@ -78,7 +80,7 @@ def to_generation_request(request: gateway_pb2.GenerateRequest, config: GatewayC
         ignore_eos=request.ignore_eos,
         sampling=sampling_from_proto(request.sampling),
         return_audio=not request.text_only,
-        speaker=request.speaker or default_speaker(config),
+        speaker=request.speaker or default_speaker(voices),
         max_audio_frames=request.max_audio_frames or config.max_audio_frames,
         talker_sampling=sampling_from_proto(request.talker_sampling, "talker_"),
         initial_codec_chunk_frames=initial,
@@ -160,7 +162,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         try:
             request = checked(request)  # bytes that did not parse: INVALID_ARGUMENT, not UNKNOWN
-            generation = to_generation_request(request, self.core.config)
+            generation = to_generation_request(request, self.core.config, self.core.deployment.voices)
             timeout = request_timeout(request, context.time_remaining())
             session = await self.core.open(generation, request_id=request.request_id or None, timeout=timeout)
         except Rejected as exc:
@@ -194,6 +196,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         finally:
             await session.aclose()
 
+    async def Info(
+        self, request: gateway_pb2.GatewayInfoRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GatewayInfo:
+        try:
+            checked(request)
+            if not self.core.deployment.complete:
+                raise Unavailable("the gateway has not accepted a replica of every stage yet")
+        except OmniError as exc:
+            await abort_with(context, exc)
+        return self.core.deployment.to_proto()
+
 
 def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     """Serve `omni.v1.Gateway` on `server` from `core`; returns the service's full name (for health
@@ -202,6 +215,11 @@ def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     add_service(
         server,
         SERVICE_NAME,
-        [Method("Generate", servicer.Generate, gateway_pb2.GenerateRequest, Event, "unary_stream")],
+        [
+            Method("Generate", servicer.Generate, gateway_pb2.GenerateRequest, Event, "unary_stream"),
+            Method(
+                "Info", servicer.Info, gateway_pb2.GatewayInfoRequest, gateway_pb2.GatewayInfo, "unary_unary"
+            ),
+        ],
     )
     return SERVICE_NAME

@@ -261,14 +261,10 @@ def build_app(core: GatewayCore) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", summary="The served model")
+    @app.get("/v1/models", summary="The served model, as the stages describe it (empty until they did)")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": core.config.model_name, "object": "model", "created": 0, "owned_by": "omnistream"}
-            ],
-        }
+        card = core.deployment.model_card()
+        return {"object": "list", "data": [card] if card else []}
 
     @app.post(
         "/v1/chat/completions",
@@ -296,7 +292,7 @@ def build_app(core: GatewayCore) -> FastAPI:
         session = await core.open(request, timeout=body.timeout)
         completion_id = f"chatcmpl-{session.request_id}"
         created = int(time.time())
-        model = body.model or core.config.model_name
+        model = body.model or core.deployment.model_id or ""
         if body.stream:
             include_usage = body.stream_options.include_usage if body.stream_options else True
             return StreamingResponse(
@@ -304,7 +300,15 @@ def build_app(core: GatewayCore) -> FastAPI:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": session.request_id},
             )
-        return await complete(session, completion_id, created, model, audio_format, request.return_audio)
+        return await complete(
+            session,
+            completion_id,
+            created,
+            model,
+            audio_format,
+            request.return_audio,
+            core.deployment.sample_rate or 0,
+        )
 
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)

@@ -18,7 +18,7 @@ import numpy as np
 
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import MODE_TO_PROTO, sampling_to_proto
-from omnistream.errors import OmniError, from_grpc
+from omnistream.errors import InternalError, OmniError, from_grpc
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.relay import Emit, relay
@@ -214,9 +214,15 @@ async def run_request(
         async for chunk in code2wav:
             audio = numpy_from_proto(chunk.audio, field="audio")
             if audio.size:
+                if not chunk.sample_rate:
+                    raise InternalError("code2wav sent audio without its sample rate")
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                await out(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample)))
+                await out(
+                    AudioEvent(
+                        np.asarray(audio, dtype=np.float32), int(chunk.first_sample), chunk.sample_rate
+                    )
+                )
 
     async def run_all(emit: Emit) -> None:
         nonlocal out

@@ -19,6 +19,7 @@ from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from omnistream.sampling import SamplingParams
 from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
 from omnistream.tensors import numpy_from_proto
+from tests.unit.gateway.infos import deployment
 
 HANG = object()  # in a script: block until cancelled
 
@@ -55,6 +56,7 @@ class FakeSession:
 class FakeCore:
     def __init__(self, script: list | None = None, open_error: BaseException | None = None) -> None:
         self.config = GatewayConfig()
+        self.deployment = deployment()
         self.script = script or []
         self.open_error = open_error
         self.opened: list[tuple[GenerationRequest, str | None, float | None]] = []

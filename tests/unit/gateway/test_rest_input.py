@@ -21,6 +21,7 @@ from gateway.request_guards import first_invalid_unicode, is_valid_unicode, prin
 from gateway.rest import build_app
 from omnistream.errors import STATUS_TABLE, TooLarge, Unavailable
 from omnistream.pipeline import GenerationRequest
+from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -34,6 +35,7 @@ class FakeCore(GatewayCore):
 
     def __init__(self, config: GatewayConfig, ready: bool = True) -> None:
         self.config = config
+        self.deployment = deployment()
         self.metrics = GatewayMetrics()
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.opened: list[GenerationRequest] = []
