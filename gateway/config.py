@@ -1,4 +1,8 @@
-"""Gateway configuration: flags or a YAML file (see deploy/gateway.example.yaml)."""
+"""Gateway configuration: flags or a YAML file (see deploy/gateway.example.yaml).
+
+Nothing here describes the model: its name, voices and sample rate come from the stages' Info
+(`gateway.deployment`), so the gateway cannot disagree with what it routes to.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,6 @@ import yaml
 from omnistream.request_defaults import DEFAULTS
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
-
-# The real checkpoint's voices; a --model directory replaces them with its own config's.
-DEFAULT_VOICES = ("chelsie", "ethan", "aiden")
 
 # Room in one stage message for everything but the prompt text (ids, sampling, framing). A request's
 # text reaches the thinker in one gRPC message, so the size limits below must leave this much free.
@@ -28,9 +29,6 @@ class GatewayConfig:
     thinker: list[str] = field(default_factory=list)
     talker: list[str] = field(default_factory=list)
     code2wav: list[str] = field(default_factory=list)
-    model_name: str = "qwen3-omni"
-    model_dir: str | None = None  # optional: voices (and nothing else) are read from its config
-    voices: tuple[str, ...] = DEFAULT_VOICES
     # What a request gets when it does not say (omnistream/request_defaults.py, README's table).
     async_chunk: bool = DEFAULTS.async_chunk
     codec_chunk_frames: int = DEFAULTS.codec_chunk_frames
@@ -81,21 +79,10 @@ class GatewayConfig:
         for stage in ("thinker", "talker", "code2wav"):
             if stage in stages:
                 data[stage] = list(stages[stage])
-        if "voices" in data:
-            data["voices"] = tuple(data["voices"])
         unknown = set(data) - set(cls.__dataclass_fields__)
         if unknown:
             raise ValueError(f"unknown gateway config keys: {sorted(unknown)}")
         return cls(**data)
-
-    def resolve_voices(self) -> None:
-        """The checkpoint's own voices, as its model family reads them from config.json (no torch),
-        so the gateway knows no model's config layout."""
-        if self.model_dir:
-            from omnistream.family import family_for_config, read_config
-
-            config = read_config(self.model_dir)
-            self.voices = family_for_config(config).describe(config).voices
 
     def resolve_api_key(self) -> None:
         if not self.api_key:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from gateway.admission import Admission, Permit, Rejected
 from gateway.config import GatewayConfig
+from gateway.deployment import Deployment
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
@@ -214,9 +215,9 @@ def check_prompt_size(request: GenerationRequest, limit: int) -> None:
 
 class GatewayCore:
     def __init__(self, config: GatewayConfig) -> None:
-        config.resolve_voices()
         config.validate()
         self.config = config
+        self.deployment = Deployment()  # learned from the stages' Info as their replicas join
         self.metrics = GatewayMetrics()
         self.admission = Admission(config.max_concurrency, config.max_queue, config.queue_timeout)
         self.metrics.queued.set_function(lambda: self.admission.waiting)
@@ -227,6 +228,7 @@ class GatewayCore:
             discovery_interval=config.discovery_interval,
             credentials=channel_credentials(config.stage_tls_ca, config.stage_tls_cert, config.stage_tls_key),
             server_name=config.stage_tls_server_name,
+            deployment=self.deployment,
         )
 
     async def start(self) -> None:
@@ -242,9 +244,11 @@ class GatewayCore:
     def validate(self, request: GenerationRequest) -> None:
         c = self.config
         check_prompt_size(request, c.max_prompt_chars)
-        if request.return_audio and request.speaker.lower() not in c.voices:
+        # The talker's voices; unknown before a talker joined, and then no audio request can run.
+        voices = self.deployment.voices
+        if request.return_audio and voices is not None and request.speaker.lower() not in voices:
             raise InvalidRequest(
-                f"unknown voice {request.speaker!r}; choose from {list(c.voices)}", field="voice"
+                f"unknown voice {request.speaker!r}; choose from {list(voices)}", field="voice"
             )
         if not 1 <= request.max_tokens <= c.max_tokens_limit:
             raise InvalidRequest(f"max_tokens must be in [1, {c.max_tokens_limit}]", field="max_tokens")

@@ -1,4 +1,5 @@
-"""The gateway's gRPC face: `omni.v1.Gateway/Generate` (protos/omni/v1/gateway.proto) over GatewayCore.
+"""The gateway's gRPC face: `omni.v1.Gateway/Generate` and `/Info` (protos/omni/v1/gateway.proto)
+over GatewayCore.
 
 Refusals (validation, admission, no replica, a stage refusing the request) happen inside
 `GatewayCore.open()`, before the first event, and become plain gRPC statuses; RESOURCE_EXHAUSTED
@@ -24,10 +25,10 @@ import numpy as np
 
 from gateway.admission import Rejected
 from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.errors import InvalidRequest, OmniError
+from omnistream.errors import InvalidRequest, OmniError, Unavailable
 from omnistream.protogen import ensure_generated
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.request_defaults import Deployment, RequestInput, resolve
+from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
 
 ensure_generated()
 
@@ -47,11 +48,6 @@ SERVICE_NAME: str = gateway_pb2.DESCRIPTOR.services_by_name["Gateway"].full_name
 RETRY_AFTER_METADATA_KEY = "retry-after"
 
 Event = gateway_pb2.GenerateEvent
-
-
-def default_speaker(config: GatewayConfig) -> str:
-    """The table's default voice when this deployment has it, else the first configured voice."""
-    return Deployment.of(config).default_voice()
 
 
 def _sampling_given(msg: common_pb2.Sampling) -> dict[str, float | int | None]:
@@ -97,13 +93,15 @@ def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
     )
 
 
-def to_generation_request(request: gateway_pb2.GenerateRequest, config: GatewayConfig) -> GenerationRequest:
+def to_generation_request(
+    request: gateway_pb2.GenerateRequest, config: GatewayConfig, voices: tuple[str, ...] | None = None
+) -> GenerationRequest:
     """The request the wire message asks for, defaults from the one table (`omnistream.request_defaults`).
 
     Only what the request alone can get wrong is checked here (prompt shape, roles, sampling);
     limits that depend on the deployment are checked by `GatewayCore.open()`.
     """
-    return resolve(to_request_input(request), Deployment.of(config))
+    return resolve(to_request_input(request), ServingDefaults.of(config, voices))
 
 
 def request_timeout(request: gateway_pb2.GenerateRequest, time_remaining: float | None) -> float | None:
@@ -178,7 +176,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         try:
             request = checked(request)  # bytes that did not parse: INVALID_ARGUMENT, not UNKNOWN
-            generation = to_generation_request(request, self.core.config)
+            generation = to_generation_request(request, self.core.config, self.core.deployment.voices)
             timeout = request_timeout(request, context.time_remaining())
             session = await self.core.open(generation, request_id=request.request_id or None, timeout=timeout)
         except Rejected as exc:
@@ -212,6 +210,17 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
         finally:
             await session.aclose()
 
+    async def Info(
+        self, request: gateway_pb2.GatewayInfoRequest, context: grpc.aio.ServicerContext
+    ) -> gateway_pb2.GatewayInfo:
+        try:
+            checked(request)
+            if not self.core.deployment.complete:
+                raise Unavailable("the gateway has not accepted a replica of every stage yet")
+        except OmniError as exc:
+            await abort_with(context, exc)
+        return self.core.deployment.to_proto()
+
 
 def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     """Serve `omni.v1.Gateway` on `server` from `core`; returns the service's full name (for health
@@ -220,6 +229,11 @@ def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     add_service(
         server,
         SERVICE_NAME,
-        [Method("Generate", servicer.Generate, gateway_pb2.GenerateRequest, Event, "unary_stream")],
+        [
+            Method("Generate", servicer.Generate, gateway_pb2.GenerateRequest, Event, "unary_stream"),
+            Method(
+                "Info", servicer.Info, gateway_pb2.GatewayInfoRequest, gateway_pb2.GatewayInfo, "unary_unary"
+            ),
+        ],
     )
     return SERVICE_NAME

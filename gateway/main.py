@@ -27,8 +27,6 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "thinker",
         "talker",
         "code2wav",
-        "model_dir",
-        "model_name",
         "host",
         "http_port",
         "grpc_port",

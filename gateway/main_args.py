@@ -10,8 +10,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--thinker", action="append", default=None, help="thinker replica address (repeatable)")
     p.add_argument("--talker", action="append", default=None, help="talker replica address (repeatable)")
     p.add_argument("--code2wav", action="append", default=None, help="code2wav replica address (repeatable)")
-    p.add_argument("--model", dest="model_dir", default=None, help="checkpoint dir to read the voices from")
-    p.add_argument("--model-name", default=None)
     p.add_argument("--host", default=None)
     p.add_argument("--http-port", type=int, default=None, help="0 picks a free port (printed on stdout)")
     p.add_argument("--grpc-port", type=int, default=None)

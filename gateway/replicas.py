@@ -10,6 +10,11 @@ address it resolves to is a replica: a Kubernetes headless Service (or a Compose
 replicas) answers with one address per ready pod, so scaling a stage needs no gateway restart.
 Addresses that appear are added (and health-checked at once), addresses that vanish are removed
 after their running requests finish; a failed look-up keeps the replicas known so far.
+
+A replica joins the rotation only once the gateway has its Info and the deployment accepted it (see
+`gateway.deployment`): the Info is read whenever a replica becomes healthy (first seen, or back
+after a failure: it may be another process now), and a replica that cannot answer it stays out until
+a later health round gets an answer.
 """
 
 from __future__ import annotations
@@ -25,8 +30,9 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.deployment import Deployment, StageInfo
 from omnistream.errors import Unavailable
-from omnistream.proto.omni.v1 import stage_pb2_grpc
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.security import open_channel
 from omnistream.server import client_channel_options
 
@@ -43,6 +49,7 @@ STUBS = {
 Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 DNS_SCHEME = "dns:"
+INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
 
 
 @dataclass(frozen=True)
@@ -123,6 +130,14 @@ class Replica:
     inflight: int = 0
     served: int = 0
     source: str | None = None  # the DNS entry that found it; None for a static entry
+    info: StageInfo | None = None  # its Info, read when it last became healthy
+    accepted: bool = False  # the deployment accepted `info` (False until it was judged)
+    refused: str | None = None  # why the deployment does not accept its info
+    info_error: str | None = None  # why its Info could not be read, while that lasts
+
+    @property
+    def in_rotation(self) -> bool:
+        return self.healthy and self.accepted
 
 
 @dataclass
@@ -131,14 +146,14 @@ class ReplicaSet:
     replicas: list[Replica] = field(default_factory=list)
 
     def pick(self) -> Replica:
-        healthy = [r for r in self.replicas if r.healthy]
-        if not healthy:
+        usable = [r for r in self.replicas if r.in_rotation]
+        if not usable:
             raise Unavailable(f"no healthy {self.stage} replica")
-        return min(healthy, key=lambda r: (r.inflight, r.served))
+        return min(usable, key=lambda r: (r.inflight, r.served))
 
     @property
-    def any_healthy(self) -> bool:
-        return any(r.healthy for r in self.replicas)
+    def any_in_rotation(self) -> bool:
+        return any(r.in_rotation for r in self.replicas)
 
 
 class Replicas:
@@ -154,9 +169,14 @@ class Replicas:
         credentials: grpc.ChannelCredentials | None = None,
         server_name: str | None = None,
         resolver: Resolver = resolve_addresses,
+        deployment: Deployment | None = None,
+        info_timeout: float = INFO_TIMEOUT,
     ) -> None:
         """`credentials`: TLS to the stages (None: plaintext); `server_name`: the name their
-        certificates carry (default: the dialled IP for static entries, the DNS name for the others)."""
+        certificates carry (default: the dialled IP for static entries, the DNS name for the others);
+        `deployment`: what the replicas must agree with (learned from them when not given)."""
+        self.deployment = deployment if deployment is not None else Deployment()
+        self.info_timeout = info_timeout
         self.max_message_bytes = max_message_bytes
         self.check_interval = check_interval
         self.discovery_interval = discovery_interval
@@ -199,13 +219,15 @@ class Replicas:
             else:
                 keep.append(replica)
         self.sets[stage].replicas = keep
+        if not any(r.accepted for r in keep):
+            self.deployment.forget(stage)
 
     def pick(self, stage: str) -> Replica:
         return self.sets[stage].pick()
 
     @property
     def ready(self) -> bool:
-        return all(s.any_healthy for s in self.sets.values())
+        return all(s.any_in_rotation for s in self.sets.values())
 
     def mark_failed(self, replica: Replica) -> None:
         if replica.healthy:
@@ -220,15 +242,58 @@ class Replicas:
             ok = reply.status == health_pb2.HealthCheckResponse.SERVING
         except (grpc.aio.AioRpcError, TimeoutError):
             ok = False
+        if ok and (not replica.healthy or replica.info is None):
+            await self.read_info(replica)
         if ok != replica.healthy:
             log.info(
                 "%s replica %s is now %s", replica.stage, replica.address, "healthy" if ok else "unhealthy"
             )
         replica.healthy = ok
 
+    async def read_info(self, replica: Replica) -> None:
+        """Read the replica's Info; on failure it has none (out of rotation) until a later round."""
+        replica.accepted = False  # until `judge` has seen what it says now
+        try:
+            replica.info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
+            replica.info_error = None
+        except (grpc.aio.AioRpcError, TimeoutError) as exc:
+            replica.info = None
+            error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
+            if error != replica.info_error:
+                log.warning(
+                    "%s replica %s: cannot read its Info (%s); out of rotation until it answers",
+                    replica.stage,
+                    replica.address,
+                    error,
+                )
+            replica.info_error = error
+
+    def judge_all(self) -> None:
+        """Judge every healthy replica, stages in pipeline order and replicas in the order they were
+        configured or found, so which info defines the deployment does not depend on which health
+        check happened to answer first."""
+        for stage in STUBS:
+            for replica in self.sets[stage].replicas:
+                self.judge(replica)
+
+    def judge(self, replica: Replica) -> None:
+        """Accept or refuse the replica's info against the deployment; log only what changed."""
+        if not replica.healthy or replica.info is None:
+            return
+        reason = self.deployment.admit(replica.stage, replica.info)
+        if reason is None and not replica.accepted:
+            log.info(
+                "%s replica %s accepted (model %r)", replica.stage, replica.address, replica.info.model_id
+            )
+        elif reason is not None and reason != replica.refused:
+            log.warning("%s replica %s refused: %s", replica.stage, replica.address, reason)
+        replica.refused = reason
+        replica.accepted = reason is None
+
     async def check_all(self) -> None:
         replicas = [r for s in self.sets.values() for r in s.replicas]
         await asyncio.gather(*(self.check(r) for r in replicas))
+        self.judge_all()
 
     async def discover(self) -> None:
         """Look up every DNS entry once; add the addresses that appeared, remove those that vanished."""
@@ -248,6 +313,7 @@ class Replicas:
             added += self._apply(target, found)
         if added:
             await asyncio.gather(*(self.check(r) for r in added))
+            self.judge_all()
 
     def _apply(self, target: Target, found: list[str]) -> list[Replica]:
         replicas = self.sets[target.stage].replicas
@@ -296,7 +362,14 @@ class Replicas:
     def snapshot(self) -> dict[str, list[dict]]:
         return {
             stage: [
-                {"address": r.address, "healthy": r.healthy, "inflight": r.inflight, "served": r.served}
+                {
+                    "address": r.address,
+                    "healthy": r.healthy,
+                    "in_rotation": r.in_rotation,
+                    "refused": r.refused,
+                    "inflight": r.inflight,
+                    "served": r.served,
+                }
                 for r in s.replicas
             ]
             for stage, s in self.sets.items()

@@ -26,7 +26,7 @@ from gateway.rest_errors import (
 from gateway.rest_responses import complete, sse_stream
 from omnistream.errors import InternalError, OmniError, Unauthenticated
 from omnistream.request import GenerationRequest
-from omnistream.request_defaults import DEFAULTS, Deployment, RequestInput, resolve
+from omnistream.request_defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
 from omnistream.security import bearer_matches
 
 # Unknown fields are refused, and no type is coerced ("stream": "yes", "max_tokens": "12", 0 for
@@ -197,7 +197,8 @@ def to_request_input(body: ChatCompletionRequest) -> RequestInput:
 def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
     """The request the body asks for, defaults from the one table (`omnistream.request_defaults`)."""
     audio_format = body.audio.format if body.audio else "wav"
-    return resolve(to_request_input(body), Deployment.of(core.config)), audio_format
+    serving = ServingDefaults.of(core.config, core.deployment.voices)
+    return resolve(to_request_input(body), serving), audio_format
 
 
 def build_app(core: GatewayCore) -> FastAPI:
@@ -266,14 +267,10 @@ def build_app(core: GatewayCore) -> FastAPI:
     async def metrics() -> Response:
         return Response(generate_latest(core.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/v1/models", summary="The served model")
+    @app.get("/v1/models", summary="The served model, as the stages describe it (empty until they did)")
     async def models() -> dict[str, Any]:
-        return {
-            "object": "list",
-            "data": [
-                {"id": core.config.model_name, "object": "model", "created": 0, "owned_by": "omnistream"}
-            ],
-        }
+        card = core.deployment.model_card()
+        return {"object": "list", "data": [card] if card else []}
 
     @app.post(
         "/v1/chat/completions",
@@ -301,7 +298,7 @@ def build_app(core: GatewayCore) -> FastAPI:
         session = await core.open(request, timeout=body.timeout)
         completion_id = f"chatcmpl-{session.request_id}"
         created = int(time.time())
-        model = body.model or core.config.model_name
+        model = body.model or core.deployment.model_id or ""
         if body.stream:
             include_usage = body.stream_options.include_usage if body.stream_options else True
             return StreamingResponse(
@@ -309,7 +306,15 @@ def build_app(core: GatewayCore) -> FastAPI:
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": session.request_id},
             )
-        return await complete(session, completion_id, created, model, audio_format, request.return_audio)
+        return await complete(
+            session,
+            completion_id,
+            created,
+            model,
+            audio_format,
+            request.return_audio,
+            core.deployment.sample_rate or 0,
+        )
 
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)

@@ -85,12 +85,12 @@ async def sse_stream(
 
 
 async def complete(
-    session, cid: str, created: int, model: str, audio_format: str, want_audio: bool
+    session, cid: str, created: int, model: str, audio_format: str, want_audio: bool, sample_rate: int
 ) -> JSONResponse:
+    """`sample_rate`: the deployment's, for a WAV without samples; audio events carry their own."""
     text: list[str] = []
     audio: list[np.ndarray] = []
     done: DoneEvent | None = None
-    sample_rate = 24000
     try:
         async for event in session.events():
             if isinstance(event, TextEvent):

@@ -24,7 +24,7 @@ from omnistream.convert import (
     talker_open_proto,
     thinker_open_proto,
 )
-from omnistream.errors import OmniError, from_grpc
+from omnistream.errors import InternalError, OmniError, from_grpc
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.relay import Emit, relay
@@ -177,9 +177,13 @@ async def run_stages(
         async for chunk in code2wav:
             audio = numpy_from_proto(chunk.audio, field="audio")
             if audio.size:
+                if not chunk.sample_rate:
+                    raise InternalError("code2wav sent audio without its sample rate")
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                rate = chunk.sample_rate or AudioEvent.sample_rate  # the stage's own rate when it sends one
+                if not chunk.sample_rate:
+                    raise InternalError("code2wav sent audio without its sample rate")
+                rate = chunk.sample_rate
                 await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
     try:

@@ -45,6 +45,8 @@ class ModelInfo:
     samples_per_frame: int  # audio samples one codec frame decodes to
     voices: tuple[str, ...]  # speaker names the talker accepts, lower case, sorted
     default_voice: str
+    talker_codebooks: int  # code groups the talker generates per frame (= codebooks when sound)
+    input_modalities: tuple[str, ...] = ("text",)  # prompt content the thinker service takes today
 
     @property
     def frames_per_second(self) -> float:
@@ -151,3 +153,10 @@ def model_info(model_dir: str | Path) -> ModelInfo:
     loading a tensor: config.json and the family's `describe`."""
     config = read_config(model_dir)
     return family_for_config(config).describe(config)
+
+
+def describe_loaded(config: Any) -> ModelInfo:
+    """The ModelInfo of a loaded config object (what an engine holds as `.config`), for a stage's
+    Info: the same reading as `model_info`, from the config the stage actually runs."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return family_for_config(data).describe(data)

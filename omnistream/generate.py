@@ -11,7 +11,7 @@ import numpy as np
 
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
-from omnistream.request_defaults import Deployment, RequestInput, resolve
+from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
 from omnistream.wav import write_float32_wav
 
 
@@ -51,10 +51,12 @@ def request_input_from_args(args: argparse.Namespace) -> RequestInput:
     )
 
 
-def request_from_args(args: argparse.Namespace, deployment: Deployment | None = None) -> GenerationRequest:
+def request_from_args(
+    args: argparse.Namespace, deployment: ServingDefaults | None = None
+) -> GenerationRequest:
     """The request the flags ask for, defaults from the one table the gateway also uses."""
     if deployment is None:
-        deployment = Deployment(voices=checkpoint_voices(args.model))
+        deployment = ServingDefaults(voices=checkpoint_voices(args.model))
     return resolve(request_input_from_args(args), deployment)
 
 

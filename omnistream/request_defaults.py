@@ -16,7 +16,7 @@ Why these defaults (`DEFAULTS`; README has the same table):
 * The talker's seed is the request's seed unless a talker seed is given, so one `seed` makes text
   and speech reproducible together.
 * Voice "ethan" (the reference's default speaker), or the deployment's first voice if it lacks one.
-* Token and frame limits, the codec chunking and async_chunk belong to the deployment (`Deployment`:
+* Token and frame limits, the codec chunking and async_chunk belong to the deployment (`ServingDefaults`:
   the gateway's flags, or the built-in values for the in-process CLI).
 
 Greedy stays one explicit value away: temperature 0 (talker_temperature 0 for the voice).
@@ -52,7 +52,7 @@ class Defaults:
     voice: str = "ethan"
     return_audio: bool = True
     ignore_eos: bool = False
-    # The deployment's built-in values (`Deployment` overrides them, e.g. from gateway flags).
+    # The deployment's built-in values (`ServingDefaults` overrides them, e.g. from gateway flags).
     max_tokens: int = 256
     max_audio_frames: int = 2048
     codec_chunk_frames: int = DEFAULT_CHUNK_FRAMES
@@ -64,7 +64,7 @@ DEFAULTS = Defaults()
 
 
 @dataclass(frozen=True)
-class Deployment:
+class ServingDefaults:
     """What the serving side decides rather than the request: the gateway's flags, or the built-in
     values for the in-process pipeline. `voices` empty means "not known here" (the talker checks)."""
 
@@ -76,16 +76,16 @@ class Deployment:
     voices: tuple[str, ...] = ()
 
     @classmethod
-    def of(cls, config: Any) -> Deployment:
-        """The deployment a gateway config describes (duck-typed: this module must not import the
-        gateway, which imports it)."""
+    def of(cls, config: Any, voices: Sequence[str] | None = None) -> ServingDefaults:
+        """A gateway's: its config's flags (duck-typed: this module must not import the gateway,
+        which imports it) and the voices its talkers reported in their Info (None: not known yet)."""
         return cls(
             max_tokens=config.default_max_tokens,
             max_audio_frames=config.max_audio_frames,
             codec_chunk_frames=config.codec_chunk_frames,
             codec_left_context_frames=config.codec_left_context_frames,
             async_chunk=bool(config.async_chunk),
-            voices=tuple(getattr(config, "voices", ()) or ()),
+            voices=tuple(voices or ()),
         )
 
     def default_voice(self, preferred: str = DEFAULTS.voice) -> str:
@@ -146,7 +146,7 @@ def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, str]] |
 
 
 def resolve(
-    given: RequestInput, deployment: Deployment = Deployment(), defaults: Defaults = DEFAULTS
+    given: RequestInput, deployment: ServingDefaults = ServingDefaults(), defaults: Defaults = DEFAULTS
 ) -> GenerationRequest:
     """The request `given` asks for, every gap filled from `defaults` and `deployment`, validated.
 

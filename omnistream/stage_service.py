@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import json
 import logging
 import sys
@@ -21,7 +22,7 @@ from omnistream.convert import plan_from_fields
 from omnistream.engine import Engine, OutputStream
 from omnistream.errors import InternalError, InvalidRequest, OmniError, Unavailable
 from omnistream.metrics import StageMetrics
-from omnistream.proto.omni.v1 import common_pb2
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.security import add_port, server_credentials
 from omnistream.server import (
     abort_with,
@@ -31,11 +32,25 @@ from omnistream.server import (
     set_serving,
     start_metrics_http,
 )
-from omnistream.wire import Method, add_service, parsed
+from omnistream.wire import Method, add_service, checked, parsed
 
 log = logging.getLogger(__name__)
 
 INPUT_DRAIN_SECONDS = 10.0  # how long a finished stream waits for the client to half-close
+
+# The chunk protocol of protos/omni/v1/stage.proto (see StageInfo.chunk_protocol_version there).
+CHUNK_PROTOCOL_VERSION = 1
+# What a stage calls its model unless told otherwise (`--served-model-name`).
+DEFAULT_MODEL_ID = "qwen3-omni"
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+
+
+def software_version() -> str:
+    try:
+        return importlib.metadata.version("omnistream")
+    except importlib.metadata.PackageNotFoundError:  # run from a source tree that is not installed
+        return "unknown"
+
 
 MODES = {
     common_pb2.MODE_UNSPECIFIED: "async",
@@ -73,9 +88,18 @@ class StageServicer:
     response_type: type
     drain_input = True  # after the output ends, wait (a while) for the client to half-close
 
-    def __init__(self, engine: Engine, metrics: StageMetrics) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        metrics: StageMetrics,
+        model_id: str = DEFAULT_MODEL_ID,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+    ) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.model_id = model_id
+        self.max_message_bytes = max_message_bytes
+        self._info: stage_pb2.StageInfo | None = None
         self.draining = False
         self.open_streams = 0
         self._stream_outputs: dict[str, OutputStream] = {}  # request id -> output, per open stream
@@ -84,6 +108,33 @@ class StageServicer:
     async def _open(self, first) -> Admitted:
         """Validate the open message and add the request to the engine (subclasses)."""
         raise NotImplementedError
+
+    def _describe(self, info: stage_pb2.StageInfo) -> None:
+        """Fill the facts and limits this stage owns (subclasses; see StageInfo in stage.proto)."""
+        raise NotImplementedError
+
+    def info(self) -> stage_pb2.StageInfo:
+        """This replica's StageInfo; built once, since nothing in it changes while the process runs."""
+        if self._info is None:
+            info = stage_pb2.StageInfo(
+                stage=common_pb2.Stage.Value(f"STAGE_{self.stage.name}"),
+                model_id=self.model_id,
+                chunk_protocol_version=CHUNK_PROTOCOL_VERSION,
+                software_version=software_version(),
+            )
+            info.limits.max_batch = getattr(self.engine, "max_batch", 0)
+            info.limits.max_requests = self.engine.max_requests
+            info.limits.max_message_bytes = self.max_message_bytes
+            self._describe(info)
+            self._info = info
+        return self._info
+
+    async def Info(self, request, context: grpc.aio.ServicerContext) -> stage_pb2.StageInfo:
+        try:
+            checked(request)
+        except OmniError as exc:
+            await abort_with(context, exc)
+        return self.info()
 
     def orphaned_requests(self) -> int:
         """Engine requests without an open stream: always 0 unless the lifecycle leaks."""
@@ -209,9 +260,16 @@ class StageServicer:
             out.fail(InternalError(f"{self.stage.value} could not handle its input ({type(exc).__name__})"))
 
     def add_to_server(self, server: grpc.aio.Server) -> str:
-        """Register `Stream` with tolerant parsing; returns the service's full name."""
+        """Register `Stream` and `Info` with tolerant parsing; returns the service's full name."""
         name = self.request_type.DESCRIPTOR.file.services_by_name[self.service_name].full_name
-        add_service(server, name, [Method("Stream", self.Stream, self.request_type, self.response_type)])
+        add_service(
+            server,
+            name,
+            [
+                Method("Stream", self.Stream, self.request_type, self.response_type),
+                Method("Info", self.Info, stage_pb2.InfoRequest, stage_pb2.StageInfo, "unary_unary"),
+            ],
+        )
         return name
 
     service_name: str  # e.g. "TalkerService" in omni.v1
@@ -223,7 +281,7 @@ class ServeOptions:
     port: int = 0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
-    max_message_bytes: int = 16 * 1024 * 1024
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
     max_streams: int = 256
     grace_seconds: float = 30.0
     tls_cert: str | None = None  # PEM paths; none given: plaintext

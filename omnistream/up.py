@@ -125,8 +125,6 @@ def start_stack(
     gateway_args = [
         "serve",
         "gateway",
-        "--model",
-        model,
         "--host",
         host,
         "--http-port",

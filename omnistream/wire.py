@@ -61,7 +61,7 @@ class Method:
     behavior: Callable
     request_type: type[Message]
     response_type: type[Message]
-    kind: str = "stream_stream"  # or "unary_stream"
+    kind: str = "stream_stream"  # or "unary_stream", "unary_unary"
 
 
 def add_service(server: grpc.aio.Server, service_full_name: str, methods: list[Method]) -> None:
@@ -69,6 +69,7 @@ def add_service(server: grpc.aio.Server, service_full_name: str, methods: list[M
     factories = {
         "stream_stream": grpc.stream_stream_rpc_method_handler,
         "unary_stream": grpc.unary_stream_rpc_method_handler,
+        "unary_unary": grpc.unary_unary_rpc_method_handler,
     }
     handlers = {
         m.name: factories[m.kind](

@@ -43,7 +43,12 @@ async def serve(args: argparse.Namespace) -> int:
 
         engine.add_step_listener(HeapTrimmer())  # freed activations back to the OS: see heap_trim.py
         servicer_cls = Code2WavServicer
-    servicer = servicer_cls(engine, StageMetrics(args.stage, engine))
+    servicer = servicer_cls(
+        engine,
+        StageMetrics(args.stage, engine),
+        model_id=args.served_model_name,
+        max_message_bytes=args.max_message_bytes,
+    )
     serve_options = ServeOptions(
         host=args.host,
         port=args.port,

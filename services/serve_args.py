@@ -17,6 +17,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         required=not os.environ.get(MODEL_ENV),
         help=f"checkpoint directory (default: ${MODEL_ENV})",
     )
+    p.add_argument(
+        "--served-model-name",
+        default="qwen3-omni",
+        help="the model's name in this stage's Info, which the gateway reports to clients; every "
+        "stage of a deployment must use the same one (default: qwen3-omni)",
+    )
     p.add_argument("--device", default="cpu")
     p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
     p.add_argument("--host", default="127.0.0.1")

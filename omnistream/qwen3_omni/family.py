@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 # The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
 # frames (12.5 per second) than tokens; twice the thinker's context covers it.
 TALKER_LENGTH_FACTOR = 2
+# The prompt content the thinker service turns into ids today (audio, image and video are the
+# model's, not yet the service's).
+INPUT_MODALITIES = ("text",)
 
 
 class Qwen3OmniFamily:
@@ -55,6 +58,8 @@ class Qwen3OmniFamily:
             samples_per_frame=math.prod(rates) * math.prod(ratios),
             voices=voices,
             default_voice=DEFAULT_SPEAKER if DEFAULT_SPEAKER in voices else voices[0],
+            talker_codebooks=int(talker.get("num_code_groups", NUM_CODEBOOKS)),
+            input_modalities=INPUT_MODALITIES,
         )
 
     def load_config(self, model_dir: str | Path) -> Any:

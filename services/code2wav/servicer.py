@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, SequenceError
+from omnistream.family import describe_loaded
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.stage_chain import CodecFeed, InputHold
 from omnistream.stage_service import Admitted, StageServicer
@@ -18,6 +19,14 @@ class Code2WavServicer(StageServicer):
     service_name = "Code2WavService"
     request_type = stage_pb2.Code2WavRequest
     response_type = stage_pb2.AudioChunk
+
+    def _describe(self, info: stage_pb2.StageInfo) -> None:
+        facts = describe_loaded(self.engine.config)
+        info.family = facts.family
+        info.sample_rate = facts.sample_rate
+        info.codebooks = facts.codebooks
+        info.frames_per_second = facts.frames_per_second
+        info.limits.max_frames = self.engine.max_frames
 
     async def _open(self, first: stage_pb2.Code2WavRequest) -> Admitted:
         rid, checker, mode, plan = self._open_streaming(first.open, first.key)
@@ -46,6 +55,8 @@ class Code2WavServicer(StageServicer):
                 self.engine.feed(rid, piece.codes, piece.last)
             return msg.last
 
+        sample_rate = self.info().sample_rate
+
         async def chunks():
             index = 0
             while pieces := await out.get_batch():
@@ -54,7 +65,7 @@ class Code2WavServicer(StageServicer):
                         message = stage_pb2.AudioChunk(
                             key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
                             audio=to_proto(piece.audio),
-                            sample_rate=self.engine.sample_rate,
+                            sample_rate=sample_rate,
                             first_sample=piece.first_sample,
                             finished=piece.finished,
                         )

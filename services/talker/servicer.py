@@ -7,6 +7,7 @@ import torch
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest
+from omnistream.family import describe_loaded
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.qwen3_omni.codec_chunks import FrameShipper
 from omnistream.stage_chain import InputHold, TalkerFeed, TalkerParams
@@ -42,6 +43,15 @@ class TalkerServicer(StageServicer):
     service_name = "TalkerService"
     request_type = stage_pb2.TalkerRequest
     response_type = stage_pb2.TalkerChunk
+
+    def _describe(self, info: stage_pb2.StageInfo) -> None:
+        facts = describe_loaded(self.engine.config)
+        info.family = facts.family
+        info.voices.extend(facts.voices)
+        info.codebooks = facts.talker_codebooks
+        info.frames_per_second = facts.frames_per_second
+        info.limits.max_model_len = self.engine.max_model_len
+        info.limits.max_frames = self.engine.max_model_len  # TalkerParams.max_frames is checked against it
 
     async def _open(self, first: stage_pb2.TalkerRequest) -> Admitted:
         open_ = first.open

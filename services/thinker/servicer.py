@@ -8,6 +8,7 @@ from concurrent.futures import ThreadPoolExecutor
 from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
 from omnistream.convert import sampling_from_proto
 from omnistream.errors import InvalidRequest
+from omnistream.family import describe_loaded
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.stage_chain import ThinkerParams
 from omnistream.stage_service import Admitted, StageServicer
@@ -26,9 +27,15 @@ class ThinkerServicer(StageServicer):
     response_type = stage_pb2.ThinkerChunk
     drain_input = False  # nothing follows the open; the output's end is the stream's end
 
-    def __init__(self, engine, metrics) -> None:
-        super().__init__(engine, metrics)
+    def __init__(self, engine, metrics, **identity) -> None:
+        super().__init__(engine, metrics, **identity)
         self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
+
+    def _describe(self, info: stage_pb2.StageInfo) -> None:
+        facts = describe_loaded(self.engine.config)
+        info.family = facts.family
+        info.input_modalities.extend(facts.input_modalities)
+        info.limits.max_model_len = self.engine.max_model_len
 
     async def _prompt_ids(self, open_: stage_pb2.ThinkerOpen) -> list[int]:
         given = [bool(open_.prompt_ids), bool(open_.prompt_text), bool(open_.messages)]

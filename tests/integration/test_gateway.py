@@ -39,14 +39,8 @@ MAX_CONCURRENCY = 3
 
 
 @pytest.fixture(scope="module")
-def gateway(stages, tiny_model_dir):
-    services = start_services(
-        {
-            "gateway": gateway_args(
-                stages, "--model", tiny_model_dir, "--max-concurrency", str(MAX_CONCURRENCY)
-            )
-        }
-    )
+def gateway(stages):
+    services = start_services({"gateway": gateway_args(stages, "--max-concurrency", str(MAX_CONCURRENCY))})
     try:
         yield services["gateway"]
     finally:

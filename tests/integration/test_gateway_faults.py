@@ -43,13 +43,11 @@ JSON = {"Content-Type": "application/json"}
 
 
 @pytest.fixture(scope="module")
-def gateway(stages, tiny_model_dir, tmp_path_factory) -> Iterator[ServiceProcess]:
+def gateway(stages, tmp_path_factory) -> Iterator[ServiceProcess]:
     """A gateway with tiny generation limits and the default size limits."""
     config = tmp_path_factory.mktemp("faults") / "gateway.yaml"
     config.write_text(yaml.safe_dump(LIMITS))
-    services = start_services(
-        {"gateway": gateway_args(stages, "--model", tiny_model_dir, "--config", str(config))}
-    )
+    services = start_services({"gateway": gateway_args(stages, "--config", str(config))})
     try:
         yield services["gateway"]
     finally:

@@ -80,7 +80,7 @@ def stack(network, tiny_model_dir):
     services = {}
     try:
         services.update(start_services(specs, wrappers=wrappers))
-        gateway = ["serve", "gateway", "--model", tiny_model_dir, "--host", nodes["gateway"].address]
+        gateway = ["serve", "gateway", "--host", nodes["gateway"].address]
         gateway += ["--http-port", str(HTTP_PORT), "--grpc-port", str(STAGE_PORT)]
         for name, service in services.items():
             gateway += [f"--{name.split('-')[0]}", service.address]

@@ -47,7 +47,7 @@ def secure_stack(pki, tiny_model_dir):
     services = {}
     try:
         services.update(start_services(specs, tls=client_tls))
-        gateway = ["serve", "gateway", "--model", tiny_model_dir, "--http-port", "0", "--grpc-port", "0"]
+        gateway = ["serve", "gateway", "--http-port", "0", "--grpc-port", "0"]
         for stage in STAGES:
             gateway += [f"--{stage}", services[stage].address]
         gateway += ["--stage-tls-ca", pki.ca, "--stage-tls-cert", pki.client_cert]

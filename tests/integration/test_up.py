@@ -166,7 +166,7 @@ def test_services_report_a_busy_port_in_one_line(tiny_model_dir):
         holder.listen()
         port = str(holder.getsockname()[1])
         stage = ["serve", "code2wav", "--model", tiny_model_dir, "--port", port]
-        gateway = ["serve", "gateway", "--model", tiny_model_dir, "--http-port", port, "--grpc-port", "0"]
+        gateway = ["serve", "gateway", "--http-port", port, "--grpc-port", "0"]
         gateway += ["--thinker", "127.0.0.1:1", "--talker", "127.0.0.1:1", "--code2wav", "127.0.0.1:1"]
         procs = {
             args[1]: spawn(

@@ -21,7 +21,7 @@ from omnistream.errors import InvalidRequest
 from omnistream.generate import request_from_args
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 from omnistream.request import GenerationRequest
-from omnistream.request_defaults import DEFAULTS, Defaults, Deployment, RequestInput, resolve
+from omnistream.request_defaults import DEFAULTS, Defaults, RequestInput, ServingDefaults, resolve
 from omnistream.sampling_params import SamplingParams
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -41,7 +41,7 @@ def via_grpc(config: GatewayConfig, **fields: Any) -> GenerationRequest:
 
 def via_cli(flags: list[str], config: GatewayConfig) -> GenerationRequest:
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--output-dir", "unused", *flags])
-    return request_from_args(args, Deployment.of(config))
+    return request_from_args(args, ServingDefaults.of(config))
 
 
 def talker_defaults(seed: int | None = None) -> SamplingParams:
@@ -199,7 +199,7 @@ def test_a_system_prompt_is_added_only_when_given() -> None:
     [((), "ethan"), (("chelsie", "Ethan"), "ethan"), (("zoe", "max"), "zoe")],
 )
 def test_the_default_voice_falls_back_to_the_deployments_first(voices: tuple, expected: str) -> None:
-    assert resolve(RequestInput(messages=HI), Deployment(voices=voices)).speaker == expected
+    assert resolve(RequestInput(messages=HI), ServingDefaults(voices=voices)).speaker == expected
     config = GatewayConfig(voices=voices or GatewayConfig().voices)
     assert via_rest({}, config).speaker == via_grpc(config).speaker == via_cli([], config).speaker
 
@@ -242,11 +242,11 @@ def test_the_benchmark_sends_its_workload_alike_to_every_target() -> None:
     workload = Workload(output_len=12, audio_frames=30, ignore_eos=True, initial_codec_chunk_frames=2)
     config = GatewayConfig()
     given = workload.request_input([5, 6, 7], async_chunk=False)
-    in_process = resolve(given, Deployment.of(config))
+    in_process = resolve(given, ServingDefaults.of(config))
     assert in_process.sampling.greedy and in_process.talker_sampling.greedy  # on purpose: same work
     assert grpc_to_request(grpc_request(given), config) == in_process
     as_text = dataclasses.replace(given, prompt_ids=None, messages=HI)
-    assert via_rest(rest_body(as_text), config) == resolve(as_text, Deployment.of(config))
+    assert via_rest(rest_body(as_text), config) == resolve(as_text, ServingDefaults.of(config))
 
 
 def test_readme_has_the_table() -> None:

@@ -25,6 +25,7 @@ from omnistream.security import (
 )
 from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server, set_serving
 from tests.certs import make_pki
+from tests.unit.gateway.infos import deployment
 
 KEY = "s3cret-key"
 
@@ -111,6 +112,7 @@ def _app(api_key: str | None) -> TestClient:
         ready=True,
         replicas=SimpleNamespace(snapshot=lambda: {}),
         metrics=GatewayMetrics(),
+        deployment=deployment(),
     )
     return TestClient(build_app(core))
 

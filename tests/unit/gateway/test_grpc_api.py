@@ -12,6 +12,7 @@ import pytest
 from gateway.admission import Rejected
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
+from gateway.deployment import Deployment
 from gateway.grpc_api import RETRY_AFTER_METADATA_KEY, SERVICE_NAME, add_gateway_api
 from omnistream.errors import InvalidRequest, Unavailable
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
@@ -20,6 +21,7 @@ from omnistream.request_defaults import DEFAULTS
 from omnistream.sampling import SamplingParams
 from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
 from omnistream.tensors import numpy_from_proto
+from tests.unit.gateway.infos import VOICES, deployment
 
 HANG = object()  # in a script: block until cancelled
 
@@ -56,6 +58,7 @@ class FakeSession:
 class FakeCore:
     def __init__(self, script: list | None = None, open_error: BaseException | None = None) -> None:
         self.config = GatewayConfig()
+        self.deployment = deployment()
         self.script = script or []
         self.open_error = open_error
         self.opened: list[tuple[GenerationRequest, str | None, float | None]] = []
@@ -328,3 +331,30 @@ async def test_malformed_request_bytes_are_invalid_argument() -> None:
     assert not events and error is not None
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT and "malformed" in error.details()
     assert not core.opened  # refused before the core saw anything
+
+
+async def test_info_reports_the_stages_deployment_and_is_unavailable_before_it(serve: Serve) -> None:
+    core = FakeCore()
+    stub = await serve(core)
+    info = await stub.Info(gateway_pb2.GatewayInfoRequest())
+    assert (info.model_id, list(info.voices), info.sample_rate) == ("qwen3-omni", list(VOICES), 24000)
+    assert [s.stage for s in info.stages] == [
+        common_pb2.STAGE_THINKER,
+        common_pb2.STAGE_TALKER,
+        common_pb2.STAGE_CODE2WAV,
+    ]
+    core.deployment = Deployment()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.Info(gateway_pb2.GatewayInfoRequest())
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+
+
+async def test_the_default_voice_is_the_talkers_first_when_it_lacks_the_pipelines(serve: Serve) -> None:
+    core = FakeCore([DoneEvent([1], [2], "stop", 0, 0, None, None, 0.1)])
+    core.deployment = deployment(voices=["serena", "vivian"])
+    stub = await serve(core)
+    _, error = await collect(stub.Generate(chat()))
+    assert error is None
+    assert core.opened[0][0].speaker == "serena"
+    _, error = await collect(stub.Generate(chat(speaker="ethan")))
+    assert error is not None and error.code() == grpc.StatusCode.INVALID_ARGUMENT

@@ -11,6 +11,7 @@ import pytest
 from gateway import replicas as replicas_module
 from gateway.replicas import Replicas, Target, resolve_addresses
 from omnistream.errors import Unavailable
+from tests.unit.gateway.infos import stage_info
 
 
 class FakeResolver:
@@ -36,6 +37,7 @@ def checked(monkeypatch):
     async def check(self, replica) -> None:
         seen.append(replica.address)
         replica.healthy = True
+        replica.info = stage_info(replica.stage)
 
     monkeypatch.setattr(Replicas, "check", check)
     return seen
@@ -220,3 +222,45 @@ async def test_resolve_prefers_one_family_and_treats_unknown_names_as_empty(monk
     assert await resolve_addresses("gone", 80) == []
     with pytest.raises(OSError):
         await resolve_addresses("flaky", 80)
+
+
+async def test_a_replica_that_disagrees_stays_out_until_the_deployment_it_disagrees_with_is_gone(
+    monkeypatch,
+):
+    """Infos are judged in pipeline and configuration order; a refusal shows in the snapshot, and
+    once every accepted replica of the stage has gone the next one defines the stage again."""
+    other_voices = {"127.0.0.12:50051"}
+
+    async def check(self, replica) -> None:
+        replica.healthy = True
+        voices = ["vivian"] if replica.address in other_voices else ["aiden", "chelsie", "ethan"]
+        replica.info = stage_info(replica.stage, **({"voices": voices} if replica.stage == "talker" else {}))
+
+    monkeypatch.setattr(Replicas, "check", check)
+    resolver = FakeResolver({"talker.svc": ["127.0.0.11", "127.0.0.12"]})
+    replicas = Replicas(
+        {
+            "thinker": ["127.0.0.1:7001"],
+            "talker": ["dns:///talker.svc:50051"],
+            "code2wav": ["127.0.0.1:7003"],
+        },
+        1024,
+        resolver=resolver,
+    )
+    await replicas.start()
+    try:
+        talkers = {r["address"]: r for r in replicas.snapshot()["talker"]}
+        assert talkers["127.0.0.11:50051"]["in_rotation"] and talkers["127.0.0.11:50051"]["refused"] is None
+        refused = talkers["127.0.0.12:50051"]
+        assert refused["healthy"] and not refused["in_rotation"] and "voices ['vivian']" in refused["refused"]
+        assert replicas.ready
+        assert {replicas.pick("talker").address for _ in range(4)} == {"127.0.0.11:50051"}
+
+        resolver.answers["talker.svc"] = ["127.0.0.12"]  # the agreeing talker is gone
+        await replicas.discover()
+        assert replicas.deployment.voices is None
+        await replicas.check_all()
+        assert replicas.pick("talker").address == "127.0.0.12:50051"
+        assert replicas.deployment.voices == ("vivian",)
+    finally:
+        await replicas.stop()

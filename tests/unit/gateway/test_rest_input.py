@@ -16,11 +16,13 @@ from fastapi.testclient import TestClient
 
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.core import GatewayCore, check_prompt_size
+from gateway.deployment import Deployment
 from gateway.metrics import GatewayMetrics
 from gateway.request_guards import first_invalid_unicode, is_valid_unicode, printable
 from gateway.rest import build_app
 from omnistream.errors import STATUS_TABLE, TooLarge, Unavailable
 from omnistream.pipeline import GenerationRequest
+from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 MESSAGES = [{"role": "user", "content": "hi"}]
@@ -34,6 +36,7 @@ class FakeCore(GatewayCore):
 
     def __init__(self, config: GatewayConfig, ready: bool = True) -> None:
         self.config = config
+        self.deployment = deployment()
         self.metrics = GatewayMetrics()
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.opened: list[GenerationRequest] = []
@@ -256,3 +259,17 @@ def test_not_ready_is_503_json_on_ready_and_on_the_api():
     assert error_of(ready)["code"] == "unavailable"
     reply = client.post(CHAT, json={"messages": MESSAGES})
     assert reply.status_code == 503 and error_of(reply)["type"] == "service_unavailable"
+
+
+def test_models_lists_what_the_stages_said_and_nothing_before():
+    client, core = make_client()
+    (model,) = client.get("/v1/models").json()["data"]
+    assert {k: model[k] for k in ("id", "object", "created", "owned_by")} == {
+        "id": "qwen3-omni",
+        "object": "model",
+        "created": 0,
+        "owned_by": "omnistream",
+    }
+    assert model["omnistream"]["voices"] == ["aiden", "chelsie", "ethan"]
+    core.deployment = Deployment()
+    assert client.get("/v1/models").json() == {"object": "list", "data": []}
