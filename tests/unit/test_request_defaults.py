@@ -28,20 +28,27 @@ README = Path(__file__).resolve().parents[2] / "README.md"
 HI = [{"role": "user", "content": "hi"}]
 
 
-def via_rest(body: dict[str, Any], config: GatewayConfig) -> GenerationRequest:
+def via_rest(
+    body: dict[str, Any], config: GatewayConfig, voices: tuple[str, ...] | None = None
+) -> GenerationRequest:
     parsed = ChatCompletionRequest.model_validate({"messages": HI, **body})
-    return rest_to_request(parsed, SimpleNamespace(config=config))[0]  # type: ignore[arg-type]
+    core = SimpleNamespace(config=config, deployment=SimpleNamespace(voices=voices))
+    return rest_to_request(parsed, core)[0]  # type: ignore[arg-type]
 
 
-def via_grpc(config: GatewayConfig, **fields: Any) -> GenerationRequest:
+def via_grpc(
+    config: GatewayConfig, voices: tuple[str, ...] | None = None, **fields: Any
+) -> GenerationRequest:
     messages = fields.pop("messages", HI)
     request = gateway_pb2.GenerateRequest(messages=[common_pb2.Message(**m) for m in messages], **fields)
-    return grpc_to_request(request, config)
+    return grpc_to_request(request, config, voices)
 
 
-def via_cli(flags: list[str], config: GatewayConfig) -> GenerationRequest:
+def via_cli(
+    flags: list[str], config: GatewayConfig, voices: tuple[str, ...] | None = None
+) -> GenerationRequest:
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--output-dir", "unused", *flags])
-    return request_from_args(args, ServingDefaults.of(config))
+    return request_from_args(args, ServingDefaults.of(config, voices))
 
 
 def talker_defaults(seed: int | None = None) -> SamplingParams:
@@ -200,8 +207,11 @@ def test_a_system_prompt_is_added_only_when_given() -> None:
 )
 def test_the_default_voice_falls_back_to_the_deployments_first(voices: tuple, expected: str) -> None:
     assert resolve(RequestInput(messages=HI), ServingDefaults(voices=voices)).speaker == expected
-    config = GatewayConfig(voices=voices or GatewayConfig().voices)
-    assert via_rest({}, config).speaker == via_grpc(config).speaker == via_cli([], config).speaker
+    # The gateway's voices are the talkers' (their Info); the CLI's are its checkpoint's.
+    config, known = GatewayConfig(), voices or None
+    assert via_rest({}, config, known).speaker == expected
+    assert via_grpc(config, known).speaker == expected
+    assert via_cli([], config, known).speaker == expected
 
 
 @pytest.mark.parametrize(
