@@ -57,10 +57,12 @@ async def _code2wav(engine: Code2WavEngine, batch: int) -> None:
     await _drain(outs)
 
 
-async def stage_timings(model: str, batches: tuple[int, ...] = (1, 8)) -> dict[str, dict[int, float]]:
-    """Median milliseconds per step of each engine at each batch size."""
+async def stage_timings(
+    model: str, batches: tuple[int, ...] = (1, 8), options: LoadOptions = LoadOptions()
+) -> dict[str, dict[int, float]]:
+    """Median milliseconds per step of each engine at each batch size (one CPU thread: comparable
+    between runs on a shared machine; on an accelerator the thread only queues work)."""
     torch.set_num_threads(1)
-    options = LoadOptions()
     family = family_for(model)
     thinker, talker, code2wav = (
         family.engine(stage, model, options, max_batch=max(batches)) for stage in STAGES
