@@ -5,6 +5,7 @@ CLI, benchmark). Torch-free on purpose, so the gateway is a small router that ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -22,7 +23,8 @@ class GenerationRequest:
     defaults here are only the engines' plain fallbacks (greedy), for code and tests that spell out
     a request directly, e.g. to compare with the greedy reference."""
 
-    messages: list[dict[str, str]] | None = None
+    # Chat turns: {"role": ..., "content": str | list of parts} (parts: see omnistream/media.py).
+    messages: list[dict[str, Any]] | None = None
     prompt_ids: list[int] | None = None
     max_tokens: int = 256
     ignore_eos: bool = False
@@ -35,6 +37,9 @@ class GenerationRequest:
     codec_chunk_frames: int = 25
     codec_left_context_frames: int = 25
     mode: str = "async"
+    # Video parts: also hear their sound track (placed with the frames, as the reference processor
+    # does with use_audio_in_video / load_audio_from_video).
+    use_audio_in_video: bool = False
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -58,6 +58,7 @@ class Defaults:
     codec_chunk_frames: int = DEFAULT_CHUNK_FRAMES
     codec_left_context_frames: int = DEFAULT_LEFT_CONTEXT_FRAMES
     async_chunk: bool = True
+    use_audio_in_video: bool = False  # the reference processor's default
 
 
 DEFAULTS = Defaults()
@@ -123,6 +124,7 @@ class RequestInput:
     talker_seed: int | None = None
     initial_codec_chunk_frames: int | None = None  # None: chosen from load at run time
     async_chunk: bool | None = None
+    use_audio_in_video: bool | None = None
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -194,6 +196,7 @@ def resolve(
         codec_chunk_frames=deployment.codec_chunk_frames,
         codec_left_context_frames=deployment.codec_left_context_frames,
         mode="async" if async_chunk else "sequential",
+        use_audio_in_video=_given(given.use_audio_in_video, defaults.use_audio_in_video),
     )
     request.validate()
     return request

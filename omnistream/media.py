@@ -1,0 +1,79 @@
+"""Media in a request, decoded: what the gateway makes of a client's files and the thinker takes.
+
+Torch-free (numpy only), like the rest of the request model: the gateway decodes and checks media
+before a request is admitted, so a corrupt or oversized file is a 4xx at the door and never reaches
+a batch; the thinker receives arrays it only has to feature-extract.
+
+A message's `content` is either a string (text only) or a list of parts, in order:
+
+    {"type": "text", "text": str}
+    {"type": "audio", "audio": AudioInput}
+    {"type": "image", "image": ImageInput}
+    {"type": "video", "video": VideoInput}
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+AUDIO_SAMPLE_RATE = 16000  # what the model's audio feature extractor (Whisper-style) takes
+MEDIA_TYPES = ("audio", "image", "video")
+
+
+@dataclass(frozen=True, eq=False)
+class AudioInput:
+    """Mono float32 samples in [-1, 1] at `sample_rate`."""
+
+    samples: np.ndarray
+    sample_rate: int = AUDIO_SAMPLE_RATE
+
+    @property
+    def seconds(self) -> float:
+        return self.samples.size / self.sample_rate
+
+
+@dataclass(frozen=True, eq=False)
+class ImageInput:
+    """RGB uint8 pixels, [height, width, 3]."""
+
+    pixels: np.ndarray
+
+
+@dataclass(frozen=True, eq=False)
+class VideoInput:
+    """RGB uint8 frames, [frames, height, width, 3], sampled at `fps`; `audio` is the sound track."""
+
+    frames: np.ndarray
+    fps: float
+    audio: AudioInput | None = None
+
+
+Media = AudioInput | ImageInput | VideoInput
+
+
+def parts_of(content: str | Sequence[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
+    """A message's content as parts (a string is one text part)."""
+    if isinstance(content, str):
+        return [{"type": "text", "text": content}]
+    return list(content)
+
+
+def media_of(messages: Sequence[Mapping[str, Any]] | None) -> Iterator[Media]:
+    """Every media item of a conversation, in prompt order."""
+    for message in messages or ():
+        for part in parts_of(message["content"]):
+            if part["type"] in MEDIA_TYPES:
+                yield part[part["type"]]
+
+
+def text_of(content: str | Sequence[Mapping[str, Any]]) -> str:
+    """The text of a message's content (media left out): for size checks and logs."""
+    return "".join(p["text"] for p in parts_of(content) if p["type"] == "text")
+
+
+def has_media(messages: Sequence[Mapping[str, Any]] | None) -> bool:
+    return next(media_of(messages), None) is not None
