@@ -18,6 +18,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from omnistream.protogen import ensure_generated
+from omnistream.stage_chain import STAGES
 
 ensure_generated()
 
@@ -27,7 +28,6 @@ log = logging.getLogger(__name__)
 
 StageInfo = stage_pb2.StageInfo
 
-STAGES = ("thinker", "talker", "code2wav")
 # Replicas of one stage must agree on all of these (a stage leaves the facts it does not own empty,
 # so comparing them all is the same as comparing the owned ones).
 SAME_STAGE_FIELDS = (

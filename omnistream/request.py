@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from omnistream.errors import InvalidRequest
-from omnistream.qwen3_omni.constants import SAMPLE_RATE
+from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
 from omnistream.sampling_params import SamplingParams
 
 MODES = ("async", "sequential")
@@ -30,7 +30,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     return_audio: bool = True
-    speaker: str = "ethan"
+    speaker: str = DEFAULT_SPEAKER
     max_audio_frames: int = 4096
     talker_sampling: SamplingParams = field(default_factory=SamplingParams)
     initial_codec_chunk_frames: int | None = None  # None: chosen from load

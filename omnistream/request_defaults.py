@@ -30,6 +30,7 @@ from typing import Any
 
 from omnistream.errors import InvalidRequest
 from omnistream.qwen3_omni.chunk_plan import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
+from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request import GenerationRequest
 from omnistream.sampling_params import SamplingParams
 
@@ -49,7 +50,7 @@ class Defaults:
     talker_top_p: float = 1.0
     talker_top_k: int = 50
     talker_repetition_penalty: float = 1.05
-    voice: str = "ethan"
+    voice: str = DEFAULT_SPEAKER
     return_audio: bool = True
     ignore_eos: bool = False
     # The deployment's built-in values (`ServingDefaults` overrides them, e.g. from gateway flags).
