@@ -43,6 +43,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_up_command(sub)
     add_bench_command(sub)
     add_health_command(sub)
+    from omnistream.chat import add_chat_command
+
+    add_chat_command(sub)
 
 
 def _up(args: argparse.Namespace) -> int:

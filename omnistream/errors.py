@@ -119,3 +119,28 @@ def status_of(error: BaseException) -> Status:
 def from_grpc(code: grpc.StatusCode, message: str) -> OmniError:
     """Turn a stage's gRPC status back into the domain error (the gateway re-raises it)."""
     return _BY_GRPC.get(code, InternalError)(message)
+
+
+_BY_KIND = {
+    cls.kind: cls
+    for cls in (
+        InvalidRequest,
+        TooLarge,
+        SequenceError,
+        Overloaded,
+        Unavailable,
+        Unauthenticated,
+        DeadlineExceeded,
+        Cancelled,
+        NotFound,
+        InternalError,
+    )
+}
+
+
+def from_kind(kind: str, message: str, field: str | None = None) -> OmniError:
+    """The domain error a REST error body names (its `code`); a kind this version does not know is
+    an OmniError that keeps it, so a newer server's errors still reach the caller typed as errors."""
+    error = _BY_KIND.get(kind, OmniError)(message, field=field)
+    error.kind = kind
+    return error

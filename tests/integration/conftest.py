@@ -63,17 +63,7 @@ def stages(tiny_model_dir):
 
 def metric(service: ServiceProcess, name: str) -> float:
     """Sum of a metric's samples on the service's /metrics endpoint."""
-    body = (
-        urllib.request.urlopen(f"http://{service.connect_host}:{service.metrics_port}/metrics", timeout=5)
-        .read()
-        .decode()
-    )
-    samples = [
-        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if re.match(rf"^{name}(\{{|\s)", line)
-    ]
-    if not samples:
-        raise AssertionError(f"{service.name} exposes no metric {name}")
-    return sum(samples)
+    return metric_at(f"http://{service.connect_host}:{service.metrics_port}/metrics", name)
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
@@ -84,3 +74,22 @@ async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05) -> b
             return True
         await asyncio.sleep(interval)
     return predicate()
+
+
+def gateway_idle(gateway: ServiceProcess, stages: dict[str, ServiceProcess]) -> bool:
+    """No request anywhere: every stage's engine and streams empty, nothing in flight at the gateway."""
+    for s in stages.values():
+        for name in ("engine_requests", "orphaned_requests", "open_streams"):
+            if metric(s, f"omnistream_stage_{name}") != 0:
+                return False
+    return metric_at(f"{gateway_url(gateway)}/metrics", "omnistream_requests_in_flight") == 0
+
+
+def metric_at(url: str, name: str) -> float:
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    samples = [
+        float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if re.match(rf"^{name}(\{{|\s)", line)
+    ]
+    if not samples:
+        raise AssertionError(f"{url} exposes no metric {name}")
+    return sum(samples)

@@ -25,7 +25,7 @@ from omnistream.request_defaults import RequestInput, resolve
 from omnistream.tensors import numpy_from_proto
 from omnistream.wav import read_float32_wav, to_pcm16
 
-from .conftest import gateway_args, metric, wait_for
+from .conftest import gateway_args, gateway_idle, metric, wait_for
 from .stage_calls import collect_services
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
@@ -251,17 +251,6 @@ def test_client_disconnect_mid_audio_frees_everything(gateway, stages):
     assert asyncio.run(wait_for(idle, timeout=30.0))
 
 
-def _gateway_idle(gateway, stages) -> bool:
-    """No request anywhere: every stage's engine and streams empty, nothing in flight at the gateway."""
-    for s in stages.values():
-        for name in ("engine_requests", "orphaned_requests", "open_streams"):
-            if metric(s, f"omnistream_stage_{name}") != 0:
-                return False
-    gw = httpx.get(f"{_url(gateway)}/metrics", timeout=5).text
-    in_flight = [line for line in gw.splitlines() if line.startswith("omnistream_requests_in_flight ")]
-    return float(in_flight[0].split()[1]) == 0
-
-
 def test_cancel_races_through_the_gateway_leave_nothing_behind(gateway, stages):
     _gateway_cancel_races(gateway, stages, rounds=8, seed=7)
 
@@ -321,7 +310,7 @@ def _gateway_cancel_races(gateway, stages, rounds: int, seed: int) -> None:
             stub = gateway_pb2_grpc.GatewayStub(channel)
             for i in range(rounds):
                 await asyncio.gather(grpc_race(stub, i), rest_race(client))
-        return await wait_for(lambda: _gateway_idle(gateway, stages), timeout=30.0, interval=0.2)
+        return await wait_for(lambda: gateway_idle(gateway, stages), timeout=30.0, interval=0.2)
 
     assert asyncio.run(run())
     reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json={**body, "stream": False}, timeout=120)

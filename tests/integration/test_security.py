@@ -14,6 +14,7 @@ from grpc_health.v1 import health_pb2
 from openai import OpenAI
 
 from omnistream import cli
+from omnistream.client import Client, Unauthenticated, Unavailable
 from omnistream.launcher import ClientTLS, check_health, start_services
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from omnistream.security import channel_credentials
@@ -176,3 +177,18 @@ def test_health_command_speaks_tls(secure_stack, pki):
     flags = ["--tls-ca", pki.ca, "--tls-cert", pki.client_cert, "--tls-key", pki.client_key]
     assert cli.main(["health", address, *flags]) == 0
     assert cli.main(["health", address, "--timeout", "3"]) == 1
+
+
+def test_python_client_over_mtls_needs_the_api_key(secure_stack, pki):
+    address = secure_stack["gateway"].address
+    tls = {"ca": pki.ca, "cert": pki.client_cert, "key": pki.client_key}
+    with Client(address, api_key=API_KEY, **tls) as client:
+        result = client.complete("Hello, securely", max_tokens=6, max_audio_frames=8)
+        assert client.info().model_id == "qwen3-omni"
+    assert result.text and result.audio.size and result.finish_reason
+    with Client(address, api_key="wrong", **tls) as client, pytest.raises(Unauthenticated):
+        client.complete("Hello", max_tokens=2, audio=False)
+    # No client certificate: the TLS handshake fails (mTLS), which gRPC reports as UNAVAILABLE.
+    no_cert = Client(address, api_key=API_KEY, ca=pki.ca, retries=0)
+    with no_cert, pytest.raises(Unavailable):
+        no_cert.complete("Hello", max_tokens=2, audio=False, deadline=10)
