@@ -117,6 +117,25 @@ def _curl_works(text: str) -> None:
     assert reply.stdout.rstrip().endswith("data: [DONE]")
 
 
+def _chat_works(grpc_port: int, http_port: int, tmp_path) -> None:
+    """`omnistream chat` against the stack `up` serves: its WAV holds the client's samples and its
+    transcript is the REST text, for the same seeded request."""
+    from omnistream.client import Client, RestClient
+    from omnistream.wav import float32_wav_bytes
+
+    seeded = {"seed": 3, "max_tokens": 8, "max_audio_frames": 12}
+    out = tmp_path / "chat.wav"
+    chat = [sys.executable, "-m", "omnistream.cli", "chat", "Hello", "--gateway", f"127.0.0.1:{grpc_port}"]
+    chat += ["--output", str(out), "--seed", "3", "--max-tokens", "8", "--max-audio-frames", "12"]
+    done = subprocess.run(chat, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    with Client(f"127.0.0.1:{grpc_port}") as client:
+        answer = client.complete("Hello", **seeded)
+    with RestClient(f"http://127.0.0.1:{http_port}") as rest:
+        assert done.stdout.rstrip("\n") == rest.complete("Hello", **seeded).text == answer.text
+    assert out.read_bytes() == float32_wav_bytes(answer.audio, answer.sample_rate)
+
+
 def test_up_serves_refuses_busy_ports_and_stops_on_sighup(tiny_model_dir, tmp_path):
     """One stack, three checks: the printed curl works; a second `up` on the same ports fails with
     one clear line and starts nothing; SIGHUP (the terminal closed) stops every service and frees
@@ -124,6 +143,7 @@ def test_up_serves_refuses_busy_ports_and_stops_on_sighup(tiny_model_dir, tmp_pa
     with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as first:
         http_port, grpc_port, text = _serving(first)
         _curl_works(text)
+        _chat_works(grpc_port, http_port, tmp_path)
 
         for flags in (["--http-port", str(http_port)], ["--grpc-port", str(grpc_port)]):
             other = "--grpc-port" if flags[0] == "--http-port" else "--http-port"
