@@ -1,0 +1,191 @@
+"""Decoding a request's media off the event loop, bounded in threads, time and bytes.
+
+One request's media decode as one job in a small thread pool (FFmpeg and Pillow release the GIL
+while they work, so the event loop keeps serving other requests). The pool has `decode_workers`
+threads and as many slots; a request waits for a slot at most `decode_timeout` (then 429: the
+gateway is busy decoding, try again), and its whole decode gets `decode_timeout` of wall-clock time
+(then 422). A slot is freed only when its thread has really finished, so a file that outlives its
+deadline still counts against the pool until the decoder's own deadline checks stop it: the pool's
+bound holds, and other requests are never starved by threads they cannot see.
+
+URLs (only under the operator's `media_url_prefixes`) are fetched here too: http(s) with an async
+client, a timeout and the byte limit counted as the body arrives; file:// in the worker thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import os
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+from urllib.parse import unquote, urlsplit
+
+import httpx
+
+from gateway.media_decode import Deadline, decode_audio, decode_image, decode_video
+from gateway.media_limits import MediaLimits, Tally
+from gateway.media_parts import EncodedMedia, pending
+from omnistream.errors import InvalidRequest, Overloaded, TooLarge
+from omnistream.media import Media
+
+
+class MediaDecoder:
+    def __init__(self, limits: MediaLimits) -> None:
+        limits.validate()
+        self.limits = limits
+        self._pool = ThreadPoolExecutor(limits.decode_workers, thread_name_prefix="media-decode")
+        self._slots = asyncio.Semaphore(limits.decode_workers)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    async def decode(self, messages: list[dict[str, Any]] | None, use_audio_in_video: bool) -> int:
+        """Replace every `EncodedMedia` in `messages` by its decoded media, in place; returns the
+        decoded bytes (for the stage message's size check). Raises the 4xx error naming the field."""
+        found = pending(messages)
+        if not found:
+            return 0
+        items = [item for _, item in found]
+        self._check_encoded(items)
+        loop = asyncio.get_running_loop()
+        deadline = Deadline(self.limits.decode_timeout)
+        fetched = await self._fetch_http(items, deadline)
+        try:
+            async with asyncio.timeout(self.limits.decode_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Overloaded("the gateway is busy decoding media; try again") from None
+        try:
+            future = loop.run_in_executor(self._pool, self._decode_all, fetched, use_audio_in_video, deadline)
+        except BaseException:
+            self._slots.release()
+            raise
+        future.add_done_callback(lambda _: self._slots.release())
+        remaining = max(deadline.end - time.monotonic(), 0.0)
+        try:
+            decoded, size = await asyncio.wait_for(asyncio.shield(future), remaining + 1.0)
+        except TimeoutError:
+            raise InvalidRequest(
+                f"the media took over {self.limits.decode_timeout:g} s to decode "
+                "(the gateway's media_decode_timeout)",
+                field=items[0].field,
+            ) from None
+        for (part, _), media in zip(found, decoded, strict=True):
+            part[part["type"]] = media
+        return size
+
+    def _check_encoded(self, items: Sequence[EncodedMedia]) -> None:
+        """Before any work: the encoded sizes given so far (base64 estimated) against the limit."""
+        total = 0
+        for item in items:
+            total += item.encoded_size()
+            if total > self.limits.max_media_bytes * 4 // 3 + 4:
+                raise _too_many_bytes(self.limits, item.field)
+
+    async def _fetch_http(self, items: list[EncodedMedia], deadline: Deadline) -> list[EncodedMedia]:
+        remote = [i for i in items if i.url and urlsplit(i.url).scheme.lower() in ("http", "https")]
+        if not remote:
+            return items
+        budget = self.limits.max_media_bytes - sum(i.encoded_size() for i in items)
+        out = list(items)
+        timeout = httpx.Timeout(self.limits.url_timeout)
+        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+            for index, item in enumerate(items):
+                if item not in remote:
+                    continue
+                data, mime = await _get(client, item, budget, self.limits, deadline)
+                budget -= len(data)
+                out[index] = EncodedMedia(item.kind, mime, item.field, data=data)
+        return out
+
+    def _decode_all(
+        self, items: list[EncodedMedia], use_audio_in_video: bool, deadline: Deadline
+    ) -> tuple[list[Media], int]:
+        """In a worker thread: bytes of each item, then its media; every limit counted as we go."""
+        tally = Tally(self.limits)
+        encoded = 0
+        decoded: list[Media] = []
+        for item in items:
+            data = self._bytes_of(item, self.limits.max_media_bytes - encoded)
+            encoded += len(data)
+            if encoded > self.limits.max_media_bytes:
+                raise _too_many_bytes(self.limits, item.field)
+            if not data:
+                raise InvalidRequest(f"the {item.kind} is empty (zero bytes)", field=item.field)
+            deadline.check(item.field)
+            if item.kind == "audio":
+                decoded.append(decode_audio(data, item.mime, item.field, tally, deadline))
+            elif item.kind == "image":
+                decoded.append(decode_image(data, item.mime, item.field, tally, self.limits))
+            else:
+                decoded.append(
+                    decode_video(
+                        data, item.mime, item.field, tally, self.limits, deadline, use_audio_in_video
+                    )
+                )
+        return decoded, tally.decoded_bytes
+
+    @staticmethod
+    def _bytes_of(item: EncodedMedia, budget: int) -> bytes:
+        if item.data is not None:
+            return item.data
+        if item.base64 is not None:
+            try:
+                return base64.b64decode(item.base64, validate=True)
+            except (binascii.Error, ValueError):
+                raise InvalidRequest("the data is not valid base64", field=item.field) from None
+        assert item.url is not None
+        return _read_file(item, budget)
+
+
+def _too_many_bytes(limits: MediaLimits, field: str) -> TooLarge:
+    return TooLarge(
+        f"the request's media are over {limits.max_media_bytes} bytes (the gateway's max_media_bytes)",
+        field=field,
+    )
+
+
+async def _get(
+    client: httpx.AsyncClient, item: EncodedMedia, budget: int, limits: MediaLimits, deadline: Deadline
+) -> tuple[bytes, str]:
+    assert item.url is not None
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        async with asyncio.timeout(max(deadline.end - time.monotonic(), 0.0)):
+            async with client.stream("GET", item.url) as response:
+                if response.status_code != 200:
+                    raise InvalidRequest(
+                        f"fetching the URL answered HTTP {response.status_code}", field=item.field
+                    )
+                async for chunk in response.aiter_bytes():
+                    size += len(chunk)
+                    if size > budget:
+                        raise _too_many_bytes(limits, item.field)
+                    chunks.append(chunk)
+                mime = response.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    except TimeoutError:
+        raise InvalidRequest("fetching the URL timed out", field=item.field) from None
+    except httpx.HTTPError as exc:
+        raise InvalidRequest(f"fetching the URL failed ({type(exc).__name__})", field=item.field) from None
+    if not mime.startswith(item.kind + "/"):
+        mime = ""  # application/octet-stream and the like: let the decoder sniff
+    return b"".join(chunks), mime
+
+
+def _read_file(item: EncodedMedia, budget: int) -> bytes:
+    """A file:// URL (already checked against the allowed prefixes), at most `budget` bytes."""
+    assert item.url is not None
+    path = unquote(urlsplit(item.url).path)
+    try:
+        with open(path, "rb") as file:
+            if not os.path.isfile(path):
+                raise InvalidRequest("the URL is not a regular file", field=item.field)
+            data = file.read(budget + 1)
+    except OSError as exc:
+        raise InvalidRequest(f"the file cannot be read ({exc.strerror})", field=item.field) from None
+    return data
