@@ -154,7 +154,8 @@ def _read_audio(
                 take(resampler.resample(frame))
         take(resampler.resample(None))
     except (av.FFmpegError, ValueError) as exc:
-        raise InvalidRequest(f"the audio is corrupt ({_reason(exc)})", field=field) from None
+        name = container.format.name.split(",")[0]
+        raise InvalidRequest(f"the data is not valid {name} audio ({_reason(exc)})", field=field) from None
     samples = np.concatenate(chunks) if chunks else np.zeros(0, np.float32)
     if not np.isfinite(samples).all():
         raise InvalidRequest("the audio decodes to non-finite samples", field=field)
@@ -171,9 +172,26 @@ def _check_complete(
         )
 
 
+def wav_is_truncated(data: bytes) -> bool:
+    """The RIFF header's data chunk claims more bytes than the file has. (FFmpeg's wav demuxer
+    quietly shortens the duration to what is there, so the duration check cannot see it.) Sizes of
+    0 and 0xFFFFFFFF are what streaming writers put before they know the size: not a claim."""
+    if data[:4] != b"RIFF" or data[8:12] != b"WAVE":
+        return False
+    offset = 12
+    while offset + 8 <= len(data):
+        chunk, size = data[offset : offset + 4], int.from_bytes(data[offset + 4 : offset + 8], "little")
+        if chunk == b"data":
+            return size not in (0, 0xFFFFFFFF) and offset + 8 + size > len(data)
+        offset += 8 + size + (size & 1)
+    return False
+
+
 def decode_audio(data: bytes, mime: str, field: str, tally: Tally, deadline: Deadline) -> AudioInput:
     demuxer = _demuxer(mime, AUDIO_DEMUXERS, "audio", field)
     with _container(data, demuxer, AUDIO_DEMUXERS, field) as container:
+        if "wav" in container.format.name.split(",") and wav_is_truncated(data):
+            raise InvalidRequest("the file is truncated: its header promises more samples", field=field)
         if not container.streams.audio:
             raise InvalidRequest("the file has no audio track", field=field)
         stream = container.streams.audio[0]
