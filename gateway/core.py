@@ -18,13 +18,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.admission import Admission, Permit, Rejected
-from gateway.config import GatewayConfig
+from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.deployment import Deployment
+from gateway.media_decoder import MediaDecoder
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
+from omnistream.media import text_of
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.relay import Emit
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
@@ -207,10 +209,25 @@ def check_prompt_size(request: GenerationRequest, limit: int) -> None:
     if request.prompt_ids is not None:
         size, field, unit = len(request.prompt_ids), "prompt_ids", "token ids"
     else:
-        size = sum(len(m["content"]) for m in request.messages or ())
+        size = sum(len(text_of(m["content"])) for m in request.messages or ())
         field, unit = "messages", "characters of message text"
     if size > limit:
         raise TooLarge(f"the prompt has {size} {unit}; at most {limit} are accepted", field=field)
+
+
+def check_message_size(request: GenerationRequest, media_bytes: int, max_message_bytes: int) -> None:
+    """413 when the prompt's text and its decoded media together cannot fit the one stage message
+    that carries them to the thinker (each fits alone: GatewayConfig checks the limits)."""
+    if not media_bytes:
+        return
+    text = sum(len(text_of(m["content"]).encode("utf-8", "surrogatepass")) for m in request.messages or ())
+    room = max_message_bytes - STAGE_MESSAGE_HEADROOM
+    if text + media_bytes > room:
+        raise TooLarge(
+            f"the prompt's text ({text} bytes) and decoded media ({media_bytes} bytes) do not fit one "
+            f"stage message ({room} bytes)",
+            field="messages",
+        )
 
 
 class GatewayCore:
@@ -230,12 +247,14 @@ class GatewayCore:
             server_name=config.stage_tls_server_name,
             deployment=self.deployment,
         )
+        self.media = MediaDecoder(config.media_limits)
 
     async def start(self) -> None:
         await self.replicas.start()
 
     async def stop(self) -> None:
         await self.replicas.stop()
+        self.media.close()
 
     @property
     def ready(self) -> bool:
@@ -274,6 +293,10 @@ class GatewayCore:
         rid = validate_request_id(request_id or uuid.uuid4().hex)
         try:
             self.validate(request)
+            # Media last among the checks (the costliest), still before admission: a bad file is a
+            # 4xx that never takes a permit or reaches a stage.
+            media_bytes = await self.media.decode(request.messages, request.use_audio_in_video)
+            check_message_size(request, media_bytes, self.config.max_message_bytes)
             plan = self.chunk_plan(request)
             permit = await self.admission.acquire()
         except Rejected as exc:

@@ -34,9 +34,10 @@ from omnistream.media import Media
 
 
 class MediaDecoder:
-    def __init__(self, limits: MediaLimits) -> None:
+    def __init__(self, limits: MediaLimits, http_transport: httpx.AsyncBaseTransport | None = None) -> None:
         limits.validate()
         self.limits = limits
+        self._transport = http_transport  # tests: a mock server
         self._pool = ThreadPoolExecutor(limits.decode_workers, thread_name_prefix="media-decode")
         self._slots = asyncio.Semaphore(limits.decode_workers)
 
@@ -93,7 +94,8 @@ class MediaDecoder:
         budget = self.limits.max_media_bytes - sum(i.encoded_size() for i in items)
         out = list(items)
         timeout = httpx.Timeout(self.limits.url_timeout)
-        async with httpx.AsyncClient(timeout=timeout, follow_redirects=False) as client:
+        client = httpx.AsyncClient(timeout=timeout, follow_redirects=False, transport=self._transport)
+        async with client:
             for index, item in enumerate(items):
                 if item not in remote:
                     continue
