@@ -69,12 +69,23 @@ class VideoUrlPart(BaseModel):
 
 
 PART_TYPES = ("text", "input_audio", "image_url", "audio_url", "video_url")
-PART_TAGS = frozenset(f"<{t}>" for t in PART_TYPES)
+PART_TAGS = frozenset(f"<{t}>" for t in (*PART_TYPES, "unknown"))
+
+
+class UnknownPart(BaseModel):
+    """What an object with a missing or unknown `type` is checked as: it always fails, on `type`,
+    so the error names messages.N.content.M.type and lists the types there are."""
+
+    model_config = ConfigDict(extra="allow", strict=True)
+    type: Literal["text", "input_audio", "image_url", "audio_url", "video_url"]
 
 
 def _part_kind(value: Any) -> str | None:
-    kind = value.get("type") if isinstance(value, dict) else getattr(value, "type", None)
-    return f"<{kind}>" if kind in PART_TYPES else None
+    if not isinstance(value, dict):
+        kind = getattr(value, "type", None)  # an already-built part
+        return f"<{kind}>" if kind in PART_TYPES else None
+    kind = value.get("type")
+    return f"<{kind}>" if kind in PART_TYPES else "<unknown>"
 
 
 Part = Annotated[
@@ -82,7 +93,8 @@ Part = Annotated[
     | Annotated[InputAudioPart, Tag("<input_audio>")]
     | Annotated[ImageUrlPart, Tag("<image_url>")]
     | Annotated[AudioUrlPart, Tag("<audio_url>")]
-    | Annotated[VideoUrlPart, Tag("<video_url>")],
+    | Annotated[VideoUrlPart, Tag("<video_url>")]
+    | Annotated[UnknownPart, Tag("<unknown>")],
     Discriminator(
         _part_kind,
         custom_error_type="part_type",
@@ -129,7 +141,9 @@ def to_content(content: str | list[Any], index: int, url_prefixes: tuple[str, ..
         elif isinstance(part, AudioUrlPart):
             media = from_url(part.audio_url.url, "audio", f"{at}.audio_url.url", url_prefixes)
             parts.append({"type": "audio", "audio": media})
-        else:
+        elif isinstance(part, VideoUrlPart):
             media = from_url(part.video_url.url, "video", f"{at}.video_url.url", url_prefixes)
             parts.append({"type": "video", "video": media})
+        else:  # pragma: no cover  (UnknownPart never validates)
+            raise AssertionError(f"unexpected part {type(part).__name__}")
     return parts

@@ -158,7 +158,9 @@ def test_media_across_turns(client_core):
             413,
             "messages.0.content.0.image_url.url",
         ),
-        ({"type": "image", "image": "x"}, 422, "messages.0.content.0"),
+        ({"type": "image", "image": "x"}, 422, "messages.0.content.0.type"),
+        ({"text": "no type"}, 422, "messages.0.content.0.type"),
+        ("a string", 422, "messages.0.content.0"),
         (
             {"type": "input_audio", "input_audio": {"data": "AAAA"}},
             422,
@@ -175,6 +177,8 @@ def test_media_across_turns(client_core):
         "wrong-mime-kind",
         "over-pixels",
         "unknown-part-type",
+        "no-part-type",
+        "not-an-object",
         "missing-field",
     ],
 )
