@@ -111,6 +111,9 @@ def _container(
     try:
         if demuxer is None and not set(container.format.name.split(",")) & set(table.values()):
             raise InvalidRequest(f"unsupported media container {container.format.name!r}", field=field)
+        for stream in (*container.streams.audio, *container.streams.video):
+            # One decoding thread per stream: the pool's size is the bound on decoding CPU.
+            stream.codec_context.thread_count = 1
         yield container
     finally:
         container.close()

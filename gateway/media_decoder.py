@@ -82,9 +82,9 @@ class MediaDecoder:
     def _check_encoded(self, items: Sequence[EncodedMedia]) -> None:
         """Before any work: the encoded sizes given so far (base64 estimated) against the limit."""
         total = 0
-        for item in items:
+        for count, item in enumerate(items, 1):
             total += item.encoded_size()
-            if total > self.limits.max_media_bytes * 4 // 3 + 4:
+            if total - 2 * count > self.limits.max_media_bytes:  # base64 padding: up to 2 bytes each
                 raise _too_many_bytes(self.limits, item.field)
 
     async def _fetch_http(self, items: list[EncodedMedia], deadline: Deadline) -> list[EncodedMedia]:
@@ -137,7 +137,8 @@ class MediaDecoder:
             return item.data
         if item.base64 is not None:
             try:
-                return base64.b64decode(item.base64, validate=True)
+                # Line breaks (MIME-style base64) are fine; any other non-alphabet character is not.
+                return base64.b64decode("".join(item.base64.split()), validate=True)
             except (binascii.Error, ValueError):
                 raise InvalidRequest("the data is not valid base64", field=item.field) from None
         assert item.url is not None
