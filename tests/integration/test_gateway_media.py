@@ -9,6 +9,7 @@ from collections.abc import Iterator
 
 import grpc
 import httpx
+import openai
 import pytest
 import yaml
 
@@ -180,3 +181,26 @@ def test_grpc_bad_media_are_invalid_argument_naming_the_field(gateway, stages, m
     assert f"messages.0.parts.1.{field}" in error.details(), error.details()
     assert dict(error.trailing_metadata())["omni-error-kind"] == kind
     assert thinker_requests(stages) == before
+
+
+def test_the_readme_openai_sdk_example_sends_input_audio(gateway):
+    """README's example, as the SDK sends it: the part passes the gateway (the answer is the
+    thinker's: a completion, or its own refusal while it does not take media yet)."""
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway.http_port}/v1", api_key="unused")
+    audio = b64(audio_file("mp3", seconds=1.0))
+    content = [
+        {"type": "text", "text": "Answer the question in the recording."},
+        {"type": "input_audio", "input_audio": {"data": audio, "format": "mp3"}},
+    ]
+    try:
+        reply = client.chat.completions.create(
+            model="qwen3-omni", modalities=["text"], messages=[{"role": "user", "content": content}]
+        )
+    except openai.UnprocessableEntityError as exc:
+        assert not (exc.param or "").startswith("messages.0.content"), exc.body
+    else:
+        assert reply.choices[0].message.content is not None
+    bad = [content[0], {"type": "input_audio", "input_audio": {"data": "bm90IGF1ZGlv", "format": "mp3"}}]
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        client.chat.completions.create(model="qwen3-omni", messages=[{"role": "user", "content": bad}])
+    assert info.value.param == "messages.0.content.1.input_audio.data"
