@@ -2,14 +2,16 @@
 
 One request's media decode as one job in a small thread pool (FFmpeg and Pillow release the GIL
 while they work, so the event loop keeps serving other requests). The pool has `decode_workers`
-threads and as many slots; a request waits for a slot at most `decode_timeout` (then 429: the
-gateway is busy decoding, try again), and its whole decode gets `decode_timeout` of wall-clock time
-(then 422). A slot is freed only when its thread has really finished, so a file that outlives its
-deadline still counts against the pool until the decoder's own deadline checks stop it: the pool's
-bound holds, and other requests are never starved by threads they cannot see.
+threads and as many slots; a request waits for a slot at most `decode_timeout`, behind a bounded
+number of others (else 429 with Retry-After: the gateway is busy decoding, try again), and its decode
+then gets `decode_timeout` of wall-clock time (then 422). A slot is freed only when its thread has
+really finished, so a file that outlives its deadline still counts against the pool until the
+decoder's own deadline checks stop it: the pool's bound holds, and other requests are never
+starved by threads they cannot see.
 
 URLs (only under the operator's `media_url_prefixes`) are fetched here too: http(s) with an async
-client, a timeout and the byte limit counted as the body arrives; file:// in the worker thread.
+client, `url_timeout` per URL in all and the byte limit counted as the body arrives; file:// in the
+worker thread.
 """
 
 from __future__ import annotations
@@ -18,7 +20,6 @@ import asyncio
 import base64
 import binascii
 import os
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -26,11 +27,16 @@ from urllib.parse import unquote, urlsplit
 
 import httpx
 
+from gateway.admission import Rejected
 from gateway.media_decode import Deadline, decode_audio, decode_image, decode_video
 from gateway.media_limits import MediaLimits, Tally
 from gateway.media_parts import EncodedMedia, pending
-from omnistream.errors import InvalidRequest, Overloaded, TooLarge
+from omnistream.errors import InvalidRequest, TooLarge
 from omnistream.media import Media
+
+# Requests that may wait for a decoding slot, per worker; more are refused at once (429).
+MAX_WAITING_PER_WORKER = 8
+RETRY_AFTER = 1  # seconds, the Retry-After of a refusal for a busy decoder
 
 
 class MediaDecoder:
@@ -40,6 +46,7 @@ class MediaDecoder:
         self._transport = http_transport  # tests: a mock server
         self._pool = ThreadPoolExecutor(limits.decode_workers, thread_name_prefix="media-decode")
         self._slots = asyncio.Semaphore(limits.decode_workers)
+        self._waiting = 0
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -52,23 +59,20 @@ class MediaDecoder:
             return 0
         items = [item for _, item in found]
         self._check_encoded(items)
+        fetched = await self._fetch_http(items)
+        await self._acquire_slot()
+        deadline = Deadline(self.limits.decode_timeout)  # the decode's own: queueing is not decoding
         loop = asyncio.get_running_loop()
-        deadline = Deadline(self.limits.decode_timeout)
-        fetched = await self._fetch_http(items, deadline)
-        try:
-            async with asyncio.timeout(self.limits.decode_timeout):
-                await self._slots.acquire()
-        except TimeoutError:
-            raise Overloaded("the gateway is busy decoding media; try again") from None
         try:
             future = loop.run_in_executor(self._pool, self._decode_all, fetched, use_audio_in_video, deadline)
         except BaseException:
             self._slots.release()
             raise
         future.add_done_callback(lambda _: self._slots.release())
-        remaining = max(deadline.end - time.monotonic(), 0.0)
         try:
-            decoded, size = await asyncio.wait_for(asyncio.shield(future), remaining + 1.0)
+            # The thread stops itself at the deadline; the extra second only covers a decoder stuck
+            # inside one FFmpeg call, which then keeps its slot until it returns.
+            decoded, size = await asyncio.wait_for(asyncio.shield(future), self.limits.decode_timeout + 1.0)
         except TimeoutError:
             raise InvalidRequest(
                 f"the media took over {self.limits.decode_timeout:g} s to decode "
@@ -79,6 +83,22 @@ class MediaDecoder:
             part[part["type"]] = media
         return size
 
+    async def _acquire_slot(self) -> None:
+        """A decoding slot, waiting at most `decode_timeout` behind at most `MAX_WAITING_PER_WORKER`
+        requests per worker; else 429 (the gateway is busy decoding, not the request at fault)."""
+        if self._waiting >= MAX_WAITING_PER_WORKER * self.limits.decode_workers:
+            raise _busy()
+        self._waiting += 1
+        try:
+            async with asyncio.timeout(self.limits.decode_timeout):
+                await self._slots.acquire()
+        except TimeoutError:
+            raise Rejected(
+                "the gateway is busy decoding media; try again", "media_busy", RETRY_AFTER
+            ) from None
+        finally:
+            self._waiting -= 1
+
     def _check_encoded(self, items: Sequence[EncodedMedia]) -> None:
         """Before any work: the encoded sizes given so far (base64 estimated) against the limit."""
         total = 0
@@ -87,7 +107,7 @@ class MediaDecoder:
             if total - 2 * count > self.limits.max_media_bytes:  # base64 padding: up to 2 bytes each
                 raise _too_many_bytes(self.limits, item.field)
 
-    async def _fetch_http(self, items: list[EncodedMedia], deadline: Deadline) -> list[EncodedMedia]:
+    async def _fetch_http(self, items: list[EncodedMedia]) -> list[EncodedMedia]:
         remote = [i for i in items if i.url and urlsplit(i.url).scheme.lower() in ("http", "https")]
         if not remote:
             return items
@@ -99,7 +119,7 @@ class MediaDecoder:
             for index, item in enumerate(items):
                 if item not in remote:
                     continue
-                data, mime = await _get(client, item, budget, self.limits, deadline)
+                data, mime = await _get(client, item, budget, self.limits)
                 budget -= len(data)
                 out[index] = EncodedMedia(item.kind, mime, item.field, data=data)
         return out
@@ -145,6 +165,10 @@ class MediaDecoder:
         return _read_file(item, budget)
 
 
+def _busy() -> Rejected:
+    return Rejected("the gateway is busy decoding media; try again", "media_busy", RETRY_AFTER)
+
+
 def _too_many_bytes(limits: MediaLimits, field: str) -> TooLarge:
     return TooLarge(
         f"the request's media are over {limits.max_media_bytes} bytes (the gateway's max_media_bytes)",
@@ -153,13 +177,15 @@ def _too_many_bytes(limits: MediaLimits, field: str) -> TooLarge:
 
 
 async def _get(
-    client: httpx.AsyncClient, item: EncodedMedia, budget: int, limits: MediaLimits, deadline: Deadline
+    client: httpx.AsyncClient, item: EncodedMedia, budget: int, limits: MediaLimits
 ) -> tuple[bytes, str]:
+    """One URL's body, at most `budget` bytes, within `url_timeout` in all (httpx's own timeout
+    bounds each read, not a server that drips bytes)."""
     assert item.url is not None
     chunks: list[bytes] = []
     size = 0
     try:
-        async with asyncio.timeout(max(deadline.end - time.monotonic(), 0.0)):
+        async with asyncio.timeout(limits.url_timeout):
             async with client.stream("GET", item.url) as response:
                 if response.status_code != 200:
                     raise InvalidRequest(

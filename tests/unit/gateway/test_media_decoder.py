@@ -13,10 +13,11 @@ import numpy as np
 import pytest
 
 import gateway.media_decoder as media_decoder
+from gateway.admission import Rejected
 from gateway.media_decoder import MediaDecoder
 from gateway.media_limits import MediaLimits
 from gateway.media_parts import EncodedMedia, from_url
-from omnistream.errors import InvalidRequest, Overloaded, TooLarge
+from omnistream.errors import InvalidRequest, TooLarge
 from omnistream.media import AudioInput, ImageInput
 from tests.media_samples import audio_file, image_file
 
@@ -127,7 +128,7 @@ async def test_a_decode_past_its_deadline_is_422_and_frees_its_slot_when_it_stop
             await decoder.decode(messages_of(audio_part(b"x")), False)
         assert time.monotonic() - started < 3.0
         # The thread still runs: the one slot is taken, so the next request waits, then is told busy.
-        with pytest.raises(Overloaded, match="busy"):
+        with pytest.raises(Rejected, match="busy"):
             await decoder.decode(messages_of(audio_part(b"x")), False)
         release.set()
         await asyncio.sleep(0.2)
@@ -158,3 +159,27 @@ async def test_the_event_loop_keeps_running_while_media_decode(decoder):
     elapsed = time.monotonic() - started
     ticker.cancel()
     assert ticks >= elapsed / 0.005 * 0.3  # the loop was not blocked by the decode
+
+
+async def test_requests_beyond_the_waiting_bound_are_refused_at_once(monkeypatch):
+    release = threading.Event()
+    monkeypatch.setattr(media_decoder, "decode_audio", lambda *_: release.wait(5) and None)
+    decoder = MediaDecoder(MediaLimits(decode_timeout=5.0, decode_workers=1))
+    try:
+        running = asyncio.create_task(decoder.decode(messages_of(audio_part(b"x")), False))
+        await asyncio.sleep(0.05)
+        waiting = [
+            asyncio.create_task(decoder.decode(messages_of(audio_part(b"x")), False))
+            for _ in range(media_decoder.MAX_WAITING_PER_WORKER)
+        ]
+        await asyncio.sleep(0.05)
+        started = time.monotonic()
+        with pytest.raises(Rejected) as info:
+            await decoder.decode(messages_of(audio_part(b"x")), False)
+        assert time.monotonic() - started < 0.5 and info.value.retry_after == media_decoder.RETRY_AFTER
+    finally:
+        release.set()
+        for task in [running, *waiting]:
+            task.cancel()
+        await asyncio.gather(running, *waiting, return_exceptions=True)
+        decoder.close()
