@@ -21,6 +21,7 @@ from gateway.admission import Admission, Permit, Rejected
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.deployment import Deployment
 from gateway.media_decoder import MediaDecoder
+from gateway.media_parts import pending
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
@@ -215,6 +216,24 @@ def check_prompt_size(request: GenerationRequest, limit: int) -> None:
         raise TooLarge(f"the prompt has {size} {unit}; at most {limit} are accepted", field=field)
 
 
+def unsupported_media(
+    request: GenerationRequest, modalities: tuple[str, ...] | None
+) -> InvalidRequest | None:
+    """The 422 for the first media part of a kind the deployment's thinker does not take (its Info's
+    input_modalities), naming the part; call it while the parts are still encoded (they carry their
+    field). None when all are taken, or when no thinker was heard from (no request runs then)."""
+    if modalities is None:
+        return None
+    for part, item in pending(request.messages):
+        if part["type"] not in modalities:
+            return InvalidRequest(
+                f"this deployment's model takes no {part['type']} input "
+                f"(its thinker accepts: {', '.join(modalities)})",
+                field=item.field,
+            )
+    return None
+
+
 def check_message_size(request: GenerationRequest, media_bytes: int, max_message_bytes: int) -> None:
     """413 when the prompt's text and its decoded media together cannot fit the one stage message
     that carries them to the thinker (each fits alone: GatewayConfig checks the limits)."""
@@ -279,6 +298,19 @@ class GatewayCore:
         request.talker_sampling.validate("talker_")
         request.validate()
 
+    async def prepare(self, request: GenerationRequest) -> None:
+        """Every check before admission, then the media decoded in place: a bad request is a 4xx
+        that never takes a permit or reaches a stage. Media come last (the costliest)."""
+        self.validate(request)
+        # A kind the model does not take is reported after decoding, so a bad file gets its own
+        # error whatever the deployment takes; when it takes the kind (the usual case) nothing is
+        # wasted.
+        unsupported = unsupported_media(request, self.deployment.input_modalities)
+        media_bytes = await self.media.decode(request.messages, request.use_audio_in_video)
+        if unsupported is not None:
+            raise unsupported
+        check_message_size(request, media_bytes, self.config.max_message_bytes)
+
     def chunk_plan(self, request: GenerationRequest) -> ChunkPlan:
         initial = request.initial_codec_chunk_frames
         if initial is None:
@@ -292,11 +324,7 @@ class GatewayCore:
     ) -> Session:
         rid = validate_request_id(request_id or uuid.uuid4().hex)
         try:
-            self.validate(request)
-            # Media last among the checks (the costliest), still before admission: a bad file is a
-            # 4xx that never takes a permit or reaches a stage.
-            media_bytes = await self.media.decode(request.messages, request.use_audio_in_video)
-            check_message_size(request, media_bytes, self.config.max_message_bytes)
+            await self.prepare(request)
             plan = self.chunk_plan(request)
             permit = await self.admission.acquire()
         except Rejected as exc:

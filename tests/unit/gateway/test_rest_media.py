@@ -22,15 +22,19 @@ from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 CHAT = "/v1/chat/completions"
+MODALITIES = ("text", "audio", "image", "video")
 
 
 class MediaCore(GatewayCore):
     """`open` validates and decodes media as the real one does, records the request, then 503s."""
 
-    def __init__(self, config: GatewayConfig) -> None:
+    def __init__(self, config: GatewayConfig, modalities: tuple[str, ...] = MODALITIES) -> None:
         config.validate()
         self.config = config
         self.deployment = deployment()
+        thinker = self.deployment.accepted["thinker"]
+        del thinker.input_modalities[:]
+        thinker.input_modalities.extend(modalities)
         self.metrics = GatewayMetrics()
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.media = MediaDecoder(config.media_limits)
@@ -41,9 +45,7 @@ class MediaCore(GatewayCore):
         return True
 
     async def open(self, request, request_id=None, timeout=None):
-        self.validate(request)
-        size = await self.media.decode(request.messages, request.use_audio_in_video)
-        check_message_size(request, size, self.config.max_message_bytes)
+        await self.prepare(request)
         self.opened.append(request)
         raise Unavailable("no stages in this test")
 
@@ -216,3 +218,20 @@ def test_openapi_documents_the_media_parts(client_core):
     names = set(schema["components"]["schemas"])
     assert {"InputAudioPart", "ImageUrlPart", "AudioUrlPart", "VideoUrlPart"} <= names
     assert "use_audio_in_video" in schema["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+
+
+def test_media_the_thinker_does_not_take_are_422_naming_the_part():
+    core = MediaCore(GatewayConfig(**STAGES), modalities=("text", "audio"))
+    with TestClient(build_app(core), raise_server_exceptions=False) as client:
+        image = {"type": "image_url", "image_url": {"url": data_url("image/png", image_file())}}
+        reply = chat(client, [{"type": "text", "text": "look"}, image])
+        bad = {"type": "image_url", "image_url": {"url": data_url("image/png", b"not a png")}}
+        corrupt = chat(client, [bad])
+    core.media.close()
+    assert reply.status_code == 422
+    error = reply.json()["error"]
+    assert error["param"] == "messages.0.content.1.image_url.url"
+    assert "takes no image input" in error["message"] and "text, audio" in error["message"]
+    # a bad file is reported as such, whatever the deployment takes
+    assert "not a valid PNG" in corrupt.json()["error"]["message"]
+    assert not core.opened
