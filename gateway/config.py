@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.media_limits import MediaLimits
 from omnistream.request_defaults import DEFAULTS
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
@@ -22,6 +23,9 @@ STAGE_MESSAGE_HEADROOM = 64 * 1024
 # The most bytes one prompt unit takes in that message: a character is at most 4 bytes of UTF-8, a
 # token id of `prompt_ids` at most 5 bytes of varint.
 BYTES_PER_PROMPT_UNIT = 5
+# A REST body carries media as base64: 4 characters for every 3 bytes.
+BASE64_RATIO = 4 / 3
+_MEDIA = MediaLimits()  # the media defaults, reasons in gateway/media_limits.py and README
 
 
 @dataclass
@@ -50,6 +54,25 @@ class GatewayConfig:
     # prompts that could never run are refused; it bounds the thinker's tokenizing work, and at 5
     # bytes a unit such a prompt always fits one stage message.
     max_prompt_chars: int = 1_000_000
+    # Media (README "Audio, images and video"). Encoded bytes of all media of one request: 5 MiB is
+    # 6.7 MiB of base64, inside the 8 MiB REST body with room for text.
+    max_media_bytes: int = _MEDIA.max_media_bytes
+    # Decoded media of one request travel to the thinker in one stage message beside the text: this
+    # budget plus the prompt must fit max_message_bytes (checked here, and per request at run time).
+    max_decoded_media_bytes: int = _MEDIA.max_decoded_bytes
+    max_audio_seconds: float = _MEDIA.max_audio_seconds  # per request, a video's sound included
+    max_image_input_pixels: int = _MEDIA.max_image_input_pixels  # per image (or video frame), as sent
+    image_max_pixels: int = _MEDIA.image_max_pixels  # per image after resizing (1280 visual tokens)
+    max_video_seconds: float = _MEDIA.max_video_seconds  # per video; longer ones get 413
+    max_video_frames: int = _MEDIA.max_video_frames  # frames sampled per video (longer: sparser)
+    video_fps: float = _MEDIA.video_fps  # frames sampled per second of video (the reference's 2.0)
+    video_total_pixels: int = _MEDIA.video_total_pixels  # the reference's total_pixels of a video
+    vision_factor: int = _MEDIA.vision_factor  # patch_size x spatial_merge_size of the model
+    media_decode_timeout: float = _MEDIA.decode_timeout  # seconds for one request's decode
+    media_decode_workers: int = _MEDIA.decode_workers  # decoding threads (and requests at once)
+    # http(s):// or file:// prefixes media URLs may start with; empty: data: URLs only.
+    media_url_prefixes: list[str] = field(default_factory=list)
+    media_url_timeout: float = _MEDIA.url_timeout
     health_interval: float = 1.0
     # Stage entries that are DNS names ("dns:///talker:50051", "talker:50051") are resolved this
     # often; every address found is a replica (a headless Service lists one per ready pod).
@@ -118,3 +141,19 @@ class GatewayConfig:
                 f"max_prompt_chars ({self.max_prompt_chars}) at up to {BYTES_PER_PROMPT_UNIT} bytes each "
                 f"must fit max_message_bytes ({self.max_message_bytes}) less {STAGE_MESSAGE_HEADROOM}"
             )
+        self.media_limits.validate()  # each media limit fits max_decoded_media_bytes
+        if self.max_decoded_media_bytes > room:
+            raise ValueError(
+                f"max_decoded_media_bytes ({self.max_decoded_media_bytes}) must fit max_message_bytes "
+                f"({self.max_message_bytes}) less {STAGE_MESSAGE_HEADROOM}: decoded media reach the "
+                "thinker in one message"
+            )
+        if self.max_media_bytes * BASE64_RATIO > self.max_request_bytes:
+            raise ValueError(
+                f"max_media_bytes ({self.max_media_bytes}) as base64 ({BASE64_RATIO:.3g}x) must fit "
+                f"max_request_bytes ({self.max_request_bytes})"
+            )
+
+    @property
+    def media_limits(self) -> MediaLimits:
+        return MediaLimits.of(self)

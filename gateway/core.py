@@ -18,13 +18,16 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.admission import Admission, Permit, Rejected
-from gateway.config import GatewayConfig
+from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.deployment import Deployment
+from gateway.media_decoder import MediaDecoder
+from gateway.media_parts import pending
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
+from omnistream.media import text_of
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.relay import Emit
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
@@ -207,10 +210,43 @@ def check_prompt_size(request: GenerationRequest, limit: int) -> None:
     if request.prompt_ids is not None:
         size, field, unit = len(request.prompt_ids), "prompt_ids", "token ids"
     else:
-        size = sum(len(m["content"]) for m in request.messages or ())
+        size = sum(len(text_of(m["content"])) for m in request.messages or ())
         field, unit = "messages", "characters of message text"
     if size > limit:
         raise TooLarge(f"the prompt has {size} {unit}; at most {limit} are accepted", field=field)
+
+
+def unsupported_media(
+    request: GenerationRequest, modalities: tuple[str, ...] | None
+) -> InvalidRequest | None:
+    """The 422 for the first media part of a kind the deployment's thinker does not take (its Info's
+    input_modalities), naming the part; call it while the parts are still encoded (they carry their
+    field). None when all are taken, or when no thinker was heard from (no request runs then)."""
+    if modalities is None:
+        return None
+    for part, item in pending(request.messages):
+        if part["type"] not in modalities:
+            return InvalidRequest(
+                f"this deployment's model takes no {part['type']} input "
+                f"(its thinker accepts: {', '.join(modalities)})",
+                field=item.field,
+            )
+    return None
+
+
+def check_message_size(request: GenerationRequest, media_bytes: int, max_message_bytes: int) -> None:
+    """413 when the prompt's text and its decoded media together cannot fit the one stage message
+    that carries them to the thinker (each fits alone: GatewayConfig checks the limits)."""
+    if not media_bytes:
+        return
+    text = sum(len(text_of(m["content"]).encode("utf-8", "surrogatepass")) for m in request.messages or ())
+    room = max_message_bytes - STAGE_MESSAGE_HEADROOM
+    if text + media_bytes > room:
+        raise TooLarge(
+            f"the prompt's text ({text} bytes) and decoded media ({media_bytes} bytes) do not fit one "
+            f"stage message ({room} bytes)",
+            field="messages",
+        )
 
 
 class GatewayCore:
@@ -230,12 +266,14 @@ class GatewayCore:
             server_name=config.stage_tls_server_name,
             deployment=self.deployment,
         )
+        self.media = MediaDecoder(config.media_limits)
 
     async def start(self) -> None:
         await self.replicas.start()
 
     async def stop(self) -> None:
         await self.replicas.stop()
+        self.media.close()
 
     @property
     def ready(self) -> bool:
@@ -260,6 +298,19 @@ class GatewayCore:
         request.talker_sampling.validate("talker_")
         request.validate()
 
+    async def prepare(self, request: GenerationRequest) -> None:
+        """Every check before admission, then the media decoded in place: a bad request is a 4xx
+        that never takes a permit or reaches a stage. Media come last (the costliest)."""
+        self.validate(request)
+        # A kind the model does not take is reported after decoding, so a bad file gets its own
+        # error whatever the deployment takes; when it takes the kind (the usual case) nothing is
+        # wasted.
+        unsupported = unsupported_media(request, self.deployment.input_modalities)
+        media_bytes = await self.media.decode(request.messages, request.use_audio_in_video)
+        if unsupported is not None:
+            raise unsupported
+        check_message_size(request, media_bytes, self.config.max_message_bytes)
+
     def chunk_plan(self, request: GenerationRequest) -> ChunkPlan:
         initial = request.initial_codec_chunk_frames
         if initial is None:
@@ -273,7 +324,7 @@ class GatewayCore:
     ) -> Session:
         rid = validate_request_id(request_id or uuid.uuid4().hex)
         try:
-            self.validate(request)
+            await self.prepare(request)
             plan = self.chunk_plan(request)
             permit = await self.admission.acquire()
         except Rejected as exc:

@@ -134,6 +134,12 @@ class Deployment:
         return None if voices is None else tuple(voices)
 
     @property
+    def input_modalities(self) -> tuple[str, ...] | None:
+        """What the thinker takes in a prompt ("text", "audio", ...); None until one was accepted."""
+        modalities = self._first("input_modalities", "thinker")
+        return None if modalities is None else tuple(modalities)
+
+    @property
     def sample_rate(self) -> int | None:
         return self._first("sample_rate", "code2wav")
 

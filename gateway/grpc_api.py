@@ -18,12 +18,13 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import grpc
 import numpy as np
 
 from gateway.admission import Rejected
+from gateway.media_parts import from_bytes
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.errors import InvalidRequest, OmniError, Unavailable
 from omnistream.protogen import ensure_generated
@@ -63,13 +64,43 @@ def _sampling_given(msg: common_pb2.Sampling) -> dict[str, float | int | None]:
     }
 
 
+def message_content(message: common_pb2.Message, index: int) -> str | list[dict[str, Any]]:
+    """A turn's content for `RequestInput`: `content`, or its `parts` (text and encoded media; a
+    turn of text parts only is one string, as REST makes it). Decoded forms are the stage API's."""
+    at = f"messages.{index}"
+    if not message.parts:
+        return message.content
+    if message.content:
+        raise InvalidRequest("give a turn's content or its parts, not both", field=f"{at}.content")
+    parts: list[dict[str, Any]] = []
+    for i, part in enumerate(message.parts):
+        which = part.WhichOneof("kind")
+        if which == "text":
+            parts.append({"type": "text", "text": part.text})
+        elif which == "media":
+            media = from_bytes(
+                part.media.kind, part.media.mime_type, part.media.data, f"{at}.parts.{i}.media"
+            )
+            parts.append({"type": media.kind, media.kind: media})
+        else:
+            raise InvalidRequest(
+                "a part must be text or media (encoded bytes and their MIME type)"
+                + (f"; {which} is the stages' decoded form" if which else ""),
+                field=f"{at}.parts.{i}",
+            )
+    if all(p["type"] == "text" for p in parts):
+        return "".join(p["text"] for p in parts)
+    return parts
+
+
 def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
     """The wire request as given: proto3 zeros and unset fields become None ("not given"), and an
     unset `sampling`/`talker_sampling` message leaves every knob of it to the defaults."""
     thinker = _sampling_given(request.sampling) if request.HasField("sampling") else {}
     talker = _sampling_given(request.talker_sampling) if request.HasField("talker_sampling") else {}
     return RequestInput(
-        messages=[{"role": m.role, "content": m.content} for m in request.messages] or None,
+        messages=[{"role": m.role, "content": message_content(m, i)} for i, m in enumerate(request.messages)]
+        or None,
         prompt_ids=list(request.prompt_ids) or None,
         max_tokens=request.max_tokens or None,
         ignore_eos=request.ignore_eos,
@@ -90,6 +121,7 @@ def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
             request.initial_codec_chunk_frames if request.HasField("initial_codec_chunk_frames") else None
         ),
         async_chunk=request.async_chunk if request.HasField("async_chunk") else None,
+        use_audio_in_video=(request.use_audio_in_video if request.HasField("use_audio_in_video") else None),
     )
 
 

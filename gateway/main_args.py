@@ -23,6 +23,38 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-prompt-chars", type=int, default=None, help="longer prompts get 413 (default 1000000)"
     )
+    media = p.add_argument_group("media limits (README: Audio, images and video)")
+    media.add_argument(
+        "--max-media-bytes", type=int, default=None, help="encoded media per request (default 5 MiB)"
+    )
+    media.add_argument(
+        "--max-decoded-media-bytes",
+        type=int,
+        default=None,
+        help="decoded media per request, must fit the stage message (default 12 MiB)",
+    )
+    media.add_argument(
+        "--max-audio-seconds", type=float, default=None, help="audio per request, video sound included (180)"
+    )
+    media.add_argument(
+        "--max-image-input-pixels", type=int, default=None, help="pixels of an image as sent (36000000)"
+    )
+    media.add_argument(
+        "--image-max-pixels", type=int, default=None, help="pixels of an image after resizing (1310720)"
+    )
+    media.add_argument("--max-video-seconds", type=float, default=None, help="length of a video (120)")
+    media.add_argument("--max-video-frames", type=int, default=None, help="frames sampled per video (16)")
+    media.add_argument("--video-fps", type=float, default=None, help="frames sampled per second (2.0)")
+    media.add_argument(
+        "--media-decode-timeout", type=float, default=None, help="seconds to decode a request's media (30)"
+    )
+    media.add_argument(
+        "--media-url-prefix",
+        dest="media_url_prefixes",
+        action="append",
+        default=None,
+        help="allow media URLs starting with this http(s):// or file:// prefix (repeatable; default none)",
+    )
     p.add_argument("--sequential", action="store_true", help="default to sequential mode (async chunk off)")
     p.add_argument(
         "--discovery-interval", type=float, default=None, help="seconds between DNS look-ups of stage names"

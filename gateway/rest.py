@@ -9,12 +9,13 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.core import GatewayCore
 from gateway.request_guards import BodyLimit, BodyTooLarge, first_invalid_unicode, printable
+from gateway.rest_content import Content, to_content
 from gateway.rest_errors import (
     FIELD_NAMES,
     ErrorResponse,
@@ -38,40 +39,11 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 Name = Annotated[str, Field(max_length=256)]
 
 
-class TextPart(BaseModel):
-    model_config = STRICT
-    type: Literal["text"]
-    text: str
-
-
-def _content_kind(value: Any) -> str | None:
-    if isinstance(value, str):
-        return "<string>"
-    return "<parts>" if isinstance(value, list) else None
-
-
-# A tagged union, so a bad `content` is reported against the one form it was meant as (not once as
-# "not a string" and once as "not a list"); the tags are dropped from `param` (`UNION_TAGS`).
-Content = Annotated[
-    Annotated[str, Tag("<string>")] | Annotated[list[TextPart], Tag("<parts>")],
-    Discriminator(
-        _content_kind,
-        custom_error_type="content_type",
-        custom_error_message="Input should be a string or a list of text parts",
-    ),
-]
-
-
 class ChatMessage(BaseModel):
     model_config = STRICT
     role: Literal["system", "user", "assistant", "developer"]
     content: Content
     name: Name | None = None
-
-    def text(self) -> str:
-        if isinstance(self.content, str):
-            return self.content
-        return "".join(part.text for part in self.content)
 
 
 class AudioOptions(BaseModel):
@@ -148,6 +120,11 @@ class ChatCompletionRequest(BaseModel):
     timeout: float | None = Field(
         None, gt=0.0, description="Extension: seconds before the request ends with 504."
     )
+    use_audio_in_video: bool | None = Field(
+        None,
+        description=f"Extension: also hear the sound of video_url parts "
+        f"(default {DEFAULTS.use_audio_in_video}).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -168,13 +145,17 @@ class ChatCompletionRequest(BaseModel):
         )
 
 
-def to_request_input(body: ChatCompletionRequest) -> RequestInput:
-    """The body as given: every field the client left out stays None, for `resolve` to fill in."""
+def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] = ()) -> RequestInput:
+    """The body as given: every field the client left out stays None, for `resolve` to fill in.
+    Media parts stay encoded (`EncodedMedia`); `GatewayCore.open` decodes them before admission."""
     audio = body.audio
     return RequestInput(
         messages=[
-            {"role": "system" if m.role == "developer" else m.role, "content": m.text()}
-            for m in body.messages
+            {
+                "role": "system" if m.role == "developer" else m.role,
+                "content": to_content(m.content, i, url_prefixes),
+            }
+            for i, m in enumerate(body.messages)
         ],
         max_tokens=body.max_completion_tokens or body.max_tokens,
         ignore_eos=body.ignore_eos,
@@ -191,6 +172,7 @@ def to_request_input(body: ChatCompletionRequest) -> RequestInput:
         talker_seed=body.talker_seed,
         initial_codec_chunk_frames=body.initial_codec_chunk_frames,
         async_chunk=body.async_chunk,
+        use_audio_in_video=body.use_audio_in_video,
     )
 
 
@@ -198,7 +180,8 @@ def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tup
     """The request the body asks for, defaults from the one table (`omnistream.request_defaults`)."""
     audio_format = body.audio.format if body.audio else "wav"
     serving = ServingDefaults.of(core.config, core.deployment.voices)
-    return resolve(to_request_input(body), serving), audio_format
+    given = to_request_input(body, tuple(core.config.media_url_prefixes))
+    return resolve(given, serving), audio_format
 
 
 def build_app(core: GatewayCore) -> FastAPI:
@@ -283,9 +266,14 @@ def build_app(core: GatewayCore) -> FastAPI:
             401: {"model": ErrorResponse, "description": "Missing or wrong API key (when one is set)"},
             413: {
                 "model": ErrorResponse,
-                "description": "Body over max_request_bytes, or prompt over max_prompt_chars",
+                "description": "Body over max_request_bytes, prompt over max_prompt_chars, or media over "
+                "a media limit (bytes, seconds, pixels)",
             },
-            422: {"model": ErrorResponse, "description": "Invalid request (`param` names the field)"},
+            422: {
+                "model": ErrorResponse,
+                "description": "Invalid request, or media that are corrupt, unsupported, empty or of "
+                "another type than declared (`param` names the field)",
+            },
             429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
             503: {"model": ErrorResponse, "description": "No healthy replica"},
             504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},

@@ -15,10 +15,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.admission import Rejected
 from gateway.request_guards import printable
+from gateway.rest_content import PART_TAGS
 from omnistream.errors import InvalidRequest, OmniError, status_of
 
 # Tags of the message-content union: pydantic puts them in error locations, `param` leaves them out.
-UNION_TAGS = frozenset({"<string>", "<parts>"})
+UNION_TAGS = frozenset({"<string>", "<parts>"}) | PART_TAGS
 
 _TYPES = {
     401: "authentication_error",

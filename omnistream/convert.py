@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any
+
 import numpy as np
 
+from omnistream.media import AudioInput, ImageInput, VideoInput
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.qwen3_omni.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
@@ -13,6 +17,7 @@ from omnistream.qwen3_omni.chunk_plan import (
 )
 from omnistream.sampling_params import SamplingParams
 from omnistream.stage_chain import StageOpens
+from omnistream.tensors import to_proto
 
 
 def wire_float(value: float) -> float:
@@ -63,8 +68,47 @@ MODE_TO_PROTO = {"async": common_pb2.MODE_ASYNC_CHUNK, "sequential": common_pb2.
 # The stage chain's edges on the wire (see omnistream/stage_chain.py for the same edges in process).
 
 
+def audio_part_proto(audio: AudioInput) -> common_pb2.AudioPart:
+    samples = np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1)
+    return common_pb2.AudioPart(samples=to_proto(samples), sample_rate=audio.sample_rate)
+
+
+def content_part_proto(part: Mapping[str, Any]) -> common_pb2.ContentPart:
+    """One part of a message's content (omnistream/media.py) as the stage API's decoded part."""
+    kind = part["type"]
+    if kind == "text":
+        return common_pb2.ContentPart(text=part["text"])
+    media = part[kind]
+    if kind == "audio" and isinstance(media, AudioInput):
+        return common_pb2.ContentPart(audio=audio_part_proto(media))
+    if kind == "image" and isinstance(media, ImageInput):
+        pixels = np.ascontiguousarray(media.pixels, dtype=np.uint8)
+        return common_pb2.ContentPart(image=common_pb2.ImagePart(pixels=to_proto(pixels)))
+    if kind == "video" and isinstance(media, VideoInput):
+        video = common_pb2.VideoPart(
+            frames=to_proto(np.ascontiguousarray(media.frames, dtype=np.uint8)), fps=media.fps
+        )
+        if media.audio is not None:
+            video.audio.CopyFrom(audio_part_proto(media.audio))
+        return common_pb2.ContentPart(video=video)
+    # An encoded file here is a gateway bug: media are decoded before a request is admitted.
+    raise TypeError(f"a {kind!r} part holding {type(media).__name__} cannot go to the thinker")
+
+
+def message_proto(message: Mapping[str, Any]) -> common_pb2.Message:
+    """A chat turn: text-only content as `content` (as before media existed), else as `parts`."""
+    content: str | Sequence[Mapping[str, Any]] = message["content"]
+    if isinstance(content, str):
+        return common_pb2.Message(role=message["role"], content=content)
+    return common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
+
+
 def thinker_open_proto(
-    rid: str, opens: StageOpens, messages: list[dict[str, str]] | None, prompt_ids: list[int] | None
+    rid: str,
+    opens: StageOpens,
+    messages: Sequence[Mapping[str, Any]] | None,
+    prompt_ids: list[int] | None,
+    use_audio_in_video: bool = False,
 ) -> stage_pb2.ThinkerOpen:
     params = opens.thinker
     open_ = stage_pb2.ThinkerOpen(
@@ -72,12 +116,12 @@ def thinker_open_proto(
         max_tokens=params.max_tokens,
         ignore_eos=params.ignore_eos,
         sampling=sampling_to_proto(params.sampling),
+        use_audio_in_video=use_audio_in_video,
     )
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
     else:
-        turns = messages or ()
-        open_.messages.extend(common_pb2.Message(role=m["role"], content=m["content"]) for m in turns)
+        open_.messages.extend(message_proto(m) for m in messages or ())
     return open_
 
 

@@ -105,7 +105,9 @@ class RequestInput:
     Entry points only translate their wire format into this; they decide no defaults of their own.
     """
 
-    messages: Sequence[dict[str, str]] | None = None
+    # Content: a string, or a list of parts (omnistream/media.py; the gateway's media parts hold an
+    # encoded file until `GatewayCore.open` decodes them).
+    messages: Sequence[dict[str, Any]] | None = None
     prompt_ids: Sequence[int] | None = None
     system: str | None = None  # prepended as a system message (`generate --system`)
     max_tokens: int | None = None
@@ -132,7 +134,7 @@ def _given(value: Any, default: Any) -> Any:
     return default if value is None else value
 
 
-def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, str]] | None:
+def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, Any]] | None:
     if given.messages is None:
         if given.system is not None:
             raise InvalidRequest("a system prompt needs messages, not prompt_ids", field="system")

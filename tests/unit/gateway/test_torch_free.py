@@ -16,6 +16,9 @@ def test_gateway_imports_and_request_handling_load_no_torch():
         import numpy as np
 
         import gateway.main, gateway.rest, gateway.grpc_api, gateway.core, gateway.wiring
+        from gateway.media_decode import Deadline, decode_image
+        from gateway.media_limits import MediaLimits, Tally
+        from omnistream.convert import message_proto
         from gateway.config import GatewayConfig
         from omnistream.request import GenerationRequest
         from omnistream.request_defaults import RequestInput, resolve
@@ -26,6 +29,12 @@ def test_gateway_imports_and_request_handling_load_no_torch():
         pcm = np.linspace(-1, 1, 480, dtype=np.float32)
         assert (numpy_from_proto(to_proto(pcm)) == pcm).all()
         GatewayConfig(thinker=["a:1"], talker=["b:1"], code2wav=["c:1"]).validate()
+        import io
+        from PIL import Image
+        png = io.BytesIO()
+        Image.new("RGB", (40, 30)).save(png, format="PNG")
+        image = decode_image(png.getvalue(), "image/png", "f", Tally(MediaLimits()), MediaLimits())
+        message_proto({"role": "user", "content": [{"type": "image", "image": image}]})
         print(sorted(m for m in sys.modules if m.split(".")[0] in ("torch", "transformers")))
         """
     )
