@@ -157,7 +157,7 @@ def test_realistic_weights_make_audible_unclipped_audio(models):
 def test_stream_equals_one_shot_decode(models, name, dtype):
     model = models[(name, dtype)]
 
-    @hypothesis_settings(examples=5)
+    @hypothesis_settings(examples=4)
     @given(requests=requests_strategy(400))
     def run(requests):
         check(model, requests, dtype)
