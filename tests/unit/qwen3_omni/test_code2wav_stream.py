@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import pytest
 import torch
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from transformers import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
@@ -203,8 +203,12 @@ def test_real_sizes(dtype):
     """The real checkpoint's configuration, widths included (minutes on a CPU)."""
     model = realistic(Qwen3OmniMoeCode2WavConfig(), seed=2, dtype=dtype)
 
+    codes = torch.randint(0, 2048, (16, 100), generator=torch.Generator().manual_seed(1))
+    past_the_window = [Request(codes, 4, 25, 0), Request(codes[:, :77], 1, 7, 2)]
+
     @hypothesis_settings(examples=2)
     @given(requests=requests_strategy(120))
+    @example(requests=past_the_window)
     def run(requests):
         check(model, requests, dtype)
 
