@@ -51,12 +51,14 @@ class Pipeline:
         options: LoadOptions = LoadOptions(),
         max_batch: int = 16,
         max_model_len: int = 4096,
+        code2wav_decode: str = "stream",
     ) -> None:
         self.family = family_for(model_dir)
         self.thinker, self.talker, self.code2wav = (
             self.family.engine(stage, model_dir, options, max_batch=max_batch, max_model_len=max_model_len)
             for stage in STAGES
         )
+        self.code2wav.set_decode(code2wav_decode)  # "recompute": the benchmark's baseline
         self.max_batch = max_batch
         self._active = 0
 
@@ -139,7 +141,7 @@ class Pipeline:
 
         async def pump_talker() -> None:
             assert talker_out is not None and opens.plan is not None
-            shipper = FrameShipper(opens.plan, frames)
+            shipper = FrameShipper(opens.plan, frames, lookahead=self.code2wav.lookahead_frames)
             async for step in talker_out:
                 if step.codes is not None:
                     frames.append(step.codes)

@@ -9,7 +9,11 @@ from omnistream.cli_common import DEFAULT_TINY_DIR
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", default=str(DEFAULT_TINY_DIR))
-    p.add_argument("--targets", default="in-process,services", help="comma list of in-process, services")
+    p.add_argument(
+        "--targets",
+        default="in-process,services",
+        help="comma list of in-process, in-process-recompute (the previous Code2Wav decode), services",
+    )
     p.add_argument(
         "--transport", default="grpc", choices=["grpc", "rest"], help="how the services target is called"
     )

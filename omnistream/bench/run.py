@@ -135,6 +135,11 @@ def ratios(rows: list[dict]) -> dict[str, float | None]:
             out[f"services/in-process throughput @c{conc}"] = _ratio(
                 svc["request_throughput"], local["request_throughput"]
             )
+        old = get("in-process-recompute", True, conc)
+        if old and local:
+            out[f"in-process stream/recompute Code2Wav TTFP @c{conc}"] = _ratio(
+                local["ttfp_ms"]["mean"], old["ttfp_ms"]["mean"]
+            )
     return out
 
 
@@ -165,6 +170,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     services: dict = {}
     clients: dict = {}
     pipeline = None
+    pipelines: list = []
     t0 = time.perf_counter()
     try:
         if "services" in targets:
@@ -182,7 +188,11 @@ async def run_bench(args: argparse.Namespace) -> int:
         if "in-process" in targets:
             pipeline = Pipeline(args.model, LoadOptions(), max_batch=16).start()
             clients["in-process"] = InProcessClient(pipeline)
-        order = [t for t in ("in-process", "services") if t in clients]
+        if "in-process-recompute" in targets:  # the previous Code2Wav decode, as a baseline
+            baseline = Pipeline(args.model, LoadOptions(), max_batch=16, code2wav_decode="recompute").start()
+            clients["in-process-recompute"] = InProcessClient(baseline)
+            pipelines.append(baseline)
+        order = [t for t in ("in-process", "in-process-recompute", "services") if t in clients]
         warm = make_prompts(max(args.warmup, 1), args.input_len, args.seed + 999)
         for name in order:
             for prompt in warm[: args.warmup]:
@@ -281,5 +291,7 @@ async def run_bench(args: argparse.Namespace) -> int:
                 await client.close()
         if pipeline is not None:
             pipeline.stop()
+        for other in pipelines:
+            other.stop()
         for service in reversed(list(services.values())):
             service.stop()

@@ -1,6 +1,7 @@
 """Per-stage step times of the engines, in-process: thinker ms/token, talker ms/frame, Code2Wav
 ms/chunk, at a given batch size (every request steps together, so one step = one token/frame/chunk
-for each of them)."""
+for each of them). Code2Wav is timed twice, with the same weights and windows: the exact streaming
+decode (the default) and the previous recompute decode (left context + lookahead per window)."""
 
 from __future__ import annotations
 
@@ -47,14 +48,18 @@ async def _talker(engine: TalkerEngine, prompt: list[int], batch: int) -> None:
     await _drain(outs)
 
 
-async def _code2wav(engine: Code2WavEngine, batch: int) -> None:
+async def _code2wav(engine: Code2WavEngine, batch: int, decode: str = "stream") -> None:
+    engine.set_decode(decode)  # between requests: the engine is idle here
     gen = torch.Generator().manual_seed(0)
     outs = []
     for i in range(batch):
         outs.append(engine.add_request(f"c{i}", ChunkPlan(25, 25, 25)))
         codes = torch.randint(0, engine.codebook_size, (engine.num_quantizers, 150), generator=gen)
         engine.feed(f"c{i}", codes, True)
-    await _drain(outs)
+    try:
+        await _drain(outs)
+    finally:
+        engine.set_decode("stream")
 
 
 async def stage_timings(
@@ -72,6 +77,7 @@ async def stage_timings(
         "thinker_ms_per_token": {},
         "talker_ms_per_frame": {},
         "code2wav_ms_per_chunk": {},
+        "code2wav_recompute_ms_per_chunk": {},
     }
     for engine in (thinker, talker, code2wav):
         engine.start()
@@ -82,6 +88,7 @@ async def stage_timings(
                 ("thinker_ms_per_token", thinker, lambda b: _thinker(thinker, b)),
                 ("talker_ms_per_frame", talker, lambda b: _talker(talker, prompt, b)),
                 ("code2wav_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b)),
+                ("code2wav_recompute_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b, "recompute")),
             ):
                 times: list[float] = []
                 _recorder(engine, batch, times)

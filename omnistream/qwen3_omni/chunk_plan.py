@@ -1,6 +1,7 @@
 """The talker -> Code2Wav chunk plan and its load rule, without torch (the gateway chooses plans).
 
-See `codec_chunks` for how the two ends use it.
+See `codec_chunks` for how the two ends use it. `left_context` only serves the recompute baseline;
+the exact streaming Code2Wav ignores it (it stays on the wire so old and new peers interoperate).
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ class ChunkPlan:
         return self.initial if start == 0 else start + self.chunk
 
     def ready(self, start: int, available: int, done: bool) -> bool:
-        """Can window [start, end) be decoded with `available` frames known so far?"""
+        """Recompute baseline: can window [start, end) be decoded with `available` frames so far?
+        (The exact stream needs no lookahead: a window is ready at its end.)"""
         if done:
             return available > start
         return available > self.window_end(start)  # needs one frame of lookahead
 
     def span(self, start: int, available: int, done: bool) -> tuple[int, int, int, bool]:
-        """(decode_from, end, decode_to, has_lookahead) for the window starting at `start`."""
+        """Recompute baseline: (decode_from, end, decode_to, has_lookahead) for the window at `start`."""
         end = self.window_end(start)
         if done and available <= end:
             end = available

@@ -1,10 +1,11 @@
 """Talker -> Code2Wav edge of Qwen3-Omni: how codec frames become audio windows.
 
 Both ends use one plan so they agree on boundaries: the first window has `initial` frames, then
-windows of `chunk` frames, each decoded with up to `left_context` frames before it and one frame of
-lookahead after it (Code2Wav is causal except for a 555-sample lookahead; decoding one extra frame
-and keeping exactly `frames * 1920` samples drops nothing). The last window is decoded without
-lookahead and keeps everything, so the streamed audio has the full-decode length.
+windows of `chunk` frames. Code2Wav streams exactly (`code2wav_stream`): a window is decoded once,
+as soon as its last frame is in, so the talker ships at each window end. `left_context` is unused
+by that decode; it stays in the plan and on the wire for the recompute baseline (the engine's
+`decode="recompute"`, which re-decodes up to `left_context` frames before each window and needs one
+lookahead frame after it: its shipper is built with `lookahead=1`).
 """
 
 from __future__ import annotations
@@ -43,14 +44,15 @@ def frames_tensor(frames: list[list[int]], groups: int = NUM_CODEBOOKS) -> torch
 @dataclass
 class FrameShipper:
     """The talker side of a plan: collects frames and hands out each batch to ship as soon as the
-    code2wav end can decode a window from it (window end + 1 lookahead frame, or the end)."""
+    code2wav end can decode a window from it (the window end, + `lookahead` frames, or the end)."""
 
     plan: ChunkPlan
     frames: list[list[int]] = field(default_factory=list)
     shipped: int = 0
+    lookahead: int = 0
 
     def __post_init__(self) -> None:
-        self._points = flush_points(self.plan)
+        self._points = flush_points(self.plan, self.lookahead)
         self._next = next(self._points)
 
     def due(self, finished: bool) -> bool:
@@ -66,10 +68,10 @@ class FrameShipper:
         return first, frames_tensor(self.frames[first:])
 
 
-def flush_points(plan: ChunkPlan):
-    """Frame counts at which the talker should ship what it has: each window end + 1 lookahead."""
+def flush_points(plan: ChunkPlan, lookahead: int = 0):
+    """Frame counts at which the talker should ship what it has: each window end (+ lookahead)."""
     start = 0
     while True:
         end = plan.window_end(start)
-        yield end + 1
+        yield end + lookahead
         start = end

@@ -1,7 +1,7 @@
 """Warm-up requests for the Qwen3-Omni engines: the smallest input each stage accepts.
 
 A stage reports SERVING only after one of these ran, so lazy allocations (KV slots, kernels, the
-Code2Wav trailing-loss probe) happen before the first client, not inside its time to first audio.
+Code2Wav's first streaming step) happen before the first client, not inside its time to first audio.
 The talker's input must look like a real chat (it looks for the assistant turn), hence the ChatML
 ids from the config rather than arbitrary tokens.
 """

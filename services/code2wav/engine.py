@@ -1,7 +1,13 @@
 """Code2Wav engine: streaming decode of codec frames into 24 kHz audio, batched across requests.
 
-Windows come from `ChunkPlan`; ready windows of several requests are right-padded and decoded in one
-forward (Code2Wav is causal, so padding after a window does not change it).
+Windows come from `ChunkPlan`. The default decode is exact streaming (`StreamingCode2Wav`): each
+request carries its decoder state, a window is decoded once, as soon as its last frame is in, and
+the concatenated audio equals `code2wav(all codes)`. Ready windows of several requests, at any
+positions, are decoded in one batched step; requests join and leave between steps.
+
+`decode="recompute"` keeps the previous path, only as the benchmark's baseline: each window is
+re-decoded with up to `left_context` frames before it and one lookahead frame after it and the
+middle kept (twice the compute, and only approximate once the history passes the context).
 
 Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
@@ -17,6 +23,7 @@ from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.load_options import LoadOptions
 from omnistream.qwen3_omni.checkpoint import load_stage
+from omnistream.qwen3_omni.code2wav_stream import Code2WavStreamState, StreamingCode2Wav
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.qwen3_omni.constants import SAMPLE_RATE
 
@@ -39,6 +46,10 @@ class _Code2WavState(RequestState):
     start: int = 0  # first frame of the next window
     window: int = 0
     samples: int = 0
+    stream: Code2WavStreamState | None = None  # exact streaming: the decoder's state so far
+
+
+DECODES = ("stream", "recompute")
 
 
 class Code2WavEngine(Engine):
@@ -52,6 +63,7 @@ class Code2WavEngine(Engine):
         max_requests: int | None = None,
         output_capacity: int = 64,
         max_frames: int = 16384,
+        decode: str = "stream",
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("code2wav", model_dir, options)
@@ -65,6 +77,19 @@ class Code2WavEngine(Engine):
         self.upsample = int(self.code2wav.total_upsample)
         self.max_batch = max_batch
         self.max_frames = max_frames
+        self.set_decode(decode)
+        self.streamer = StreamingCode2Wav(self.code2wav)
+
+    def set_decode(self, decode: str) -> None:
+        """Choose the decode before `start` (the bench runs the recompute baseline beside it)."""
+        if decode not in DECODES:
+            raise ValueError(f"code2wav decode must be one of {DECODES}, not {decode!r}")
+        self.decode = decode
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Frames past a window end this decode needs before it can emit the window."""
+        return 1 if self.decode == "recompute" else 0
 
     def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream:
         plan.validate()
@@ -103,7 +128,7 @@ class Code2WavEngine(Engine):
                 continue
             if state.done and state.available == state.start:
                 ready.append(state)  # only the end marker is left to send
-            elif state.plan.ready(state.start, state.available, state.done):
+            elif self._window_ready(state):
                 ready.append(state)
             if len(ready) >= self.max_batch:
                 break
@@ -120,7 +145,52 @@ class Code2WavEngine(Engine):
     def _work_states(self, work):
         return [s for s, _, _ in work]
 
+    def _window_ready(self, state: _Code2WavState) -> bool:
+        if self.decode == "recompute":
+            return state.plan.ready(state.start, state.available, state.done)
+        if state.done:
+            return state.available > state.start
+        return state.available >= state.plan.window_end(state.start)  # no lookahead frame needed
+
     def _run(self, work) -> None:
+        if self.decode == "stream":
+            self._run_stream(work)
+        else:
+            self._run_recompute(work)
+
+    def _run_stream(self, work) -> None:
+        """One batched streaming step: each ready request decodes its next window, once."""
+        jobs = []
+        for state, available, done in work:
+            if state.finished:
+                continue
+            if done and available == state.start:
+                state.output.put(
+                    AudioOutput(np.zeros(0, np.float32), state.samples, state.window, finished=True)
+                )
+                self._finish(state)
+                continue
+            jobs.append((state, min(state.plan.window_end(state.start), available), available, done))
+        if not jobs:
+            return
+        self.stats.last_batch_size = len(jobs)
+        states = [s.stream if s.stream is not None else self.streamer.new_state() for s, _, _, _ in jobs]
+        codes = [s.codes[:, s.start : end].to(self.device) for s, end, _, _ in jobs]
+        # States are immutable: if this raises, every request is as it was and can be retried alone.
+        audio, new_states = self.streamer.step(states, codes)
+        for (state, end, available, done), wav, new in zip(jobs, audio, new_states, strict=True):
+            with self._row(state):
+                state.stream = new
+                final = done and end >= available
+                piece = wav.to(torch.float32).cpu().numpy()
+                state.output.put(AudioOutput(piece, state.samples, state.window, finished=final))
+                state.samples += piece.shape[0]
+                state.window += 1
+                state.start = end
+                if final:
+                    self._finish(state)
+
+    def _run_recompute(self, work) -> None:
         jobs = []
         for state, available, done in work:
             if state.finished:

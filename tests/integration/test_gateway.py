@@ -15,12 +15,14 @@ import grpc
 import httpx
 import numpy as np
 import pytest
+import torch
 from openai import OpenAI
 
 from omnistream.launcher import start_services
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.request_defaults import RequestInput, resolve
 from omnistream.tensors import numpy_from_proto
 from omnistream.wav import read_float32_wav, to_pcm16
@@ -54,6 +56,14 @@ def expected(tiny_model_dir):
     )
     with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
         return asyncio.run(collect(p, request))
+
+
+@pytest.fixture(scope="module")
+def expected_full(tiny_model_dir, expected) -> np.ndarray:
+    """The one-shot Code2Wav decode of the expected codes (float64, shipped as float32)."""
+    code2wav = load_stage("code2wav", tiny_model_dir, LoadOptions(dtype="float64")).code2wav
+    with torch.no_grad():
+        return code2wav(torch.from_numpy(expected.codes)[None]).reshape(-1).float().numpy()
 
 
 def _url(gateway) -> str:
@@ -94,7 +104,7 @@ def test_openai_sdk_streams_text_and_audio(gateway, expected):
     np.testing.assert_allclose(decoded, expected.audio, atol=1.0 / 32767 + 1e-6)
 
 
-def test_grpc_api_audio_is_bit_exact_float32(gateway, expected):
+def test_grpc_api_audio_is_bit_exact_float32(gateway, expected, expected_full):
     async def run():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -120,6 +130,9 @@ def test_grpc_api_audio_is_bit_exact_float32(gateway, expected):
     assert text == expected.text
     assert kinds[-1] == "end"
     np.testing.assert_array_equal(audio, expected.audio)
+    # Exact streaming: that audio is the one-shot decode of the codes (one float32 step of rounding).
+    assert audio.shape == expected_full.shape
+    np.testing.assert_allclose(audio, expected_full, rtol=0, atol=float(np.spacing(np.float32(1))))
 
 
 def test_non_streaming_returns_whole_text_and_wav(gateway, expected):

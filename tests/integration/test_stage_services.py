@@ -8,6 +8,7 @@ import signal
 import grpc
 import numpy as np
 import pytest
+import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.wiring import run_request
@@ -53,6 +54,12 @@ def test_services_match_in_process_pipeline(stages, local, mode, index):
     assert text == expected.text
     np.testing.assert_array_equal(codes, expected.codes)
     np.testing.assert_array_equal(audio, expected.audio)
+    # Exact streaming: the services' audio is the one-shot decode of their own codes (float64
+    # engines ship float32, so one float32 step is all rounding may leave).
+    with torch.no_grad():
+        full = local.code2wav.code2wav(torch.from_numpy(codes)[None]).reshape(-1).float().numpy()
+    assert audio.shape == full.shape
+    np.testing.assert_allclose(audio, full, rtol=0, atol=float(np.spacing(np.float32(1))))
 
 
 def test_async_mode_first_audio_leaves_before_thinker_finishes(stages):

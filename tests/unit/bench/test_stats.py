@@ -56,3 +56,12 @@ def test_reports_write_no_nan(tmp_path):
     loaded = json.loads((tmp_path / "r.json").read_text())
     assert loaded["ratios"]["services: TTFP async/sequential @c1"] is None  # sequential had no audio
     assert "n/a" in report.table(rows)
+
+
+def test_ratios_put_the_exact_stream_beside_the_recompute_baseline():
+    def row(target: str, ttfp: float) -> dict:
+        metric = {"samples": 1, "mean": ttfp, "median": ttfp, "p99": ttfp, "std": 0.0}
+        return {"target": target, "async": True, "concurrency": 10, "ttfp_ms": metric, "rtf": metric}
+
+    out = ratios([row("in-process", 500.0), row("in-process-recompute", 625.0)])
+    assert out["in-process stream/recompute Code2Wav TTFP @c10"] == 0.8
