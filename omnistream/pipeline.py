@@ -132,6 +132,7 @@ class Pipeline:
                     piece.last,
                     prompt_ids=piece.prompt_ids,
                     multimodal_hidden=piece.multimodal_hidden,
+                    media_layout=piece.media_layout,
                 )
 
         def feed_code2wav(feed: CodecFeed) -> None:
@@ -149,7 +150,7 @@ class Pipeline:
                     hidden = None
                     if step.multimodal_positions:
                         hidden = dict(zip(step.multimodal_positions, step.prompt_hidden, strict=True))
-                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt, hidden))
+                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt, hidden, step.media_layout))
                 first = False
                 if step.finished:
                     finish["reason"] = step.finish_reason or "stop"

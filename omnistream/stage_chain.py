@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request import GenerationRequest
@@ -83,6 +84,7 @@ class TalkerFeed:
     last: bool
     prompt_ids: list[int] | None = None
     multimodal_hidden: dict[int, Any] | None = None  # prompt position -> deep hidden row
+    media_layout: MediaLayout | None = None  # with the prompt, when it has media
 
     @staticmethod
     def merge(held: Sequence[TalkerFeed]) -> TalkerFeed:
@@ -95,6 +97,7 @@ class TalkerFeed:
             last=any(f.last for f in held),
             prompt_ids=prompt_ids or None,
             multimodal_hidden=hidden or None,
+            media_layout=next((f.media_layout for f in held if f.media_layout is not None), None),
         )
 
 

@@ -69,6 +69,18 @@ def conversations() -> dict[str, tuple[list[dict[str, Any]], bool]]:
             ],
             True,
         ),
+        "video_no_sound": (
+            [
+                {
+                    "role": "user",
+                    "content": [
+                        {"type": "text", "text": "Look:"},
+                        {"type": "video", "video": video(5, 16, fps=2.0, audio_seconds=None)},
+                    ],
+                }
+            ],
+            False,
+        ),
         "mixed_turns": (
             [
                 {"role": "system", "content": "You are a helpful assistant."},

@@ -20,7 +20,7 @@ import torch
 
 from omnistream.chat_encoding import ChatEncoder
 from omnistream.errors import InvalidRequest
-from omnistream.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, VideoInput, parts_of
+from omnistream.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, MediaLayout, VideoInput, parts_of
 from omnistream.qwen3_omni.frame_video import FrameVideoProcessor
 
 # Media a single request may bring (the gateway has its own, usually tighter, limits).
@@ -65,6 +65,7 @@ class MediaPrompt:
     image_grid_thw: torch.Tensor | None = None
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
+    layout: MediaLayout = field(default_factory=MediaLayout)  # what the talker needs of the media
 
     @property
     def audio_frames(self) -> int:
@@ -261,4 +262,14 @@ class MediaPromptBuilder:
             image_grid_thw=out.get("image_grid_thw"),
             pixel_values_videos=out.get("pixel_values_videos"),
             video_grid_thw=out.get("video_grid_thw"),
+            layout=MediaLayout(
+                image_grid_thw=_triples(out.get("image_grid_thw")),
+                video_grid_thw=_triples(out.get("video_grid_thw")),
+                video_second_per_grid=tuple(float(x) for x in second_per_grid or ()),
+                audio_feature_lengths=tuple(int(n) for n in lengths) if lengths is not None else (),
+            ),
         )
+
+
+def _triples(grid: torch.Tensor | None) -> tuple[tuple[int, int, int], ...]:
+    return () if grid is None else tuple((int(t), int(h), int(w)) for t, h, w in grid.tolist())

@@ -26,6 +26,7 @@ from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import LoadOptions
+from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.qwen3_omni.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.qwen3_omni.thinker_media import (
@@ -52,6 +53,7 @@ class ThinkerOutput:
     # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
     prompt_hidden: torch.Tensor | None = None
     multimodal_positions: list[int] | None = None
+    media_layout: MediaLayout | None = None  # first output of a prompt with media
 
 
 @dataclass
@@ -313,10 +315,12 @@ class ThinkerEngine(Engine):
         if finished:
             delta += state.detok.flush()
         state.next_token = token
-        positions = rows = None
+        positions = rows = layout = None
         if hidden is not None:
+            assert state.media is not None
             positions = [i for i, t in enumerate(state.prompt_ids) if t in self.multimodal_ids]
             rows = hidden[positions].detach().clone()
+            layout = state.media.layout
             state.media, state.encoded = None, Encoded()  # inputs and encoder rows are spent
         state.output.put(
             ThinkerOutput(
@@ -328,6 +332,7 @@ class ThinkerEngine(Engine):
                 prompt_ids=list(state.prompt_ids) if first else None,
                 prompt_hidden=rows,
                 multimodal_positions=positions,
+                media_layout=layout,
             )
         )
         if finished:

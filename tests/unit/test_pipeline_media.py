@@ -57,7 +57,7 @@ def reference_inputs(processor, messages, use_audio_in_video: bool) -> dict:
 # transformers 5.24's reference talker cannot run prompts with both audio and vision: its
 # `get_rope_index` reads `talker_config.audio_config`, which does not exist (AttributeError). For
 # those the reference is the thinker's `generate` (tokens); codes have no reference.
-TALKER_REFERENCE = {"audio", "image"}
+TALKER_REFERENCE = {"audio", "image", "video_no_sound"}
 
 
 def reference_run(reference, inputs: dict, use_audio_in_video: bool, with_codes: bool = True):
