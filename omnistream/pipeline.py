@@ -94,16 +94,16 @@ class Pipeline:
         rid = request_id or uuid.uuid4().hex
         started = time.perf_counter()
         prompt_ids = request.prompt_ids
+        opens = stage_opens(request, self.chunk_plan(request) if request.return_audio else None)
         media = None
         if prompt_ids is None and has_media(request.messages):
             # The processor's feature extraction is CPU work: a thread, as tokenizing is.
             media = await asyncio.to_thread(
-                self.thinker.prepare_media, request.messages or [], request.use_audio_in_video
+                self.thinker.prepare_media, request.messages or [], opens.thinker.use_audio_in_video
             )
             prompt_ids = media.prompt_ids
         elif prompt_ids is None:
             prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
-        opens = stage_opens(request, self.chunk_plan(request) if request.return_audio else None)
         out: Emit  # set by run_all: hands an event to the consumer
         thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker, media=media)
         talker_out = code2wav_out = None

@@ -42,6 +42,7 @@ class ThinkerParams:
     max_tokens: int = 256
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    use_audio_in_video: bool = False  # how the prompt's video parts are heard (prompt building)
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,9 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
     audio = TALKER in stages_for(request)
     talker = TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
     return StageOpens(
-        thinker=ThinkerParams(request.max_tokens, request.ignore_eos, request.sampling),
+        thinker=ThinkerParams(
+            request.max_tokens, request.ignore_eos, request.sampling, request.use_audio_in_video
+        ),
         talker=talker if audio else None,
         plan=plan if audio else None,
         mode=request.mode,
