@@ -32,6 +32,7 @@ from omnistream.qwen3_omni.media_prompt import MediaPrompt, MediaPromptBuilder, 
 from omnistream.qwen3_omni.thinker_media import (
     Encoded,
     LayerTap,
+    PromptEmbedding,
     Slice,
     check_media_prompt,
     embed_prompt,
@@ -68,6 +69,9 @@ class _ThinkerState(RequestState):
     slices: list[Slice] = field(default_factory=list)  # media slices not yet encoded
     encoded: Encoded = field(default_factory=Encoded)
     rope_delta: float = 0.0
+    embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
+    prefilled: int = 0  # prompt positions of a media prompt already in the KV cache
+    deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
 
 
 @dataclass
@@ -90,6 +94,7 @@ class ThinkerEngine(Engine):
         max_requests: int | None = None,
         output_capacity: int = 512,
         encode_budget: int | None = None,
+        prefill_chunk: int = 512,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("thinker", model_dir, options)
@@ -117,6 +122,8 @@ class ThinkerEngine(Engine):
         audio = tc.audio_config
         self.audio_window = audio.n_window_infer
         self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
+        # Positions of a media prompt prefilled per step (text prompts prefill whole, as before).
+        self.prefill_chunk = prefill_chunk
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
@@ -198,13 +205,15 @@ class ThinkerEngine(Engine):
                     budget -= piece.cost
                     encode.append((state, piece))
                 continue
-            if state.slot is None:
-                if self.cache.free_slots > len(prefill) and len(prefill) < 1:
+            if state.slot is None or state.next_token is None:
+                # Not prefilled yet (a slot without a token: its prefill's step failed, retry it).
+                if not prefill and (state.slot is not None or self.cache.free_slots > 0):
                     prefill.append(state)
             else:
                 decode.append(state)
         for state in prefill:
-            state.slot = self.cache.allocate()
+            if state.slot is None:
+                state.slot = self.cache.allocate()
         if not encode and not prefill and not decode:
             return None
         return _Step(encode, prefill, decode)
@@ -275,9 +284,10 @@ class ThinkerEngine(Engine):
                 with self._row(state):
                     self._accept(state, logits[0], first=True)
                 continue
-            logits, hidden = self._prefill_media(state, ids)
-            with self._row(state):
-                self._accept(state, logits[0], first=True, hidden=hidden)
+            done = self._prefill_media_chunk(state, ids)
+            if done is not None:
+                with self._row(state):
+                    self._accept(state, done[0][0], first=True, hidden=done[1])
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
@@ -287,16 +297,37 @@ class ThinkerEngine(Engine):
                 with self._row(state):
                     self._accept(state, logits[row], first=False)
 
-    def _prefill_media(self, state: _ThinkerState, ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The prompt with its media rows, at its M-RoPE positions; also the deep rows of its
-        multimodal positions (what the talker reads there)."""
+    def _prefill_media_chunk(
+        self, state: _ThinkerState, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The next `prefill_chunk` positions of a prompt with media (its encoder rows in, at its
+        M-RoPE positions), so a long media prompt, too, holds running requests for one chunk per
+        step. Keeps the deep rows of its multimodal positions (what the talker reads there). After
+        the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
         assert state.media is not None
-        embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
-        positions = state.media.positions.to(self.device).unsqueeze(1)  # [3, 1, L]
+        if state.embedding is None:
+            state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
+            state.encoded = Encoded()  # the rows are in the embedding now
+        whole = state.embedding
+        start = state.prefilled
+        end = min(len(state.prompt_ids), start + self.prefill_chunk)
+        chunk = PromptEmbedding(whole.embeds[:, start:end], None, None)
+        if whole.visual_mask is not None and whole.deepstack is not None:
+            before = int(whole.visual_mask[0, :start].sum())
+            count = int(whole.visual_mask[0, start:end].sum())
+            if count:
+                rows = [layer[before : before + count] for layer in whole.deepstack]
+                chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, start:end], rows)
+        positions = state.media.positions[:, start:end].to(self.device).unsqueeze(1)  # [3, 1, q]
         with LayerTap(self.lm, self.accept_layer) as tap:
-            logits, last = self._forward([state], None, embedding, positions)
-        hidden = tap.take(embedding.embeds, last)[0]
-        return logits, hidden
+            logits, last = self._forward([state], None, chunk, positions)
+        hidden = tap.take(chunk.embeds, last)[0]
+        mm = [i for i in range(start, end) if state.prompt_ids[i] in self.multimodal_ids]
+        state.deep_rows.append(hidden[[i - start for i in mm]].detach().clone())
+        state.prefilled = end
+        if end < len(state.prompt_ids):
+            return None
+        return logits, torch.cat(state.deep_rows)
 
     def _accept(
         self, state: _ThinkerState, logits: torch.Tensor, first: bool, hidden: torch.Tensor | None = None
@@ -315,13 +346,12 @@ class ThinkerEngine(Engine):
         if finished:
             delta += state.detok.flush()
         state.next_token = token
-        positions = rows = layout = None
-        if hidden is not None:
+        positions = layout = None
+        if hidden is not None:  # the deep rows of the multimodal positions, in order
             assert state.media is not None
             positions = [i for i, t in enumerate(state.prompt_ids) if t in self.multimodal_ids]
-            rows = hidden[positions].detach().clone()
             layout = state.media.layout
-            state.media, state.encoded = None, Encoded()  # inputs and encoder rows are spent
+            state.media, state.embedding, state.deep_rows = None, None, []  # spent
         state.output.put(
             ThinkerOutput(
                 token_ids=[token],
@@ -330,7 +360,7 @@ class ThinkerEngine(Engine):
                 finished=finished,
                 finish_reason=("stop" if is_eos else "length") if finished else None,
                 prompt_ids=list(state.prompt_ids) if first else None,
-                prompt_hidden=rows,
+                prompt_hidden=hidden,
                 multimodal_positions=positions,
                 media_layout=layout,
             )

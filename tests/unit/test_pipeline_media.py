@@ -20,8 +20,10 @@ TEXT_ONLY = [{"role": "user", "content": "Tell me a story about the sea."}]
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir):
     with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
-        # A small encode budget: media encode in several slices, interleaved with decode steps.
+        # Small budgets: media encode in several slices and prefill in several chunks, interleaved
+        # with the decode steps of the others (parity must hold all the same).
         p.thinker.encode_budget = p.thinker.audio_window
+        p.thinker.prefill_chunk = 16
         yield p
 
 
