@@ -12,10 +12,14 @@ from tests.media_samples import conversations
 
 MAX_TOKENS = 12
 MAX_FRAMES = 24
-# transformers 5.24's reference talker cannot run prompts with both audio and vision: its
-# `get_rope_index` reads `talker_config.audio_config`, which does not exist (AttributeError). For
-# those the reference is the thinker's `generate` (tokens); codes have no reference.
-TALKER_REFERENCE = {"audio", "image", "video_no_sound"}
+
+
+def patch_reference_talker(model) -> None:
+    """transformers 5.24's talker cannot run prompts with both audio and vision: its
+    `get_rope_index` reads `talker_config.audio_config`, which does not exist (AttributeError).
+    Give it the thinker's (the one its audio lengths belong to); nothing else changes. Runs
+    `generate` also passes `talker_use_audio_in_video`, which `generate` hands only to the thinker."""
+    model.talker.config.audio_config = model.config.thinker_config.audio_config
 
 
 def reference_inputs(processor, messages, use_audio_in_video: bool) -> dict:
@@ -26,20 +30,10 @@ def reference_inputs(processor, messages, use_audio_in_video: bool) -> dict:
     return dict(processor(**processor_inputs(rendered, media, use_audio_in_video)))
 
 
-def reference_run(model, inputs: dict, use_audio_in_video: bool, with_codes: bool = True):
-    """(generated tokens, codes [16, frames] or None)."""
+def reference_run(model, inputs: dict, use_audio_in_video: bool):
+    """(generated tokens, codes [16, frames])."""
     prompt_len = inputs["input_ids"].shape[1]
     eos = model.config.im_end_token_id
-    if not with_codes:
-        with torch.no_grad():
-            sequences = model.thinker.generate(
-                **inputs,
-                use_audio_in_video=use_audio_in_video,
-                do_sample=False,
-                max_new_tokens=MAX_TOKENS,
-                eos_token_id=eos,
-            )
-        return sequences[0, prompt_len:].tolist(), None
     captured: list[torch.Tensor] = []
     decode = model.code2wav.chunked_decode
 
@@ -53,6 +47,7 @@ def reference_run(model, inputs: dict, use_audio_in_video: bool, with_codes: boo
             sequences, _ = model.generate(
                 **inputs,
                 use_audio_in_video=use_audio_in_video,
+                talker_use_audio_in_video=use_audio_in_video,
                 return_audio=True,
                 thinker_do_sample=False,
                 talker_do_sample=False,
@@ -67,14 +62,15 @@ def reference_run(model, inputs: dict, use_audio_in_video: bool, with_codes: boo
 
 
 def expected_outputs(model_dir: str) -> dict[str, tuple[list[int], list[int], object]]:
-    """name -> (prompt ids, generated tokens, codes or None) of every conversation of media_samples."""
+    """name -> (prompt ids, generated tokens, codes) of every conversation of media_samples."""
     model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
         model_dir, dtype=torch.float64, experts_implementation="eager"
     ).eval()
+    patch_reference_talker(model)
     processor = load_processor(model_dir, load_tokenizer(model_dir))
     out = {}
     for name, (messages, aiv) in conversations().items():
         inputs = reference_inputs(processor, messages, aiv)
-        tokens, codes = reference_run(model, inputs, aiv, with_codes=name in TALKER_REFERENCE)
+        tokens, codes = reference_run(model, inputs, aiv)
         out[name] = (inputs["input_ids"][0].tolist(), tokens, codes)
     return out

@@ -5,10 +5,12 @@ vision grids, and the talker runs `get_rope_index` over its own input ids (the u
 assistant rows): vision rows take M-RoPE positions, and decoding goes on at position + delta. With
 audio only (or text) that is plain positions, which the talker engine uses anyway.
 
-One deviation, where the reference cannot run: with audio *and* vision in the prompt, transformers
-5.24's talker reads `talker_config.audio_config`, which does not exist (AttributeError). Here the
-same function runs with the thinker's audio config in its place (the one the audio lengths belong
-to), and video sound interleaved with frames is placed as the thinker places it.
+Where the reference cannot run: with audio *and* vision in the prompt, transformers 5.24's talker
+reads `talker_config.audio_config`, which does not exist (AttributeError), and `generate` does not
+tell the talker `use_audio_in_video`. Here the same function runs with the thinker's audio config in
+its place (the one the audio lengths belong to) and with `use_audio_in_video` read off the prompt
+(a video's start followed by an audio start); the tests check this against the reference with just
+those two gaps filled (tests/media_reference.py).
 """
 
 from __future__ import annotations
