@@ -58,19 +58,23 @@ class ChatEncoder:
 
         Media parts render as the template's single placeholders (the processor expands them)."""
         self.check(messages)
-        plain = all(isinstance(m.get("content", ""), str) for m in messages)
-        rendered, cut = self.render(messages)
-        if not cut and plain:
+        cut: list[str] = []
+        escaped = self._escape(messages, cut)
+        if not cut and all(isinstance(m.get("content", ""), str) for m in messages):
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(ids if isinstance(ids, list) else ids["input_ids"])
+        rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
         return self.tokenize(rendered, cut)
 
     def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
         """The templated text with the user's special-token strings replaced by stand-ins (`cut`)."""
         cut: list[str] = []
-        escaped = [{**m, "content": self._escape_content(m.get("content", ""), cut)} for m in messages]
+        escaped = self._escape(messages, cut)
         rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
         return rendered, cut
+
+    def _escape(self, messages: list[dict[str, Any]], cut: list[str]) -> list[dict[str, Any]]:
+        return [{**m, "content": self._escape_content(m.get("content", ""), cut)} for m in messages]
 
     def tokenize(self, rendered: str, cut: list[str]) -> list[int]:
         """Ids of a `render`ed text: the template's special tokens special, the cut-out strings text."""

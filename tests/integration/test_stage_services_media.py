@@ -6,13 +6,19 @@ from __future__ import annotations
 
 import asyncio
 
+import grpc
 import numpy as np
 import pytest
 
+from omnistream.chunk_key import ChunkKey, Stage
+from omnistream.convert import message_to_proto
+from omnistream.media import AudioInput
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
+from omnistream.tensors import to_proto
 from tests.media_reference import MAX_FRAMES, MAX_TOKENS, expected_outputs
 from tests.media_samples import conversations
 
-from .stage_calls import collect_services, make_request
+from .stage_calls import collect_services, make_request, raw_stream
 
 CASES = conversations()
 
@@ -51,3 +57,34 @@ def test_media_prompts_match_reference_alone_and_batched(stages, expected):
             assert done.output_ids == tokens, name
             assert codes.shape[0] == 16 and audio.size > 0
             np.testing.assert_array_equal(codes, ref_codes, err_msg=name)
+
+
+def test_bad_media_is_invalid_argument_naming_it(stages):
+    """Checked at the thinker's door (before any batch), with the offending part named."""
+    cases = {
+        "sample_rate": AudioInput(np.zeros(1600, np.float32), 8000),
+        "float32": AudioInput(np.zeros(1600, np.float64)),
+    }
+
+    async def run():
+        async with grpc.aio.insecure_channel(stages["thinker"].address) as channel:
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            outcomes = {}
+            for needle, audio in cases.items():
+                rid = f"bad-media-{needle.replace('_', '-')}"
+                messages = [{"role": "user", "content": [{"type": "audio", "audio": audio}]}]
+                open_ = stage_pb2.ThinkerOpen(request_id=rid, max_tokens=4)
+                if audio.samples.dtype == np.float32:
+                    open_.messages.append(message_to_proto(messages[0]))
+                else:  # the request model would not build this one: write the part by hand
+                    part = common_pb2.AudioPart(samples=to_proto(audio.samples), sample_rate=16000)
+                    open_.messages.append(
+                        common_pb2.Message(role="user", parts=[common_pb2.ContentPart(audio=part)])
+                    )
+                first = stage_pb2.ThinkerRequest(key=ChunkKey(rid, Stage.GATEWAY, 0).to_proto(), open=open_)
+                outcomes[needle] = await raw_stream(stub.Stream, [first])
+            return outcomes
+
+    for needle, (code, details) in asyncio.run(run()).items():
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (needle, code, details)
+        assert needle in details and "messages[0]" in details, details

@@ -233,3 +233,15 @@ def test_running_requests_keep_decoding_while_audio_encodes(engine):
     assert sliced["encode_steps"] >= frames // window and whole["encode_steps"] == 1
     assert sliced["prefill_steps"] >= tokens // 256 and whole["prefill_steps"] == 1
     assert sliced["max_gap"] * 2 < whole["max_gap"]  # no step held the running request for all of it
+
+
+def test_special_token_strings_in_text_parts_stay_text(engine):
+    """A user typing placeholders next to real media gets no extra media slots: only the template's
+    placeholders are expanded, the typed ones are the ordinary tokens of their characters."""
+    typed = "<|image_pad|><|audio_start|><|audio_pad|>"
+    media = engine.prepare_media(_user({"type": "image", "image": image()}, {"type": "text", "text": typed}))
+    plain = engine.prepare_media(_user({"type": "image", "image": image()}, {"type": "text", "text": "x"}))
+    tc = engine.config.thinker_config
+    for token in (tc.image_token_id, tc.audio_token_id, tc.audio_start_token_id):
+        assert media.prompt_ids.count(token) == plain.prompt_ids.count(token)
+    assert typed in engine.tokenizer.decode(media.prompt_ids)
