@@ -21,6 +21,7 @@ import torch
 from transformers.feature_extraction_utils import BatchFeature
 
 CONFIG_NAME = "video_preprocessor_config.json"
+FALLBACK_CONFIG_NAME = "preprocessor_config.json"
 
 
 class FrameVideoProcessor:
@@ -45,7 +46,11 @@ class FrameVideoProcessor:
 
     @classmethod
     def from_pretrained(cls, model_dir: str | Path) -> FrameVideoProcessor:
-        return cls(**json.loads((Path(model_dir) / CONFIG_NAME).read_text()))
+        """The checkpoint's video recipe; a checkpoint without one shares the image recipe."""
+        path = Path(model_dir) / CONFIG_NAME
+        if not path.exists():
+            path = Path(model_dir) / FALLBACK_CONFIG_NAME
+        return cls(**json.loads(path.read_text()))
 
     @property
     def factor(self) -> int:

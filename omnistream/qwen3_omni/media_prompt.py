@@ -93,6 +93,8 @@ def check_media(messages: Sequence[Mapping[str, Any]], use_audio_in_video: bool)
             )
         for j, part in enumerate(parts_of(content)):
             where = f"messages[{i}].content[{j}]"
+            if not isinstance(part, Mapping):
+                raise InvalidRequest(f"{where} must be a part ({{'type': ...}})", field="messages")
             kind = part.get("type")
             if kind == "text":
                 if not isinstance(part.get("text"), str):
@@ -200,8 +202,8 @@ class MediaPromptBuilder:
         self.placeholders = {tok.audio_token_id, tok.image_token_id, tok.video_token_id}
 
     def build(self, messages: list[dict[str, Any]], use_audio_in_video: bool) -> MediaPrompt:
+        media = check_media(messages, use_audio_in_video)  # first: it checks the parts' form too
         self.chat.check(messages)
-        media = check_media(messages, use_audio_in_video)
         rendered, cut = self.chat.render(messages)
         try:
             out = self.processor(

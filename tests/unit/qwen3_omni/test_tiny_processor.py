@@ -47,3 +47,21 @@ def test_tokens_template_and_processor_match_the_config(tiny_model_dir):
     assert {"preprocessor_config.json", "video_preprocessor_config.json", "chat_template.jinja"} <= files
     video = json.loads((Path(tiny_model_dir) / "video_preprocessor_config.json").read_text())
     assert video["patch_size"] == load_config(tiny_model_dir).thinker_config.vision_config.patch_size
+
+
+def test_frame_video_layout_is_the_image_processors(tiny_model_dir):
+    """A still video (the frame repeated over one temporal patch) is patchified exactly as the real
+    image processor patchifies that image (it repeats an image over the temporal patch): same grid,
+    same patch order, same normalization."""
+    import numpy as np
+
+    processor = load_processor(tiny_model_dir, load_tokenizer(tiny_model_dir))
+    still = image(16, 24, seed=4).pixels
+    want = processor.image_processor(images=[still], return_tensors="pt")
+    got = processor.video_processor(videos=[np.stack([still, still])])
+    assert got["video_grid_thw"].tolist() == want["image_grid_thw"].tolist() == [[1, 4, 6]]
+    np.testing.assert_allclose(
+        got["pixel_values_videos"].numpy(), want["pixel_values"].numpy(), rtol=0, atol=1e-5
+    )
+    odd = processor.video_processor(videos=[np.stack([still] * 3)])  # padded with its last frame
+    assert odd["video_grid_thw"].tolist() == [[2, 4, 6]]
