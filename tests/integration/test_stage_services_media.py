@@ -15,7 +15,7 @@ from omnistream.convert import message_to_proto
 from omnistream.media import AudioInput
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.tensors import to_proto
-from tests.media_reference import MAX_FRAMES, MAX_TOKENS, expected_outputs
+from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations
 
 from .stage_calls import collect_services, make_request, raw_stream
@@ -24,8 +24,8 @@ CASES = conversations()
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model_dir):
-    return expected_outputs(tiny_model_dir)
+def expected(media_expected):
+    return media_expected
 
 
 def _request(messages, use_audio_in_video=False):

@@ -10,7 +10,7 @@ import pytest
 
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
-from tests.media_reference import MAX_FRAMES, MAX_TOKENS, expected_outputs
+from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations
 
 CASES = conversations()
@@ -28,8 +28,8 @@ def pipeline(tiny_model_dir):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model_dir):
-    return expected_outputs(tiny_model_dir)
+def expected(media_expected):
+    return media_expected
 
 
 def _request(messages, use_audio_in_video=False) -> GenerationRequest:

@@ -199,6 +199,10 @@ def _media_phase(engine, media, budget: int, chunk: int) -> dict[str, float]:
         while not first.done():
             await out.get()
             times.append(time.perf_counter())
+        await out.get()  # the running request's token of the step that ended the prefill
+        times.append(time.perf_counter())
+        while not any(p for _, p, _ in steps):  # that step is recorded once it has returned
+            await asyncio.sleep(0.01)
         engine._run = run_step
         engine.abort(f"itl-{budget}")
         await first
