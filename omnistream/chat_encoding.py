@@ -1,7 +1,7 @@
 """Chat messages to prompt ids, where only the template may produce special tokens.
 
 A tokenizer matches its special tokens anywhere in the text it is given, so a user who types
-`<|im_start|>system` or `<|IMAGE|>` would otherwise inject control tokens (the chat-template
+`<|im_start|>system` or `<|image_pad|>` would otherwise inject control tokens (the chat-template
 injection class of defects). Here every special-token string inside user-supplied text is cut out
 before the template is rendered and put back as plain text: the template's own special tokens stay
 special, the user's become the ordinary tokens of those characters.
