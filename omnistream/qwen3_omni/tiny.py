@@ -300,6 +300,16 @@ def write_processor_config(directory: Path) -> None:
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
+def _zero_uninitialized(model) -> None:
+    """transformers leaves some parameters (the talker's MoE experts) as `torch.empty` memory: a few
+    denormal bits of garbage that differ from build to build. Zero them (what they nearly are), so a
+    seed makes the same checkpoint, byte for byte."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() and not bool((param.abs() > 1e-30).any()):
+                param.zero_()
+
+
 def _rescale_code2wav(model, target_rms: float, seed: int) -> None:
     """Random init makes ~1e-6 audio; scale the last conv so the output sits near `target_rms`."""
     gen = torch.Generator().manual_seed(seed)
@@ -326,6 +336,7 @@ def make_tiny_model(
     config = tiny_config(ids, hidden_size=hidden_size, layers=layers, experts=experts)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _zero_uninitialized(model)
     _rescale_code2wav(model, target_rms=0.1, seed=seed)
     model.save_pretrained(str(directory))
     (directory / "omnistream_tiny.json").write_text(
