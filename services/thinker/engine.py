@@ -307,7 +307,9 @@ class ThinkerEngine(Engine):
         assert state.media is not None
         if state.embedding is None:
             state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
-            state.encoded = Encoded()  # the rows are in the embedding now
+            state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
+            media = state.media
+            media.audio_features, media.pixel_values, media.pixel_values_videos = [], None, None
         whole = state.embedding
         start = state.prefilled
         end = min(len(state.prompt_ids), start + self.prefill_chunk)
