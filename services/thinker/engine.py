@@ -15,6 +15,7 @@ sequence position + its rope delta, batched with everyone else.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -308,8 +309,9 @@ class ThinkerEngine(Engine):
         if state.embedding is None:
             state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
             state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
-            media = state.media
-            media.audio_features, media.pixel_values, media.pixel_values_videos = [], None, None
+            state.media = dataclasses.replace(
+                state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
+            )
         whole = state.embedding
         start = state.prefilled
         end = min(len(state.prompt_ids), start + self.prefill_chunk)
