@@ -124,9 +124,7 @@ async def run_stages(
         await accepted("code2wav", code2wav)
 
     async def run_thinker() -> None:
-        open_ = thinker_open_proto(
-            rid, opens, request.messages, request.prompt_ids, request.use_audio_in_video
-        )
+        open_ = thinker_open_proto(rid, opens, request.messages, request.prompt_ids)
         key = ChunkKey(rid, Stage.GATEWAY, 0).to_proto()
         await thinker.write(stage_pb2.ThinkerRequest(open=open_, key=key))
         await thinker.done_writing()

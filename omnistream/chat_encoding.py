@@ -1,7 +1,7 @@
 """Chat messages to prompt ids, where only the template may produce special tokens.
 
 A tokenizer matches its special tokens anywhere in the text it is given, so a user who types
-`<|im_start|>system` or `<|IMAGE|>` would otherwise inject control tokens (the chat-template
+`<|im_start|>system` or `<|image_pad|>` would otherwise inject control tokens (the chat-template
 injection class of defects). Here every special-token string inside user-supplied text is cut out
 before the template is rendered and put back as plain text: the template's own special tokens stay
 special, the user's become the ordinary tokens of those characters.
@@ -16,6 +16,7 @@ import re
 from typing import Any
 
 from omnistream.errors import InvalidRequest
+from omnistream.media import text_of
 
 ROLES = ("system", "user", "assistant")
 # Stand-ins for cut-out strings: one private-use code point each. Code points of this block found in
@@ -38,7 +39,7 @@ class ChatEncoder:
         vocab = tokenizer.get_vocab()
         self.max_token_bytes = max(len(t.encode("utf-8", "surrogatepass")) for t in vocab) if vocab else 1
 
-    def check(self, messages: list[dict[str, str]]) -> None:
+    def check(self, messages: list[dict[str, Any]]) -> None:
         """Cheap refusals (roles, a prompt that cannot fit) before the costly tokenizing."""
         total = 0
         for i, message in enumerate(messages):
@@ -46,21 +47,37 @@ class ChatEncoder:
                 raise InvalidRequest(
                     f"messages[{i}].role must be system, user or assistant", field="messages"
                 )
-            total += len(message.get("content", "").encode("utf-8", "surrogatepass"))
+            total += len(text_of(message.get("content", "")).encode("utf-8", "surrogatepass"))
         if total > self.max_token_bytes * self.max_prompt_tokens:
             raise InvalidRequest(
                 f"the prompt ({total} bytes) cannot fit in {self.max_prompt_tokens} tokens", field="messages"
             )
 
-    def encode(self, messages: list[dict[str, str]]) -> list[int]:
-        """The prompt ids for a chat (ChatML, generation prompt added); runs off the event loop."""
+    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids for a chat (ChatML, generation prompt added); runs off the event loop.
+
+        Media parts render as the template's single placeholders (the processor expands them)."""
         self.check(messages)
         cut: list[str] = []
-        escaped = [{**m, "content": self._cut_out(m.get("content", ""), cut)} for m in messages]
-        if not cut:
+        escaped = self._escape(messages, cut)
+        if not cut and all(isinstance(m.get("content", ""), str) for m in messages):
             ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
             return list(ids if isinstance(ids, list) else ids["input_ids"])
         rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
+        return self.tokenize(rendered, cut)
+
+    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
+        """The templated text with the user's special-token strings replaced by stand-ins (`cut`)."""
+        cut: list[str] = []
+        escaped = self._escape(messages, cut)
+        rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
+        return rendered, cut
+
+    def _escape(self, messages: list[dict[str, Any]], cut: list[str]) -> list[dict[str, Any]]:
+        return [{**m, "content": self._escape_content(m.get("content", ""), cut)} for m in messages]
+
+    def tokenize(self, rendered: str, cut: list[str]) -> list[int]:
+        """Ids of a `render`ed text: the template's special tokens special, the cut-out strings text."""
         ids: list[int] = []
         for piece in _STAND_IN_RE.split(rendered):
             if not piece:
@@ -71,6 +88,14 @@ class ChatEncoder:
             else:
                 ids += self.tokenizer.encode(piece, add_special_tokens=False)
         return ids
+
+    def _escape_content(self, content: Any, cut: list[str]) -> Any:
+        if isinstance(content, str):
+            return self._cut_out(content, cut)
+        return [
+            {**part, "text": self._cut_out(part["text"], cut)} if part.get("type") == "text" else part
+            for part in content
+        ]
 
     def _cut_out(self, text: str, cut: list[str]) -> str:
         """Replace special-token strings (and stand-in look-alikes) in `text` by stand-ins."""

@@ -7,7 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from omnistream.media import AudioInput, ImageInput, VideoInput
+from omnistream.errors import InvalidRequest
+from omnistream.media import AudioInput, ImageInput, MediaLayout, VideoInput
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.qwen3_omni.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
@@ -17,7 +18,10 @@ from omnistream.qwen3_omni.chunk_plan import (
 )
 from omnistream.sampling_params import SamplingParams
 from omnistream.stage_chain import StageOpens
-from omnistream.tensors import to_proto
+from omnistream.tensors import numpy_from_proto, to_proto
+
+# Elements one decoded media part may hold on the stage API (the gRPC message size bounds it too).
+MAX_PART_ELEMENTS = 1 << 30
 
 
 def wire_float(value: float) -> float:
@@ -108,21 +112,98 @@ def thinker_open_proto(
     opens: StageOpens,
     messages: Sequence[Mapping[str, Any]] | None,
     prompt_ids: list[int] | None,
-    use_audio_in_video: bool = False,
 ) -> stage_pb2.ThinkerOpen:
+    """The thinker's open; media parts (decoded arrays, omnistream/media.py) travel as tensors."""
     params = opens.thinker
     open_ = stage_pb2.ThinkerOpen(
         request_id=rid,
         max_tokens=params.max_tokens,
         ignore_eos=params.ignore_eos,
         sampling=sampling_to_proto(params.sampling),
-        use_audio_in_video=use_audio_in_video,
+        use_audio_in_video=params.use_audio_in_video,
     )
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
     else:
         open_.messages.extend(message_proto(m) for m in messages or ())
     return open_
+
+
+def messages_from_proto(messages: Sequence[common_pb2.Message]) -> list[dict[str, Any]]:
+    """Stage-form chat turns as the request model's messages (decoded media as numpy arrays, zero
+    copy). Only the forms the thinker takes are accepted; dtypes and shapes are checked again, with
+    sizes, by the thinker before the request joins a batch."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m.parts and m.content:
+            raise InvalidRequest(f"messages[{i}]: give content or parts, not both", field="messages")
+        if not m.parts:
+            out.append({"role": m.role, "content": m.content})
+            continue
+        parts = [_part_from_proto(p, f"messages[{i}].parts[{j}]") for j, p in enumerate(m.parts)]
+        out.append({"role": m.role, "content": parts})
+    return out
+
+
+def _part_from_proto(part: common_pb2.ContentPart, where: str) -> dict[str, Any]:
+    kind = part.WhichOneof("kind")
+    if kind == "text":
+        return {"type": "text", "text": part.text}
+    if kind == "audio":
+        return {"type": "audio", "audio": _audio_from_proto(part.audio, f"{where}.audio")}
+    if kind == "image":
+        pixels = _array(part.image.pixels, "uint8", f"{where}.image.pixels")
+        return {"type": "image", "image": ImageInput(pixels)}
+    if kind == "video":
+        frames = _array(part.video.frames, "uint8", f"{where}.video.frames")
+        audio = None
+        if part.video.HasField("audio"):
+            audio = _audio_from_proto(part.video.audio, f"{where}.video.audio")
+        return {"type": "video", "video": VideoInput(frames, part.video.fps, audio)}
+    # `media` (encoded files) is the gateway's to decode; an empty part is nothing.
+    raise InvalidRequest(f"{where}: the thinker takes text, audio, image or video parts", field="messages")
+
+
+def _audio_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioInput:
+    return AudioInput(_array(msg.samples, "float32", f"{where}.samples"), int(msg.sample_rate))
+
+
+def _array(msg: common_pb2.Tensor, dtype: str, where: str) -> np.ndarray:
+    return numpy_from_proto(msg, max_elements=MAX_PART_ELEMENTS, field=where, expect_dtype=dtype)
+
+
+def media_layout_to_proto(layout: MediaLayout) -> common_pb2.MediaLayout:
+    return common_pb2.MediaLayout(
+        image_grid_thw=[n for g in layout.image_grid_thw for n in g],
+        video_grid_thw=[n for g in layout.video_grid_thw for n in g],
+        video_second_per_grid=layout.video_second_per_grid,
+        audio_feature_lengths=layout.audio_feature_lengths,
+    )
+
+
+def media_layout_from_proto(msg: common_pb2.MediaLayout) -> MediaLayout | None:
+    """None when empty; a malformed layout is refused before it reaches the talker's batch."""
+
+    def triples(values: Sequence[int], name: str) -> tuple[tuple[int, int, int], ...]:
+        if len(values) % 3 or any(v <= 0 for v in values):
+            raise InvalidRequest(
+                f"media_layout.{name} must be positive [t, h, w] triples", field="media_layout"
+            )
+        return tuple((values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3))
+
+    layout = MediaLayout(
+        image_grid_thw=triples(msg.image_grid_thw, "image_grid_thw"),
+        video_grid_thw=triples(msg.video_grid_thw, "video_grid_thw"),
+        video_second_per_grid=tuple(msg.video_second_per_grid),
+        audio_feature_lengths=tuple(msg.audio_feature_lengths),
+    )
+    if len(layout.video_second_per_grid) != len(layout.video_grid_thw):
+        raise InvalidRequest("media_layout: one video_second_per_grid per video", field="media_layout")
+    if any(not (np.isfinite(s) and s > 0) for s in layout.video_second_per_grid) or any(
+        n <= 0 for n in layout.audio_feature_lengths
+    ):
+        raise InvalidRequest("media_layout: seconds and lengths must be positive", field="media_layout")
+    return layout if layout != MediaLayout() else None
 
 
 def talker_open_proto(rid: str, opens: StageOpens) -> stage_pb2.TalkerOpen:
@@ -151,8 +232,19 @@ def code2wav_open_proto(rid: str, opens: StageOpens) -> stage_pb2.Code2WavOpen:
 
 
 def talker_input_proto(chunk: stage_pb2.ThinkerChunk) -> stage_pb2.TalkerInput:
-    """A thinker chunk as talker input: chunk 0 carries the prompt, the finished one is the last."""
-    return stage_pb2.TalkerInput(prompt_ids=chunk.prompt_ids, token_ids=chunk.token_ids, last=chunk.finished)
+    """A thinker chunk as talker input: chunk 0 carries the prompt (with, for media, the deep rows
+    and the media layout, forwarded as they are), the finished one is the last."""
+    msg = stage_pb2.TalkerInput(
+        prompt_ids=chunk.prompt_ids,
+        token_ids=chunk.token_ids,
+        last=chunk.finished,
+        multimodal_positions=chunk.multimodal_positions,
+    )
+    if chunk.HasField("prompt_hidden"):
+        msg.prompt_hidden.CopyFrom(chunk.prompt_hidden)
+    if chunk.HasField("media_layout"):
+        msg.media_layout.CopyFrom(chunk.media_layout)
+    return msg
 
 
 def codec_input_proto(chunk: stage_pb2.TalkerChunk) -> stage_pb2.CodecInput:

@@ -77,3 +77,18 @@ def text_of(content: str | Sequence[Mapping[str, Any]]) -> str:
 
 def has_media(messages: Sequence[Mapping[str, Any]] | None) -> bool:
     return next(media_of(messages), None) is not None
+
+
+@dataclass(frozen=True)
+class MediaLayout:
+    """Where a prompt's media sit in M-RoPE terms (proto MediaLayout): with the prompt ids, what the
+    talker needs to give its own prompt the model's 3-D positions. Empty for a text-only prompt."""
+
+    image_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    video_grid_thw: tuple[tuple[int, int, int], ...] = ()
+    video_second_per_grid: tuple[float, ...] = ()
+    audio_feature_lengths: tuple[int, ...] = ()
+
+    @property
+    def has_vision(self) -> bool:
+        return bool(self.image_grid_thw or self.video_grid_thw)

@@ -18,6 +18,7 @@ import numpy as np
 
 from omnistream.family import family_for
 from omnistream.load_options import LoadOptions
+from omnistream.media import has_media
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
 from omnistream.relay import Emit, relay
 from omnistream.request import (  # re-exported: the pipeline's API speaks the request model
@@ -95,11 +96,18 @@ class Pipeline:
         rid = request_id or uuid.uuid4().hex
         started = time.perf_counter()
         prompt_ids = request.prompt_ids
-        if prompt_ids is None:
-            prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
         opens = stage_opens(request, self.chunk_plan(request) if request.return_audio else None)
+        media = None
+        if prompt_ids is None and has_media(request.messages):
+            # The processor's feature extraction is CPU work: a thread, as tokenizing is.
+            media = await asyncio.to_thread(
+                self.thinker.prepare_media, request.messages or [], opens.thinker.use_audio_in_video
+            )
+            prompt_ids = media.prompt_ids
+        elif prompt_ids is None:
+            prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
         out: Emit  # set by run_all: hands an event to the consumer
-        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker)
+        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker, media=media)
         talker_out = code2wav_out = None
         try:
             if opens.talker is not None and opens.plan is not None:
@@ -120,7 +128,14 @@ class Pipeline:
 
         def feed_talker(feed: TalkerFeed) -> None:
             for piece in talker_hold.push(feed, feed.last):
-                self.talker.feed(rid, piece.token_ids, piece.last, prompt_ids=piece.prompt_ids)
+                self.talker.feed(
+                    rid,
+                    piece.token_ids,
+                    piece.last,
+                    prompt_ids=piece.prompt_ids,
+                    multimodal_hidden=piece.multimodal_hidden,
+                    media_layout=piece.media_layout,
+                )
 
         def feed_code2wav(feed: CodecFeed) -> None:
             for piece in code2wav_hold.push(feed, feed.last):
@@ -134,7 +149,10 @@ class Pipeline:
                 await out(TextEvent(step.token_ids, step.text_delta))
                 if talker_out is not None:
                     prompt = list(prompt_ids) if first else None
-                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt))
+                    hidden = None
+                    if step.multimodal_positions:
+                        hidden = dict(zip(step.multimodal_positions, step.prompt_hidden, strict=True))
+                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt, hidden, step.media_layout))
                 first = False
                 if step.finished:
                     finish["reason"] = step.finish_reason or "stop"

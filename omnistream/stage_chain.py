@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
+from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request import GenerationRequest
@@ -41,6 +42,7 @@ class ThinkerParams:
     max_tokens: int = 256
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    use_audio_in_video: bool = False  # how the prompt's video parts are heard (prompt building)
 
 
 @dataclass(frozen=True)
@@ -68,7 +70,9 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
     audio = TALKER in stages_for(request)
     talker = TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
     return StageOpens(
-        thinker=ThinkerParams(request.max_tokens, request.ignore_eos, request.sampling),
+        thinker=ThinkerParams(
+            request.max_tokens, request.ignore_eos, request.sampling, request.use_audio_in_video
+        ),
         talker=talker if audio else None,
         plan=plan if audio else None,
         mode=request.mode,
@@ -83,6 +87,7 @@ class TalkerFeed:
     last: bool
     prompt_ids: list[int] | None = None
     multimodal_hidden: dict[int, Any] | None = None  # prompt position -> deep hidden row
+    media_layout: MediaLayout | None = None  # with the prompt, when it has media
 
     @staticmethod
     def merge(held: Sequence[TalkerFeed]) -> TalkerFeed:
@@ -95,6 +100,7 @@ class TalkerFeed:
             last=any(f.last for f in held),
             prompt_ids=prompt_ids or None,
             multimodal_hidden=hidden or None,
+            media_layout=next((f.media_layout for f in held if f.media_layout is not None), None),
         )
 
 

@@ -26,3 +26,12 @@ def tiny_model_dir() -> str:
 
 def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def media_expected(tiny_model_dir):
+    """The transformers reference's outputs for tests/media_samples.py's conversations (computed
+    once per session: the pipeline and the service tests compare against the same run)."""
+    from tests.media_reference import expected_outputs
+
+    return expected_outputs(tiny_model_dir)

@@ -31,9 +31,8 @@ if TYPE_CHECKING:
 # The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
 # frames (12.5 per second) than tokens; twice the thinker's context covers it.
 TALKER_LENGTH_FACTOR = 2
-# The prompt content the thinker service turns into ids today (audio, image and video are the
-# model's, not yet the service's).
-INPUT_MODALITIES = ("text",)
+# The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
+INPUT_MODALITIES = ("text", "audio", "image", "video")
 
 
 class Qwen3OmniFamily:

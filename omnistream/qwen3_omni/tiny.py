@@ -20,11 +20,11 @@ SPECIAL_TOKENS = [
     "<|im_end|>",
     "<|audio_start|>",
     "<|audio_end|>",
-    "<|AUDIO|>",
+    "<|audio_pad|>",
     "<|vision_start|>",
     "<|vision_end|>",
-    "<|IMAGE|>",
-    "<|VIDEO|>",
+    "<|image_pad|>",
+    "<|video_pad|>",
     "<tts_pad>",
     "<tts_text_bos>",
     "<tts_text_eod>",
@@ -32,12 +32,42 @@ SPECIAL_TOKENS = [
 BPE_VOCAB = 480
 THINKER_VOCAB = 512  # BPE_VOCAB + specials, rounded up
 
+# ChatML; a content given as parts renders media the way the real Qwen3-Omni template does (one
+# placeholder between its start/end tokens, which the processor expands); a string renders as before.
 CHAT_TEMPLATE = (
     "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n' }}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'audio' %}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
+    "{% elif part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'video' %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>' + '\n' }}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
+# The processor finds placeholders and their frames by these names (the real tokenizer's).
+MEDIA_TOKENS = {
+    "audio_token": "<|audio_pad|>",
+    "image_token": "<|image_pad|>",
+    "video_token": "<|video_pad|>",
+    "audio_bos_token": "<|audio_start|>",
+    "audio_eos_token": "<|audio_end|>",
+    "vision_bos_token": "<|vision_start|>",
+    "vision_eos_token": "<|vision_end|>",
+}
+# Media preprocessing of the tiny checkpoint: the real model's recipe at the tiny encoders' sizes
+# (patch 4 instead of 16, so the resize factor is 8; 16 mel bins instead of 128).
+PATCH_SIZE = 4
+MERGE_SIZE = 2
+TEMPORAL_PATCH_SIZE = 2
+MEL_BINS = 16
+MIN_PIXELS = 8 * 8
+MAX_PIXELS = 64 * 64
+CLIP_MEAN = [0.48145466, 0.4578275, 0.40821073]
+CLIP_STD = [0.26862954, 0.26130258, 0.27577711]
 
 _CORPUS_WORDS = (
     "the quick brown fox jumps over the lazy dog while a small bird sings in the morning light "
@@ -86,6 +116,7 @@ def build_tokenizer(directory: Path) -> dict[str, int]:
         eos_token="<|im_end|>",
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIAL_TOKENS[1:],
+        **MEDIA_TOKENS,
     )
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(directory))
@@ -123,15 +154,16 @@ def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, exp
     thinker = {
         "text_config": text,
         "audio_config": {
-            "num_mel_bins": 16,
+            "num_mel_bins": MEL_BINS,
             "encoder_layers": 1,
             "encoder_attention_heads": 2,
             "encoder_ffn_dim": 32,
             "d_model": 16,
             "output_dim": hidden_size,
             "downsample_hidden_size": 8,
-            "n_window": 4,
-            "n_window_infer": 8,
+            # The processor counts placeholders for 100-frame chunks (n_window 50, 13 tokens each).
+            "n_window": 50,
+            "n_window_infer": 200,
             "conv_chunksize": 16,
         },
         "vision_config": {
@@ -142,11 +174,15 @@ def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, exp
             "out_hidden_size": hidden_size,
             "num_position_embeddings": 64,
             "deepstack_visual_indexes": [0],
-            "patch_size": 4,
+            "patch_size": PATCH_SIZE,
+            "spatial_merge_size": MERGE_SIZE,
+            "temporal_patch_size": TEMPORAL_PATCH_SIZE,
         },
-        "audio_token_id": ids["<|AUDIO|>"],
-        "image_token_id": ids["<|IMAGE|>"],
-        "video_token_id": ids["<|VIDEO|>"],
+        # The processor's default (it interleaves video and audio by it); the real checkpoint's value.
+        "position_id_per_seconds": 13,
+        "audio_token_id": ids["<|audio_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
         "audio_start_token_id": ids["<|audio_start|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "user_token_id": ids["user"],
@@ -189,9 +225,9 @@ def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, exp
         "codec_think_bos_id": 2156,
         "codec_think_eos_id": 2157,
         "speaker_id": {"chelsie": 2301, "ethan": 2302, "aiden": 2303},
-        "audio_token_id": ids["<|AUDIO|>"],
-        "image_token_id": ids["<|IMAGE|>"],
-        "video_token_id": ids["<|VIDEO|>"],
+        "audio_token_id": ids["<|audio_pad|>"],
+        "image_token_id": ids["<|image_pad|>"],
+        "video_token_id": ids["<|video_pad|>"],
         "audio_start_token_id": ids["<|audio_start|>"],
         "vision_start_token_id": ids["<|vision_start|>"],
         "spatial_merge_size": 2,
@@ -224,6 +260,56 @@ def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, exp
     )
 
 
+def write_processor_config(directory: Path) -> None:
+    """The processor files of the real checkpoint's layout (Whisper features and the Qwen2-VL image
+    recipe in preprocessor_config.json, the video recipe beside it), sized for the tiny encoders."""
+    vision = {
+        "do_convert_rgb": True,
+        "do_normalize": True,
+        "do_rescale": True,
+        "do_resize": True,
+        "image_mean": CLIP_MEAN,
+        "image_std": CLIP_STD,
+        "merge_size": MERGE_SIZE,
+        "patch_size": PATCH_SIZE,
+        "temporal_patch_size": TEMPORAL_PATCH_SIZE,
+        "resample": 3,
+        "rescale_factor": 1 / 255,
+        "size": {"shortest_edge": MIN_PIXELS, "longest_edge": MAX_PIXELS},
+    }
+    audio = {
+        "feature_extractor_type": "WhisperFeatureExtractor",
+        "feature_size": MEL_BINS,
+        "sampling_rate": 16000,
+        "hop_length": 160,
+        "n_fft": 400,
+        "chunk_length": 30,
+        "n_samples": 480000,
+        "nb_max_frames": 3000,
+        "padding_side": "right",
+        "padding_value": 0.0,
+        "return_attention_mask": True,
+        "dither": 0.0,
+    }
+    preprocessor = {**audio, **vision, "image_processor_type": "Qwen2VLImageProcessor"}
+    preprocessor["processor_class"] = "Qwen3OmniMoeProcessor"
+    video = {**vision, "video_processor_type": "Qwen2VLVideoProcessor", "do_sample_frames": False}
+    video["processor_class"] = "Qwen3OmniMoeProcessor"
+    (directory / "preprocessor_config.json").write_text(json.dumps(preprocessor, indent=2, sort_keys=True))
+    (directory / "video_preprocessor_config.json").write_text(json.dumps(video, indent=2, sort_keys=True))
+    (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
+
+
+def _zero_uninitialized(model) -> None:
+    """transformers leaves some parameters (the talker's MoE experts) as `torch.empty` memory: a few
+    denormal bits of garbage that differ from build to build. Zero them (what they nearly are), so a
+    seed makes the same checkpoint, byte for byte."""
+    with torch.no_grad():
+        for param in model.parameters():
+            if param.numel() and not bool((param.abs() > 1e-30).any()):
+                param.zero_()
+
+
 def _rescale_code2wav(model, target_rms: float, seed: int) -> None:
     """Random init makes ~1e-6 audio; scale the last conv so the output sits near `target_rms`."""
     gen = torch.Generator().manual_seed(seed)
@@ -246,9 +332,11 @@ def make_tiny_model(
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     ids = build_tokenizer(directory)
+    write_processor_config(directory)
     config = tiny_config(ids, hidden_size=hidden_size, layers=layers, experts=experts)
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
+    _zero_uninitialized(model)
     _rescale_code2wav(model, target_rms=0.1, seed=seed)
     model.save_pretrained(str(directory))
     (directory / "omnistream_tiny.json").write_text(

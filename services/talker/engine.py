@@ -18,6 +18,7 @@ from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import LoadOptions
+from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.qwen3_omni.talker_prompt import (
@@ -26,6 +27,7 @@ from omnistream.qwen3_omni.talker_prompt import (
     assistant_start,
     user_positions,
 )
+from omnistream.qwen3_omni.talker_rope import talker_rope
 from omnistream.sampling import SamplingParams, choose
 from omnistream.stage_chain import TalkerParams  # the open params are part of the stage chain
 
@@ -50,6 +52,8 @@ class _TalkerState(RequestState):
     cp_generator: torch.Generator | None = None
     prompt_ids: list[int] | None = None
     multimodal_hidden: dict[int, torch.Tensor] | None = None
+    media_layout: MediaLayout | None = None  # images/videos: the prompt takes 3-D positions
+    rope_delta: float = 0.0
     stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
     input_done: bool = False
     frames: int = 0
@@ -128,6 +132,7 @@ class TalkerEngine(Engine):
         last: bool,
         prompt_ids: list[int] | None = None,
         multimodal_hidden: dict[int, torch.Tensor] | None = None,
+        media_layout: MediaLayout | None = None,
     ) -> None:
         """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
         if any(not 0 <= t < self.thinker_vocab for t in token_ids):
@@ -161,7 +166,8 @@ class TalkerEngine(Engine):
                 state.prompt_ids = list(prompt_ids)
                 state.stream = list(prompt_ids[start:])
                 state.multimodal_hidden = multimodal_hidden
-            elif multimodal_hidden is not None:
+                state.media_layout = media_layout
+            elif multimodal_hidden is not None or media_layout is not None:
                 raise InvalidRequest("multimodal rows come with the prompt only", field="prompt_hidden")
             elif state.prompt_ids is None:
                 raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
@@ -234,12 +240,21 @@ class TalkerEngine(Engine):
     def _work_states(self, work):
         return [s for group in work for s in group]
 
-    def _talker_forward(self, states: list[_TalkerState], embeds: torch.Tensor) -> torch.Tensor:
+    def _talker_forward(
+        self, states: list[_TalkerState], embeds: torch.Tensor, positions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H]."""
         self.cache.plan([s.slot for s in states], embeds.shape[1])
+        if positions is None:
+            positions = self.cache.positions()
+            deltas = [s.rope_delta for s in states]
+            if any(deltas):  # prompts with vision decode at sequence position + their delta
+                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
+                positions = positions.float() + offset
+            positions = positions.unsqueeze(0).expand(3, -1, -1)
         out = self.talker.model(
             inputs_embeds=embeds,
-            position_ids=self.cache.positions().unsqueeze(0).expand(3, -1, -1),
+            position_ids=positions,
             attention_mask=self.cache.attention_mask(),
             cache=self.cache,
             use_cache=True,
@@ -276,7 +291,14 @@ class TalkerEngine(Engine):
             try:
                 head = state.stream[:ASSISTANT_PROMPT_TOKENS]
                 rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
-                self._take_code0([state], self._talker_forward([state], rows))
+                positions = None
+                cfg = self.config
+                users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+                rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
+                if rope is not None:
+                    positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
+                    state.rope_delta = rope[1]
+                self._take_code0([state], self._talker_forward([state], rows, positions))
             except Exception as exc:
                 self._step_failed([state], exc)
         predict = [s for s in predict if not s.finished]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.convert import sampling_from_proto
+from omnistream.convert import media_layout_from_proto, sampling_from_proto
 from omnistream.errors import InvalidRequest
 from omnistream.family import describe_loaded
 from omnistream.proto.omni.v1 import stage_pb2
@@ -67,7 +67,8 @@ class TalkerServicer(StageServicer):
         def handle(msg: stage_pb2.TalkerInput) -> bool:
             # Rows are checked when they arrive (also when held), and decoded once.
             rows = multimodal_rows(msg)
-            feed = TalkerFeed(list(msg.token_ids), msg.last, list(msg.prompt_ids) or None, rows)
+            layout = media_layout_from_proto(msg.media_layout) if msg.HasField("media_layout") else None
+            feed = TalkerFeed(list(msg.token_ids), msg.last, list(msg.prompt_ids) or None, rows, layout)
             for piece in hold.push(feed, msg.last):
                 self.engine.feed(
                     rid,
@@ -75,6 +76,7 @@ class TalkerServicer(StageServicer):
                     piece.last,
                     prompt_ids=piece.prompt_ids,
                     multimodal_hidden=piece.multimodal_hidden,
+                    media_layout=piece.media_layout,
                 )
             return msg.last
 

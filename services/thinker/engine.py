@@ -4,12 +4,20 @@ Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which ca
 
 Per step it emits the new token id and its text delta. The talker needs nothing else for text
 prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
-thinker sends per step never grows with the prompt.
+thinker sends per step never grows with the prompt. A prompt with media also sends, once with its
+first output, the deep hidden rows of its audio/image/video positions (the talker cannot make those).
+
+A request with media goes through three phases on the engine thread: encode (its media in slices,
+batched with other requests' slices, one slice budget per step so running requests keep decoding),
+prefill (the prompt with the encoder rows in, at the model's 3-D M-RoPE positions), then decode at
+sequence position + its rope delta, batched with everyone else.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -19,7 +27,19 @@ from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import LoadOptions
+from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage, load_tokenizer
+from omnistream.qwen3_omni.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
+from omnistream.qwen3_omni.thinker_media import (
+    Encoded,
+    LayerTap,
+    PromptEmbedding,
+    Slice,
+    check_media_prompt,
+    embed_prompt,
+    encode_slices,
+    plan_slices,
+)
 from omnistream.sampling import choose
 from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
@@ -32,6 +52,10 @@ class ThinkerOutput:
     finished: bool = False
     finish_reason: str | None = None
     prompt_ids: list[int] | None = None  # only on the first output
+    # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
+    prompt_hidden: torch.Tensor | None = None
+    multimodal_positions: list[int] | None = None
+    media_layout: MediaLayout | None = None  # first output of a prompt with media
 
 
 @dataclass
@@ -42,6 +66,21 @@ class _ThinkerState(RequestState):
     generated: list[int] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     next_token: int | None = None  # sampled, not yet fed back
+    media: MediaPrompt | None = None
+    slices: list[Slice] = field(default_factory=list)  # media slices not yet encoded
+    encoded: Encoded = field(default_factory=Encoded)
+    rope_delta: float = 0.0
+    embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
+    prefilled: int = 0  # prompt positions of a media prompt already in the KV cache
+    deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
+
+
+@dataclass
+class _Step:
+    encode: list[tuple[_ThinkerState, Slice]]
+    prefill: list[_ThinkerState]
+    decode: list[_ThinkerState]
+    encoded: bool = False  # the encode results are in their states (a later failure keeps them)
 
 
 class ThinkerEngine(Engine):
@@ -55,6 +94,8 @@ class ThinkerEngine(Engine):
         max_model_len: int = 4096,
         max_requests: int | None = None,
         output_capacity: int = 512,
+        encode_budget: int | None = None,
+        prefill_chunk: int = 512,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("thinker", model_dir, options)
@@ -73,23 +114,49 @@ class ThinkerEngine(Engine):
         self.chat = ChatEncoder(self.tokenizer, max_model_len)
         tc = self.config.thinker_config
         self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
+        self.processor = load_processor(model_dir, self.tokenizer)
+        self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
+        self.accept_layer = self.config.talker_config.accept_hidden_layer
+        # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
+        # is at most this much, so decode steps wait for at most one slice. Audio slices are whole
+        # attention windows (`n_window_infer` frames).
+        audio = tc.audio_config
+        self.audio_window = audio.n_window_infer
+        self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
+        # Positions of a media prompt prefilled per step (text prompts prefill whole, as before).
+        self.prefill_chunk = prefill_chunk
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
 
     # --- public API ---------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, str]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
         that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
         prompts: servicers call it off the event loop."""
         return self.chat.encode(messages)
 
-    def add_request(self, request_id: str, prompt_ids: list[int], params: ThinkerParams) -> OutputStream:
+    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
+        """A chat with media run through the model's processor: ids with expanded placeholders,
+        encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop."""
+        return self.media_prompts.build(messages, use_audio_in_video)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: ThinkerParams,
+        media: MediaPrompt | None = None,
+    ) -> OutputStream:
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty", field="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
             raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
-        if not self.multimodal_ids.isdisjoint(prompt_ids):
+        if media is not None:
+            if list(prompt_ids) != media.prompt_ids:
+                raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
+            check_media_prompt(media, prompt_ids, self.config)
+        elif not self.multimodal_ids.isdisjoint(prompt_ids):
             # Their rows come from media encoders this thinker does not run (text-only input).
             raise InvalidRequest(
                 "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
@@ -110,7 +177,12 @@ class ThinkerEngine(Engine):
             params=params,
             generator=params.sampling.generator(self.device),
             detok=IncrementalDetokenizer(self.tokenizer),
+            media=media,
         )
+        if media is not None:
+            merge = self.config.thinker_config.vision_config.spatial_merge_size
+            state.slices = plan_slices(media, self.audio_window, self.encode_budget, merge)
+            state.rope_delta = media.rope_delta
         self._admit(state)
         return state.output
 
@@ -121,58 +193,149 @@ class ThinkerEngine(Engine):
             state.slot = None
 
     def _schedule(self, candidates):
+        encode: list[tuple[_ThinkerState, Slice]] = []
+        budget = self.encode_budget
         prefill, decode = [], []
         for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
-            if state.slot is None:
-                if self.cache.free_slots > len(prefill) and len(prefill) < 1:
+            if state.slices:
+                # Oldest first; each step takes slices up to the budget (at least one).
+                while state.slices and (not encode or state.slices[0].cost <= budget):
+                    piece = state.slices.pop(0)
+                    budget -= piece.cost
+                    encode.append((state, piece))
+                continue
+            if state.slot is None or state.next_token is None:
+                # Not prefilled yet (a slot without a token: its prefill's step failed, retry it).
+                if not prefill and (state.slot is not None or self.cache.free_slots > 0):
                     prefill.append(state)
             else:
                 decode.append(state)
         for state in prefill:
-            state.slot = self.cache.allocate()
-        if not prefill and not decode:
+            if state.slot is None:
+                state.slot = self.cache.allocate()
+        if not encode and not prefill and not decode:
             return None
-        return prefill, decode
+        return _Step(encode, prefill, decode)
 
-    def _work_states(self, work):
-        prefill, decode = work
-        return prefill + decode
+    def _work_states(self, work: _Step):
+        seen = {id(s): s for s, _ in work.encode}
+        seen.update((id(s), s) for s in work.prefill + work.decode)
+        return list(seen.values())
 
-    def _forward(self, states: list[_ThinkerState], ids: torch.Tensor) -> torch.Tensor:
-        """Run the text model on `ids` [B, q] at each row's own position; return last-position logits."""
-        self.cache.plan([s.slot for s in states], ids.shape[1])
-        positions = self.cache.positions()
+    def _step_failed(self, work: _Step, error: Exception) -> None:
+        # Slices taken for a step that raised before their rows were kept go back for a retry.
+        if not work.encoded:
+            for state, piece in reversed(work.encode):
+                state.slices.insert(0, piece)
+        super()._step_failed(work, error)
+
+    def _forward(
+        self,
+        states: list[_ThinkerState],
+        ids: torch.Tensor | None,
+        embedding: Any = None,
+        positions: torch.Tensor | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the text model on `ids` [B, q] (or a prompt embedding) at each row's own position;
+        return last-position logits and the last hidden states."""
+        q = ids.shape[1] if ids is not None else embedding.embeds.shape[1]
+        self.cache.plan([s.slot for s in states], q)
+        if positions is None:
+            positions = self.cache.positions()
+            deltas = [s.rope_delta for s in states]
+            if any(deltas):  # M-RoPE requests decode at sequence position + their delta
+                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
+                positions = positions.float() + offset
+            positions = positions.unsqueeze(0).expand(3, -1, -1)
+        extra = {}
+        if embedding is not None:
+            inputs = embedding.embeds
+            if embedding.deepstack is not None:
+                extra = {
+                    "visual_pos_masks": embedding.visual_mask,
+                    "deepstack_visual_embeds": embedding.deepstack,
+                }
+        else:
+            inputs = self.lm.embed_tokens(ids)
         out = self.lm(
-            inputs_embeds=self.lm.embed_tokens(ids),
-            position_ids=positions.unsqueeze(0).expand(3, -1, -1),
+            inputs_embeds=inputs,
+            position_ids=positions,
             attention_mask=self.cache.attention_mask(),
             cache=self.cache,
             use_cache=True,
+            **extra,
         )
         logits = self.thinker.lm_head(out.last_hidden_state[:, -1])
         self.cache.commit()  # last: a step that raised left the lengths as they were (retry-safe)
-        return logits
+        return logits, out.last_hidden_state
 
-    def _run(self, work) -> None:
-        prefill, decode = work
+    def _run(self, work: _Step) -> None:
         device = self.device
-        for state in prefill:
+        if work.encode:
+            results = encode_slices(self.thinker.model, [piece for _, piece in work.encode])
+            for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
+                state.encoded.add(piece, rows, deep)
+            work.encoded = True
+        for state in work.prefill:
             ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=device)
-            logits = self._forward([state], ids)
-            with self._row(state):
-                self._accept(state, logits[0], first=True)
-        decode = [s for s in decode if not s.finished]
+            if state.media is None:
+                logits, _ = self._forward([state], ids)
+                with self._row(state):
+                    self._accept(state, logits[0], first=True)
+                continue
+            done = self._prefill_media_chunk(state, ids)
+            if done is not None:
+                with self._row(state):
+                    self._accept(state, done[0][0], first=True, hidden=done[1])
+        decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
-            logits = self._forward(decode, ids)
+            logits, _ = self._forward(decode, ids)
             for row, state in enumerate(decode):
                 with self._row(state):
                     self._accept(state, logits[row], first=False)
 
-    def _accept(self, state: _ThinkerState, logits: torch.Tensor, first: bool) -> None:
+    def _prefill_media_chunk(
+        self, state: _ThinkerState, ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The next `prefill_chunk` positions of a prompt with media (its encoder rows in, at its
+        M-RoPE positions), so a long media prompt, too, holds running requests for one chunk per
+        step. Keeps the deep rows of its multimodal positions (what the talker reads there). After
+        the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
+        assert state.media is not None
+        if state.embedding is None:
+            state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
+            state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
+            state.media = dataclasses.replace(
+                state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
+            )
+        whole = state.embedding
+        start = state.prefilled
+        end = min(len(state.prompt_ids), start + self.prefill_chunk)
+        chunk = PromptEmbedding(whole.embeds[:, start:end], None, None)
+        if whole.visual_mask is not None and whole.deepstack is not None:
+            before = int(whole.visual_mask[0, :start].sum())
+            count = int(whole.visual_mask[0, start:end].sum())
+            if count:
+                rows = [layer[before : before + count] for layer in whole.deepstack]
+                chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, start:end], rows)
+        positions = state.media.positions[:, start:end].to(self.device).unsqueeze(1)  # [3, 1, q]
+        with LayerTap(self.lm, self.accept_layer) as tap:
+            logits, last = self._forward([state], None, chunk, positions)
+        hidden = tap.take(chunk.embeds, last)[0]
+        mm = [i for i in range(start, end) if state.prompt_ids[i] in self.multimodal_ids]
+        state.deep_rows.append(hidden[[i - start for i in mm]].detach().clone())
+        state.prefilled = end
+        if end < len(state.prompt_ids):
+            return None
+        return logits, torch.cat(state.deep_rows)
+
+    def _accept(
+        self, state: _ThinkerState, logits: torch.Tensor, first: bool, hidden: torch.Tensor | None = None
+    ) -> None:
         if state.finished:  # aborted while the step ran
             return
         sampling = state.params.sampling
@@ -187,6 +350,12 @@ class ThinkerEngine(Engine):
         if finished:
             delta += state.detok.flush()
         state.next_token = token
+        positions = layout = None
+        if hidden is not None:  # the deep rows of the multimodal positions, in order
+            assert state.media is not None
+            positions = [i for i, t in enumerate(state.prompt_ids) if t in self.multimodal_ids]
+            layout = state.media.layout
+            state.media, state.embedding, state.deep_rows = None, None, []  # spent
         state.output.put(
             ThinkerOutput(
                 token_ids=[token],
@@ -195,6 +364,9 @@ class ThinkerEngine(Engine):
                 finished=finished,
                 finish_reason=("stop" if is_eos else "length") if finished else None,
                 prompt_ids=list(state.prompt_ids) if first else None,
+                prompt_hidden=hidden,
+                multimodal_positions=positions,
+                media_layout=layout,
             )
         )
         if finished:

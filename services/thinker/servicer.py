@@ -3,19 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
-from omnistream.convert import sampling_from_proto
+from omnistream.convert import media_layout_to_proto, messages_from_proto, sampling_from_proto
 from omnistream.errors import InvalidRequest
 from omnistream.family import describe_loaded
+from omnistream.media import has_media
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.stage_chain import ThinkerParams
 from omnistream.stage_service import Admitted, StageServicer
+from omnistream.tensors import to_proto
 
 DEFAULT_MAX_TOKENS = 256
-# Tokenizing runs here, off the event loop (the tokenizer releases the GIL), so one long prompt
-# cannot stall health checks or other streams; the pool bounds how many run at once.
+# Tokenizing and media preprocessing (the processor's feature extraction) run here, off the event
+# loop (tokenizer and numpy release the GIL), so one long prompt cannot stall health checks or other
+# streams; the pool bounds how many run at once.
 TOKENIZER_THREADS = 2
 
 
@@ -37,18 +42,23 @@ class ThinkerServicer(StageServicer):
         info.input_modalities.extend(facts.input_modalities)
         info.limits.max_model_len = self.engine.max_model_len
 
-    async def _prompt_ids(self, open_: stage_pb2.ThinkerOpen) -> list[int]:
+    async def _prompt(self, open_: stage_pb2.ThinkerOpen) -> tuple[list[int], Any]:
+        """The prompt ids and, for a chat with media, its processed media (else None)."""
         given = [bool(open_.prompt_ids), bool(open_.prompt_text), bool(open_.messages)]
         if sum(given) != 1:
             raise InvalidRequest("give exactly one of prompt_ids, prompt_text or messages", field="prompt")
         if open_.prompt_ids:
-            return list(open_.prompt_ids)
+            return list(open_.prompt_ids), None
         if open_.prompt_text:
             messages = [{"role": "user", "content": open_.prompt_text}]
         else:
-            messages = [{"role": m.role, "content": m.content} for m in open_.messages]
+            messages = messages_from_proto(open_.messages)
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._tokenizer_pool, self.engine.encode_chat, messages)
+        if has_media(messages):
+            prepare = functools.partial(self.engine.prepare_media, messages, open_.use_audio_in_video)
+            media = await loop.run_in_executor(self._tokenizer_pool, prepare)
+            return media.prompt_ids, media
+        return await loop.run_in_executor(self._tokenizer_pool, self.engine.encode_chat, messages), None
 
     async def _open(self, first: stage_pb2.ThinkerRequest) -> Admitted:
         open_ = first.open
@@ -59,8 +69,8 @@ class ThinkerServicer(StageServicer):
             ignore_eos=open_.ignore_eos,
             sampling=sampling_from_proto(open_.sampling),
         )
-        prompt_ids = await self._prompt_ids(open_)
-        out = self.engine.add_request(rid, prompt_ids, params)
+        prompt_ids, media = await self._prompt(open_)
+        out = self.engine.add_request(rid, prompt_ids, params, media=media)
 
         async def chunks():
             index = 0
@@ -78,6 +88,12 @@ class ThinkerServicer(StageServicer):
                     )
                     if index == 0:
                         chunk.prompt_ids.extend(prompt_ids)
+                        first = steps[0]
+                        if first.multimodal_positions:
+                            chunk.prompt_hidden.CopyFrom(to_proto(first.prompt_hidden))
+                            chunk.multimodal_positions.extend(first.multimodal_positions)
+                        if first.media_layout is not None and first.media_layout.has_vision:
+                            chunk.media_layout.CopyFrom(media_layout_to_proto(first.media_layout))
                     if last.finished:
                         chunk.usage.CopyFrom(
                             common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)

@@ -15,7 +15,7 @@ import yaml
 
 from omnistream.launcher import ServiceProcess, start_services
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from tests.media_samples import audio_file, image_file, video_file
+from tests.media_files import audio_file, image_file, video_file
 
 from .conftest import gateway_args, metric
 

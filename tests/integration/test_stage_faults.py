@@ -152,7 +152,7 @@ def _hidden(rows: int, width: int = HIDDEN_WIDTH, dtype=np.float32, fill: float 
 
 def test_poisoned_requests_fail_alone_while_innocent_ones_finish(stages, tiny_model_dir):
     tok = load_tokenizer(tiny_model_dir)
-    image_id = tok.convert_tokens_to_ids("<|IMAGE|>")
+    image_id = tok.convert_tokens_to_ids("<|image_pad|>")
     plain = _prompt_ids(tiny_model_dir)
     user_at = plain.index(tok.convert_tokens_to_ids("user"))
     with_image = [*plain[: user_at + 2], image_id, *plain[user_at + 2 :]]  # an image in the user turn
@@ -283,7 +283,7 @@ def test_malformed_bytes_are_invalid_argument_at_every_stage(stages):
 
 
 def test_special_token_text_from_a_user_stays_text(stages, tiny_model_dir):
-    """`<|IMAGE|>` typed by a user reaches the thinker as characters, so the talker speaks it."""
+    """`<|image_pad|>` typed by a user reaches the thinker as characters, so the talker speaks it."""
     tok = load_tokenizer(tiny_model_dir)
     specials = {t.content for t in tok.added_tokens_decoder.values() if t.special}
     special_ids = {tok.convert_tokens_to_ids(s) for s in specials}
@@ -303,5 +303,5 @@ def test_special_token_text_from_a_user_stays_text(stages, tiny_model_dir):
         tok.convert_tokens_to_ids("<|im_end|>"),
     ]
     assert sorted(t for t in done.prompt_ids if t in special_ids) == sorted(expected_specials)
-    assert tok.decode(done.prompt_ids).count("<|IMAGE|>") == 1
+    assert tok.decode(done.prompt_ids).count("<|image_pad|>") == 1
     assert done.frames == 8

@@ -49,7 +49,8 @@ def test_every_stage_reports_its_checkpoint_and_limits(stages, checkpoint):
         assert info.limits.max_batch == 8 and info.limits.max_requests == 32  # --max-batch 8: 4x
         assert info.limits.max_message_bytes == 16 * 1024 * 1024
     thinker, talker, code2wav = infos["thinker"], infos["talker"], infos["code2wav"]
-    assert list(thinker.input_modalities) == ["text"] and thinker.limits.max_model_len == 4096
+    assert list(thinker.input_modalities) == ["text", "audio", "image", "video"]
+    assert thinker.limits.max_model_len == 4096
     assert not (thinker.voices or thinker.sample_rate or thinker.codebooks)
     assert list(talker.voices) == sorted(k.lower() for k in talker_config["speaker_id"])
     assert (talker.codebooks, talker.frames_per_second) == (talker_config["num_code_groups"], fps)
@@ -119,7 +120,7 @@ def test_a_disagreeing_replica_is_refused_while_the_agreeing_ones_serve(mixed, s
     voices = sorted(k.lower() for k in checkpoint["talker_config"]["speaker_id"])
     assert (model["id"], model["object"], model["owned_by"]) == ("qwen3-omni", "model", "omnistream")
     assert model["omnistream"]["voices"] == voices and model["omnistream"]["sample_rate"] == 24000
-    assert model["omnistream"]["input_modalities"] == ["text"]
+    assert model["omnistream"]["input_modalities"] == ["text", "audio", "image", "video"]
 
     async def gateway_info() -> gateway_pb2.GatewayInfo:
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:

@@ -1,4 +1,4 @@
-"""Decoding per format, on files made on the spot (tests/media_samples.py): rates, lengths,
+"""Decoding per format, on files made on the spot (tests/media_files.py): rates, lengths,
 channels, the reference's resize and frame rules, and a 4xx naming the field for every bad file."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from gateway.media_decode import (
 )
 from gateway.media_limits import MediaLimits, Tally
 from omnistream.errors import InvalidRequest, TooLarge
-from tests.media_samples import audio_file, image_file, video_file
+from tests.media_files import audio_file, image_file, video_file
 
 LIMITS = MediaLimits()
 FIELD = "messages.0.content.1.input_audio.data"

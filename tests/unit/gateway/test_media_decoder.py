@@ -19,7 +19,7 @@ from gateway.media_limits import MediaLimits
 from gateway.media_parts import EncodedMedia, from_url
 from omnistream.errors import InvalidRequest, TooLarge
 from omnistream.media import AudioInput, ImageInput
-from tests.media_samples import audio_file, image_file
+from tests.media_files import audio_file, image_file
 
 FIELD = "messages.0.content.0.input_audio.data"
 

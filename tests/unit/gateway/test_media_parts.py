@@ -159,7 +159,7 @@ def test_thinker_open_carries_decoded_parts_and_use_audio_in_video():
         },
     ]
     request = GenerationRequest(messages=messages, use_audio_in_video=True)
-    open_ = thinker_open_proto("r1", stage_opens(request, None), messages, None, True)
+    open_ = thinker_open_proto("r1", stage_opens(request, None), messages, None)
     assert open_.use_audio_in_video
     system, user = open_.messages
     assert system.content == "be brief" and not system.parts

@@ -17,7 +17,7 @@ from gateway.rest import build_app
 from omnistream.errors import TooLarge, Unavailable
 from omnistream.media import AudioInput, ImageInput, VideoInput, text_of
 from omnistream.request import GenerationRequest
-from tests.media_samples import audio_file, image_file, video_file
+from tests.media_files import audio_file, image_file, video_file
 from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
