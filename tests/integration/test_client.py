@@ -22,6 +22,7 @@ from omnistream.client import (
     InvalidRequest,
     RestClient,
     TextDelta,
+    media,
 )
 from omnistream.launcher import start_services
 from omnistream.wav import float32_wav_bytes, to_pcm16
@@ -188,3 +189,21 @@ def test_events_arrive_typed_and_in_order(gateway):
     assert kinds[-2:] == ["Usage", "End"]
     assert "TextDelta" in kinds and "AudioChunk" in kinds
     assert TextDelta.__name__ in kinds[: kinds.index("Usage")]
+
+
+def test_clients_send_media_parts(gateway):
+    """A sound file and a picture through the gRPC client (encoded parts the gateway decodes), and the
+    same through REST: both answer."""
+    from tests.media_files import audio_file, image_file
+
+    content = [
+        media(audio_file("wav", seconds=0.5), kind="audio", mime_type="audio/wav"),
+        media(image_file(), kind="image", mime_type="image/png"),
+        {"type": "text", "text": "What is this?"},
+    ]
+    turn = [{"role": "user", "content": content}]
+    with Client(gateway.address) as client:
+        answer = client.complete(turn, max_tokens=6, audio=False, temperature=0)
+    with RestClient(gateway_url(gateway)) as rest:
+        same = rest.complete(turn, max_tokens=6, audio=False, temperature=0)
+    assert answer.text and answer.token_ids and answer.text == same.text
