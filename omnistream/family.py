@@ -103,6 +103,10 @@ class ModelFamily(Protocol):
         """Write a small random checkpoint of the family's real architecture into `directory`."""
         ...
 
+    def tiny_is_current(self, directory: str | Path) -> bool:
+        """Did this version of `make_tiny` write `directory`? (An older one is rebuilt.)"""
+        ...
+
 
 def families() -> dict[str, ModelFamily]:
     """Every registered family by name."""

@@ -114,5 +114,10 @@ class Qwen3OmniFamily:
 
         return make_tiny_model(directory, **options)
 
+    def tiny_is_current(self, directory: str | Path) -> bool:
+        from omnistream.qwen3_omni.tiny import is_current
+
+        return is_current(directory)
+
 
 FAMILY: ModelFamily = Qwen3OmniFamily()  # annotated: a type checker holds the class to the interface

@@ -8,6 +8,7 @@ tokens match the config. Everything that loads a real checkpoint loads this one 
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -340,6 +341,29 @@ def make_tiny_model(
     _rescale_code2wav(model, target_rms=0.1, seed=seed)
     model.save_pretrained(str(directory))
     (directory / "omnistream_tiny.json").write_text(
-        json.dumps({"seed": seed, "hidden_size": hidden_size, "layers": layers, "experts": experts})
+        json.dumps(
+            {
+                "seed": seed,
+                "hidden_size": hidden_size,
+                "layers": layers,
+                "experts": experts,
+                "builder": builder_version(),
+            }
+        )
     )
     return directory
+
+
+def builder_version() -> str:
+    """This builder's fingerprint (its source): a tiny checkpoint from another version of it may
+    lack files the code now reads (e.g. the processor configs), so it is rebuilt, not trusted."""
+    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+
+
+def is_current(directory: str | Path) -> bool:
+    """Was the tiny checkpoint in `directory` written by this version of the builder?"""
+    marker = Path(directory) / "omnistream_tiny.json"
+    try:
+        return json.loads(marker.read_text()).get("builder") == builder_version()
+    except (OSError, ValueError):
+        return False
