@@ -27,6 +27,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--output-len", type=int, default=100)
     p.add_argument("--audio-frames", type=int, default=340, help="codec frames per request (80 ms each)")
     p.add_argument("--no-ignore-eos", action="store_true")
+    p.add_argument(
+        "--audio-input-seconds",
+        type=float,
+        default=0.0,
+        help="also run a spoken-input workload: this many seconds of speech-like audio in, text and "
+        "audio out (targets in-process and services over gRPC); rows are named <target>+audio-in-Ns",
+    )
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")

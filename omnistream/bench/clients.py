@@ -23,8 +23,14 @@ class Workload:
     audio_frames: int = 340
     ignore_eos: bool = True
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
+    audio_input_seconds: float = 0.0  # > 0: the spoken-input workload (bench/audio_input.py)
 
-    def request_input(self, prompt_ids: list[int], async_chunk: bool) -> RequestInput:
+    @property
+    def label(self) -> str:
+        """The suffix of this workload's target names in the report ("" for the text workload)."""
+        return f"+audio-in-{self.audio_input_seconds:g}s" if self.audio_input_seconds else ""
+
+    def request_input(self, prompt_ids: list[int], async_chunk: bool, encoded: bool = False) -> RequestInput:
         """One benchmark request as given, for every target alike (each resolves it through the one
         table of defaults: in process here, behind the gateway for the services).
 
@@ -32,7 +38,13 @@ class Workload:
         defaults: every target and repeat then does the same work (the same codes, the same
         audio), so their latencies compare like for like.
         """
+        messages = None
+        if self.audio_input_seconds:  # the random prompt only sets the count; the turn is spoken
+            from omnistream.bench.audio_input import audio_message
+
+            messages, prompt_ids = [audio_message(self.audio_input_seconds, encoded)], None
         return RequestInput(
+            messages=messages,
             prompt_ids=prompt_ids,
             max_tokens=self.output_len,
             ignore_eos=self.ignore_eos,
@@ -65,10 +77,11 @@ def _sampling_proto(given: RequestInput, prefix: str):
 
 def grpc_request(given: RequestInput, timeout: float | None = None):
     """`given` as an omni.v1.Gateway request (the inverse of `gateway.grpc_api.to_request_input`)."""
-    from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
+    from omnistream.client.request import gateway_message
+    from omnistream.proto.omni.v1 import gateway_pb2
 
     request = gateway_pb2.GenerateRequest(
-        messages=[common_pb2.Message(**m) for m in given.messages or ()],
+        messages=[gateway_message(m) for m in given.messages or ()],
         prompt_ids=list(given.prompt_ids or ()),
         max_tokens=given.max_tokens or 0,
         ignore_eos=bool(given.ignore_eos),
@@ -162,7 +175,8 @@ class GrpcGatewayClient:
 
         from omnistream.tensors import numpy_from_proto
 
-        request = grpc_request(workload.request_input(prompt_ids, async_chunk), timeout=REQUEST_TIMEOUT)
+        given = workload.request_input(prompt_ids, async_chunk, encoded=True)
+        request = grpc_request(given, timeout=REQUEST_TIMEOUT)
         result = RequestResult(start=time.perf_counter())
         try:
             async for event in self.stub.Generate(request):
@@ -197,6 +211,8 @@ class RestGatewayClient:
         self.sample_rate = sample_rate  # pcm16 deltas carry no rate: the model's own (family.describe)
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
+        if workload.audio_input_seconds:
+            raise ValueError("the spoken-input workload runs over gRPC (--transport grpc)")
         # REST takes text: the random ids are decoded, so the prompt length is close to, not exactly, N.
         text = self.tokenizer.decode(prompt_ids[3:-5], skip_special_tokens=True)
         given = dataclasses.replace(

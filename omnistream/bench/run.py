@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 import os
 import platform
 import re
@@ -162,6 +163,12 @@ async def run_bench(args: argparse.Namespace) -> int:
 
     sample_rate = model_info(args.model).sample_rate
     targets = [t.strip() for t in args.targets.split(",") if t.strip()]
+    if args.audio_input_seconds and args.transport == "rest" and "services" in targets:
+        print(
+            "omnistream bench: the spoken-input workload runs over gRPC (drop --transport rest)",
+            file=sys.stderr,
+        )
+        return 2
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
     workload = Workload(
@@ -198,8 +205,16 @@ async def run_bench(args: argparse.Namespace) -> int:
             for prompt in warm[: args.warmup]:
                 await clients[name].run(prompt, workload, True)
         runs: dict[tuple[str, bool, int], list[dict]] = {}
+        workloads = [workload]
+        if args.audio_input_seconds:  # spoken input, next to the text workload (gRPC targets)
+            spoken = dataclasses.replace(workload, audio_input_seconds=args.audio_input_seconds)
+            workloads.append(spoken)
+            for name in order:
+                await clients[name].run([], spoken, True)  # warm the audio encoder path
         total = sum(
-            len(order) * args.repeats * (args.num_prompts or max(3, c)) for c in concurrencies for _ in modes
+            len(order) * len(workloads) * args.repeats * (args.num_prompts or max(3, c))
+            for c in concurrencies
+            for _ in modes
         )
         progress = tqdm(total=total, desc="bench", unit="req", file=sys.stderr, dynamic_ncols=True)
         for conc in concurrencies:
@@ -209,19 +224,21 @@ async def run_bench(args: argparse.Namespace) -> int:
                 sequence = []
                 for i in range(args.repeats):  # A B B A ...
                     sequence += order if i % 2 == 0 else order[::-1]
-                for name in sequence:
-                    progress.set_postfix_str(f"{name} c{conc} async={'on' if async_chunk else 'off'}")
-                    results, duration = await run_cell(
-                        clients[name],
-                        prompts,
-                        workload,
-                        async_chunk,
-                        conc,
-                        args.request_rate,
-                        progress,
-                        args.seed,
-                    )
-                    runs.setdefault((name, async_chunk, conc), []).append(summarize(results, duration))
+                for load in workloads:
+                    for name in sequence:
+                        label = name + load.label
+                        progress.set_postfix_str(f"{label} c{conc} async={'on' if async_chunk else 'off'}")
+                        results, duration = await run_cell(
+                            clients[name],
+                            prompts,
+                            load,
+                            async_chunk,
+                            conc,
+                            args.request_rate,
+                            progress,
+                            args.seed,
+                        )
+                        runs.setdefault((label, async_chunk, conc), []).append(summarize(results, duration))
         progress.close()
         rows = []
         for (name, async_chunk, conc), cell_runs in runs.items():

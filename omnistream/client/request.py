@@ -39,7 +39,8 @@ def media(
     return {"type": kind, "data": data, "mime_type": mime_type}
 
 
-def _message(turn: Mapping[str, Any]) -> common_pb2.Message:
+def gateway_message(turn: Mapping[str, Any]) -> common_pb2.Message:
+    """One chat turn for the gateway's API: text content, or parts (text, and media as encoded files)."""
     content = turn["content"]
     if isinstance(content, str):
         return common_pb2.Message(role=turn["role"], content=content)
@@ -111,7 +112,7 @@ def build_request(
         messages = [{"role": "user", "content": messages}]
     request = gateway_pb2.GenerateRequest(
         request_id=request_id or "",
-        messages=[_message(m) for m in messages or ()],
+        messages=[gateway_message(m) for m in messages or ()],
         prompt_ids=list(prompt_ids or ()),
         max_tokens=max_tokens or 0,
         text_only=not audio,

@@ -41,6 +41,8 @@ def test_bench_smoke_reports_every_metric(tiny_model_dir, tmp_path):
             "1",
             "--warmup",
             "1",
+            "--audio-input-seconds",
+            "1",
             "--chunk-cost",
             "--chunk-cost-prompts",
             "16,64",
@@ -55,7 +57,8 @@ def test_bench_smoke_reports_every_metric(tiny_model_dir, tmp_path):
     payload = json.loads((out / "results.json").read_text(), parse_constant=_refuse_nan)
     rows = payload["rows"]
     cells = {(r["target"], r["async"], r["concurrency"]) for r in rows}
-    assert cells == {(t, a, c) for t in ("in-process", "services") for a in (True, False) for c in (1, 2)}
+    targets = ("in-process", "services", "in-process+audio-in-1s", "services+audio-in-1s")  # spoken input too
+    assert cells == {(t, a, c) for t in targets for a in (True, False) for c in (1, 2)}
     for row in rows:
         assert row["failed"] == 0 and row["completed"] == 1, row
         for metric in ALWAYS_MEASURED:
