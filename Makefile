@@ -43,7 +43,7 @@ test: setup
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
 bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets in-process,in-process-recompute,services \
-		--chunk-cost --stage-timings --output-dir bench-results
+		--audio-input-seconds 5 --chunk-cost --stage-timings --output-dir bench-results
 
 test-slow: setup
 	$(PY) -m pytest -q -m slow
