@@ -128,14 +128,7 @@ class Pipeline:
 
         def feed_talker(feed: TalkerFeed) -> None:
             for piece in talker_hold.push(feed, feed.last):
-                self.talker.feed(
-                    rid,
-                    piece.token_ids,
-                    piece.last,
-                    prompt_ids=piece.prompt_ids,
-                    multimodal_hidden=piece.multimodal_hidden,
-                    media_layout=piece.media_layout,
-                )
+                self.talker.feed_piece(rid, piece)
 
         def feed_code2wav(feed: CodecFeed) -> None:
             for piece in code2wav_hold.push(feed, feed.last):

@@ -158,9 +158,9 @@ class Code2WavEngine(Engine):
         else:
             self._run_recompute(work)
 
-    def _run_stream(self, work) -> None:
-        """One batched streaming step: each ready request decodes its next window, once."""
-        jobs = []
+    def _needing_audio(self, work):
+        """The (state, available, done) that have frames to decode; a request whose input ended on
+        a window boundary gets its (empty) final piece here instead."""
         for state, available, done in work:
             if state.finished:
                 continue
@@ -170,7 +170,14 @@ class Code2WavEngine(Engine):
                 )
                 self._finish(state)
                 continue
-            jobs.append((state, min(state.plan.window_end(state.start), available), available, done))
+            yield state, available, done
+
+    def _run_stream(self, work) -> None:
+        """One batched streaming step: each ready request decodes its next window, once."""
+        jobs = [
+            (state, min(state.plan.window_end(state.start), available), available, done)
+            for state, available, done in self._needing_audio(work)
+        ]
         if not jobs:
             return
         self.stats.last_batch_size = len(jobs)
@@ -192,15 +199,7 @@ class Code2WavEngine(Engine):
 
     def _run_recompute(self, work) -> None:
         jobs = []
-        for state, available, done in work:
-            if state.finished:
-                continue
-            if done and available == state.start:
-                state.output.put(
-                    AudioOutput(np.zeros(0, np.float32), state.samples, state.window, finished=True)
-                )
-                self._finish(state)
-                continue
+        for state, available, done in self._needing_audio(work):
             begin, end, stop, lookahead = state.plan.span(state.start, available, done)
             jobs.append((state, begin, end, stop, lookahead, done))
         if not jobs:

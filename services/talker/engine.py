@@ -29,7 +29,7 @@ from omnistream.qwen3_omni.talker_prompt import (
 )
 from omnistream.qwen3_omni.talker_rope import talker_rope
 from omnistream.sampling import SamplingParams, choose
-from omnistream.stage_chain import TalkerParams  # the open params are part of the stage chain
+from omnistream.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
 # The reference's code predictor samples with these whenever the talker samples.
 CODE_PREDICTOR_TOP_K = 50
@@ -124,6 +124,18 @@ class TalkerEngine(Engine):
             state.cp_generator.manual_seed(params.sampling.seed + 1)
         self._admit(state)
         return state.output
+
+    def feed_piece(self, request_id: str, piece: TalkerFeed) -> None:
+        """`feed` with one payload of the thinker -> talker edge (omnistream/stage_chain.py): what
+        the in-process pipeline and the talker servicer both hand over."""
+        self.feed(
+            request_id,
+            piece.token_ids,
+            piece.last,
+            prompt_ids=piece.prompt_ids,
+            multimodal_hidden=piece.multimodal_hidden,
+            media_layout=piece.media_layout,
+        )
 
     def feed(
         self,

@@ -70,14 +70,7 @@ class TalkerServicer(StageServicer):
             layout = media_layout_from_proto(msg.media_layout) if msg.HasField("media_layout") else None
             feed = TalkerFeed(list(msg.token_ids), msg.last, list(msg.prompt_ids) or None, rows, layout)
             for piece in hold.push(feed, msg.last):
-                self.engine.feed(
-                    rid,
-                    piece.token_ids,
-                    piece.last,
-                    prompt_ids=piece.prompt_ids,
-                    multimodal_hidden=piece.multimodal_hidden,
-                    media_layout=piece.media_layout,
-                )
+                self.engine.feed_piece(rid, piece)
             return msg.last
 
         async def chunks():
