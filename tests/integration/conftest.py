@@ -9,6 +9,7 @@ import urllib.request
 from collections.abc import Iterator
 
 import pytest
+import yaml
 
 from omnistream.launcher import ServiceProcess, start_services
 from omnistream.protogen import ensure_generated
@@ -49,6 +50,18 @@ def replicated_stack(tiny_model_dir: str) -> Iterator[dict[str, ServiceProcess]]
     finally:
         for service in services.values():
             service.stop()
+
+
+@contextlib.contextmanager
+def configured_gateway(stages: dict, directory, config: dict) -> Iterator[ServiceProcess]:
+    """A gateway of its own over `stages`, configured by a YAML file written into `directory`."""
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    services = start_services({"gateway": gateway_args(stages, "--config", str(path))})
+    try:
+        yield services["gateway"]
+    finally:
+        services["gateway"].stop()
 
 
 @pytest.fixture(scope="session")

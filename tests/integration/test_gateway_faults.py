@@ -29,10 +29,10 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.config import GatewayConfig
-from omnistream.launcher import ServiceProcess, start_services
+from omnistream.launcher import ServiceProcess
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 
-from .conftest import gateway_args, metric
+from .conftest import configured_gateway, metric
 
 LIMITS = {"max_tokens_limit": 4, "default_max_tokens": 4, "max_audio_frames": 4}
 DEFAULTS = GatewayConfig()
@@ -45,13 +45,8 @@ JSON = {"Content-Type": "application/json"}
 @pytest.fixture(scope="module")
 def gateway(stages, tmp_path_factory) -> Iterator[ServiceProcess]:
     """A gateway with tiny generation limits and the default size limits."""
-    config = tmp_path_factory.mktemp("faults") / "gateway.yaml"
-    config.write_text(yaml.safe_dump(LIMITS))
-    services = start_services({"gateway": gateway_args(stages, "--config", str(config))})
-    try:
-        yield services["gateway"]
-    finally:
-        services["gateway"].stop()
+    with configured_gateway(stages, tmp_path_factory.mktemp("faults"), LIMITS) as gateway:
+        yield gateway
 
 
 def _url(gateway: ServiceProcess) -> str:

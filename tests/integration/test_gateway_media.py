@@ -11,13 +11,12 @@ import grpc
 import httpx
 import openai
 import pytest
-import yaml
 
-from omnistream.launcher import ServiceProcess, start_services
+from omnistream.launcher import ServiceProcess
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
 from tests.media_files import audio_file, image_file, video_file
 
-from .conftest import gateway_args, metric
+from .conftest import configured_gateway, metric
 
 CHAT = "/v1/chat/completions"
 # Tiny generation limits, and media limits small enough that the oversize files are cheap to make.
@@ -32,13 +31,8 @@ CONFIG = {
 
 @pytest.fixture(scope="module")
 def gateway(stages, tmp_path_factory) -> Iterator[ServiceProcess]:
-    config = tmp_path_factory.mktemp("media") / "gateway.yaml"
-    config.write_text(yaml.safe_dump(CONFIG))
-    services = start_services({"gateway": gateway_args(stages, "--config", str(config))})
-    try:
-        yield services["gateway"]
-    finally:
-        services["gateway"].stop()
+    with configured_gateway(stages, tmp_path_factory.mktemp("media"), CONFIG) as gateway:
+        yield gateway
 
 
 def b64(data: bytes) -> str:
