@@ -8,6 +8,7 @@ import re
 import urllib.request
 from collections.abc import Iterator
 
+import grpc
 import pytest
 import yaml
 
@@ -106,3 +107,25 @@ def metric_at(url: str, name: str) -> float:
     if not samples:
         raise AssertionError(f"{url} exposes no metric {name}")
     return sum(samples)
+
+
+def thinker_requests(stages: dict[str, ServiceProcess]) -> float:
+    """Requests the thinker has admitted so far: unchanged means a refusal never reached it."""
+    return metric(stages["thinker"], "omnistream_stage_requests_total")
+
+
+def grpc_refusal(gateway: ServiceProcess, request) -> grpc.aio.AioRpcError:
+    """The status `omni.v1.Gateway/Generate` refuses `request` with (it must refuse it)."""
+    from omnistream.proto.omni.v1 import gateway_pb2_grpc
+
+    async def call() -> grpc.aio.AioRpcError:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
+            stub = gateway_pb2_grpc.GatewayStub(channel)
+            try:
+                async for _ in stub.Generate(request):
+                    pass
+            except grpc.aio.AioRpcError as exc:
+                return exc
+            raise AssertionError("the gateway answered a request it should have refused")
+
+    return asyncio.run(call())

@@ -30,9 +30,9 @@ from schemathesis.specs.openapi.checks import (
 
 from gateway.config import GatewayConfig
 from omnistream.launcher import ServiceProcess
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 
-from .conftest import configured_gateway, metric
+from .conftest import configured_gateway, grpc_refusal, thinker_requests
 
 LIMITS = {"max_tokens_limit": 4, "default_max_tokens": 4, "max_audio_frames": 4}
 DEFAULTS = GatewayConfig()
@@ -166,10 +166,6 @@ def test_schemathesis_long_run(gateway, api_schema):
 
 
 # --- the hand-written battery ----------------------------------------------------------------------
-def thinker_requests(stages) -> float:
-    return metric(stages["thinker"], "omnistream_stage_requests_total")
-
-
 def post_raw(gateway, body: bytes | str, headers: dict | None = None, **kwargs) -> httpx.Response:
     data = body.encode() if isinstance(body, str) else body
     headers = JSON if headers is None else headers
@@ -253,20 +249,12 @@ def test_prompt_over_max_prompt_chars_gets_413_naming_messages(gateway, stages):
 
 
 def test_grpc_prompt_over_max_prompt_chars_is_invalid_argument(gateway, stages):
-    async def call() -> grpc.aio.AioRpcError:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-            content = "x" * (DEFAULTS.max_prompt_chars + 1)
-            request = gateway_pb2.GenerateRequest(
-                messages=[common_pb2.Message(role="user", content=content)], text_only=True
-            )
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in stub.Generate(request):
-                    pass
-            return info.value
-
+    content = "x" * (DEFAULTS.max_prompt_chars + 1)
+    request = gateway_pb2.GenerateRequest(
+        messages=[common_pb2.Message(role="user", content=content)], text_only=True
+    )
     before = thinker_requests(stages)
-    error = asyncio.run(call())
+    error = grpc_refusal(gateway, request)
     assert error.code() == grpc.StatusCode.INVALID_ARGUMENT, error
     assert "messages" in error.details() and str(DEFAULTS.max_prompt_chars) in error.details()
     assert thinker_requests(stages) == before

@@ -7,16 +7,15 @@ import asyncio
 import base64
 from collections.abc import Iterator
 
-import grpc
 import httpx
 import openai
 import pytest
 
 from omnistream.launcher import ServiceProcess
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 from tests.media_files import audio_file, image_file, video_file
 
-from .conftest import configured_gateway, metric
+from .conftest import configured_gateway, grpc_refusal, thinker_requests
 
 CHAT = "/v1/chat/completions"
 # Tiny generation limits, and media limits small enough that the oversize files are cheap to make.
@@ -74,10 +73,6 @@ BATTERY = {
     "scheme-not-allowed": (url_part("audio", "https://example.com/a.wav"), 422, "audio_url.url"),
     "unknown-scheme": (url_part("video", "gopher://example.com/v.mp4"), 422, "video_url.url"),
 }
-
-
-def thinker_requests(stages) -> float:
-    return metric(stages["thinker"], "omnistream_stage_requests_total")
 
 
 async def post(client: httpx.AsyncClient, content) -> httpx.Response:
@@ -170,20 +165,12 @@ def test_a_good_media_request_passes_the_gateway(gateway):
     ids=["corrupt", "wrong-mime", "too-long"],
 )
 def test_grpc_bad_media_are_invalid_argument_naming_the_field(gateway, stages, media, code, field, kind):
-    async def call() -> grpc.aio.AioRpcError:
-        async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
-            stub = gateway_pb2_grpc.GatewayStub(channel)
-            parts = [common_pb2.ContentPart(text="listen"), common_pb2.ContentPart(media=media)]
-            request = gateway_pb2.GenerateRequest(
-                messages=[common_pb2.Message(role="user", parts=parts)], text_only=True
-            )
-            with pytest.raises(grpc.aio.AioRpcError) as info:
-                async for _ in stub.Generate(request):
-                    pass
-            return info.value
-
+    parts = [common_pb2.ContentPart(text="listen"), common_pb2.ContentPart(media=media)]
+    request = gateway_pb2.GenerateRequest(
+        messages=[common_pb2.Message(role="user", parts=parts)], text_only=True
+    )
     before = thinker_requests(stages)
-    error = asyncio.run(call())
+    error = grpc_refusal(gateway, request)
     assert error.code().name == code, error
     assert f"messages.0.parts.1.{field}" in error.details(), error.details()
     assert dict(error.trailing_metadata())["omni-error-kind"] == kind
