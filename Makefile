@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup proto tiny-model run generate test test-slow lint bench clean
+.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench clean
 
 setup: $(STAMP) proto
 
@@ -37,7 +37,18 @@ generate: tiny-model
 	$(VENV)/bin/omnistream generate --model $(TINY) --prompt "Tell me a short story about the sea." \
 		--max-tokens 64 --max-audio-frames 100 --output-dir out/generate
 
-test: setup
+# Debian packages the tests use: espeak-ng renders real speech for the realtime tests, chromium runs
+# the playground's browser test. Installed only when missing (needs root or sudo and apt-get).
+SYSDEPS := espeak-ng chromium
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+sysdeps:
+	@missing=""; for p in $(SYSDEPS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+		echo "installing Debian packages:$$missing"; \
+		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
+	fi
+
+test: setup sysdeps
 	$(PY) -m pytest -q
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
@@ -45,7 +56,7 @@ bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets in-process,in-process-recompute,services \
 		--audio-input-seconds 5 --chunk-cost --stage-timings --output-dir bench-results
 
-test-slow: setup
+test-slow: setup sysdeps
 	$(PY) -m pytest -q -m slow
 
 lint: setup
