@@ -25,6 +25,7 @@ from gateway.rest_errors import (
     from_validation_errors,
 )
 from gateway.rest_responses import complete, sse_stream
+from gateway.rest_speech import add_speech_route
 from omnistream.errors import InternalError, OmniError, Unauthenticated
 from omnistream.request import GenerationRequest
 from omnistream.request_defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
@@ -303,6 +304,8 @@ def build_app(core: GatewayCore) -> FastAPI:
             request.return_audio,
             core.deployment.sample_rate or 0,
         )
+
+    add_speech_route(app, core)
 
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)

@@ -66,6 +66,11 @@ class ChatEncoder:
         rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
         return self.tokenize(rendered, cut)
 
+    def encode_text(self, text: str) -> list[int]:
+        """Ids of plain text, as the assistant's words (speech): no template, and special-token
+        strings in it are the ordinary tokens of those characters ("text from users is text")."""
+        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+
     def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
         """The templated text with the user's special-token strings replaced by stand-ins (`cut`)."""
         cut: list[str] = []

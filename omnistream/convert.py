@@ -121,6 +121,7 @@ def thinker_open_proto(
         ignore_eos=params.ignore_eos,
         sampling=sampling_to_proto(params.sampling),
         use_audio_in_video=params.use_audio_in_video,
+        assistant_text=params.assistant_text or "",
     )
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)

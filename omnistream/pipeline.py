@@ -107,7 +107,10 @@ class Pipeline:
         elif prompt_ids is None:
             prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
         out: Emit  # set by run_all: hands an event to the consumer
-        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker, media=media)
+        spoken = None
+        if opens.thinker.assistant_text is not None:
+            spoken = await asyncio.to_thread(self.thinker.encode_assistant_text, opens.thinker.assistant_text)
+        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker, media=media, spoken=spoken)
         talker_out = code2wav_out = None
         try:
             if opens.talker is not None and opens.plan is not None:

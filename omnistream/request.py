@@ -40,12 +40,17 @@ class GenerationRequest:
     # Video parts: also hear their sound track (placed with the frames, as the reference processor
     # does with use_audio_in_video / load_audio_from_video).
     use_audio_in_video: bool = False
+    # Speech: the assistant's answer is this text, not generated (the thinker streams it tokenized
+    # as its output; the talker speaks it). See ThinkerOpen.assistant_text.
+    assistant_text: str | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
             raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
         if (self.messages is None) == (self.prompt_ids is None):
             raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
+        if self.assistant_text is not None and not self.assistant_text:
+            raise InvalidRequest("the text to speak is empty", field="input")
 
 
 @dataclass

@@ -128,6 +128,7 @@ class RequestInput:
     initial_codec_chunk_frames: int | None = None  # None: chosen from load at run time
     async_chunk: bool | None = None
     use_audio_in_video: bool | None = None
+    assistant_text: str | None = None  # speech: the answer to speak, not generated
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -200,6 +201,7 @@ def resolve(
         codec_left_context_frames=deployment.codec_left_context_frames,
         mode="async" if async_chunk else "sequential",
         use_audio_in_video=_given(given.use_audio_in_video, defaults.use_audio_in_video),
+        assistant_text=given.assistant_text,
     )
     request.validate()
     return request

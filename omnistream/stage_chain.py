@@ -43,6 +43,9 @@ class ThinkerParams:
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     use_audio_in_video: bool = False  # how the prompt's video parts are heard (prompt building)
+    # Speech: the thinker does not generate, it streams this text (tokenized as plain text) as its
+    # output, so the talker speaks exactly it (see ThinkerOpen.assistant_text).
+    assistant_text: str | None = None
 
 
 @dataclass(frozen=True)
@@ -71,7 +74,11 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
     talker = TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
     return StageOpens(
         thinker=ThinkerParams(
-            request.max_tokens, request.ignore_eos, request.sampling, request.use_audio_in_video
+            request.max_tokens,
+            request.ignore_eos,
+            request.sampling,
+            request.use_audio_in_video,
+            request.assistant_text,
         ),
         talker=talker if audio else None,
         plan=plan if audio else None,

@@ -43,6 +43,10 @@ from omnistream.qwen3_omni.thinker_media import (
 from omnistream.sampling import choose
 from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
+# Tokens of a given answer (speech) per output: about what a decode step makes at a time when the
+# consumer lags, small enough that the talker starts on the first piece at once.
+SPOKEN_PIECE_TOKENS = 8
+
 
 @dataclass
 class ThinkerOutput:
@@ -73,6 +77,7 @@ class _ThinkerState(RequestState):
     embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
     prefilled: int = 0  # prompt positions of a media prompt already in the KV cache
     deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
+    spoken: list[int] | None = None  # speech: the given answer's ids, streamed instead of generated
 
 
 @dataclass
@@ -80,6 +85,7 @@ class _Step:
     encode: list[tuple[_ThinkerState, Slice]]
     prefill: list[_ThinkerState]
     decode: list[_ThinkerState]
+    spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
     encoded: bool = False  # the encode results are in their states (a later failure keeps them)
 
 
@@ -136,6 +142,17 @@ class ThinkerEngine(Engine):
         prompts: servicers call it off the event loop."""
         return self.chat.encode(messages)
 
+    def encode_assistant_text(self, text: str) -> list[int]:
+        """The ids the thinker streams for a given answer (speech): the text tokenized as plain text
+        (special-token strings in it stay text), then the end-of-turn token, as a generated answer
+        ends. Slow for long texts: servicers call it off the event loop."""
+        if not text:
+            raise InvalidRequest("the text to speak is empty", field="input")
+        if len(text.encode("utf-8", "surrogatepass")) > self.chat.max_token_bytes * self.max_model_len:
+            limit = self.max_model_len
+            raise InvalidRequest(f"the text to speak cannot fit in {limit} tokens", field="input")
+        return [*self.chat.encode_text(text), self.config.im_end_token_id]
+
     def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
         encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop."""
@@ -147,7 +164,10 @@ class ThinkerEngine(Engine):
         prompt_ids: list[int],
         params: ThinkerParams,
         media: MediaPrompt | None = None,
+        spoken: list[int] | None = None,
     ) -> OutputStream:
+        """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
+        off the event loop (else it runs here)."""
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty", field="prompt")
         if any(not 0 <= t < self.vocab_size for t in prompt_ids):
@@ -169,6 +189,9 @@ class ThinkerEngine(Engine):
                 f"model length {self.max_model_len}",
                 field="max_tokens",
             )
+        if params.assistant_text is not None:
+            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
+            self._check_spoken(prompt_ids, spoken, params)
         params.sampling.validate()
         state = _ThinkerState(
             request_id=request_id,
@@ -178,6 +201,7 @@ class ThinkerEngine(Engine):
             generator=params.sampling.generator(self.device),
             detok=IncrementalDetokenizer(self.tokenizer),
             media=media,
+            spoken=spoken,
         )
         if media is not None:
             merge = self.config.thinker_config.vision_config.spatial_merge_size
@@ -185,6 +209,20 @@ class ThinkerEngine(Engine):
             state.rope_delta = media.rope_delta
         self._admit(state)
         return state.output
+
+    def _check_spoken(self, prompt_ids: list[int], spoken: list[int], params: ThinkerParams) -> None:
+        if len(spoken) > params.max_tokens:
+            raise InvalidRequest(
+                f"the text to speak is {len(spoken)} tokens (with the end of turn), over the limit of "
+                f"{params.max_tokens}",
+                field="input",
+            )
+        if len(prompt_ids) + len(spoken) > self.max_model_len:
+            raise InvalidRequest(
+                f"the prompt ({len(prompt_ids)} tokens) + the text to speak ({len(spoken)} tokens) "
+                f"exceed the model length {self.max_model_len}",
+                field="input",
+            )
 
     # --- engine thread ------------------------------------------------------------------------------
     def _release(self, state: _ThinkerState) -> None:
@@ -196,8 +234,12 @@ class ThinkerEngine(Engine):
         encode: list[tuple[_ThinkerState, Slice]] = []
         budget = self.encode_budget
         prefill, decode = [], []
+        spoken: list[_ThinkerState] = []
         for state in candidates:
             if state.finished or not state.output.has_room():
+                continue
+            if state.spoken is not None:
+                spoken.append(state)
                 continue
             if state.slices:
                 # Oldest first; each step takes slices up to the budget (at least one).
@@ -215,13 +257,13 @@ class ThinkerEngine(Engine):
         for state in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
-        if not encode and not prefill and not decode:
+        if not encode and not prefill and not decode and not spoken:
             return None
-        return _Step(encode, prefill, decode)
+        return _Step(encode, prefill, decode, spoken)
 
     def _work_states(self, work: _Step):
         seen = {id(s): s for s, _ in work.encode}
-        seen.update((id(s), s) for s in work.prefill + work.decode)
+        seen.update((id(s), s) for s in work.prefill + work.decode + work.spoken)
         return list(seen.values())
 
     def _step_failed(self, work: _Step, error: Exception) -> None:
@@ -273,6 +315,9 @@ class ThinkerEngine(Engine):
 
     def _run(self, work: _Step) -> None:
         device = self.device
+        for state in work.spoken:
+            with self._row(state):
+                self._speak(state)
         if work.encode:
             results = encode_slices(self.thinker.model, [piece for _, piece in work.encode])
             for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
@@ -297,6 +342,34 @@ class ThinkerEngine(Engine):
             for row, state in enumerate(decode):
                 with self._row(state):
                     self._accept(state, logits[row], first=False)
+
+    def _speak(self, state: _ThinkerState) -> None:
+        """The next piece of a given answer, as the outputs a generated one would have been: the
+        same chunk path to the talker, no model work. Pieces are small so the talker can start on
+        the first while the rest queues (the output's bound paces them)."""
+        if state.finished:  # aborted while the step ran
+            return
+        assert state.spoken is not None and state.detok is not None
+        first = not state.generated
+        start = len(state.generated)
+        piece = state.spoken[start : start + SPOKEN_PIECE_TOKENS]
+        state.generated.extend(piece)
+        finished = len(state.generated) == len(state.spoken)
+        delta = "".join(state.detok.add(t) for t in piece)
+        if finished:
+            delta += state.detok.flush()
+        state.output.put(
+            ThinkerOutput(
+                token_ids=piece,
+                text_delta=delta,
+                index=start,
+                finished=finished,
+                finish_reason="stop" if finished else None,
+                prompt_ids=list(state.prompt_ids) if first else None,
+            )
+        )
+        if finished:
+            self._finish(state)
 
     def _prefill_media_chunk(
         self, state: _ThinkerState, ids: torch.Tensor

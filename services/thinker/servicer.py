@@ -68,9 +68,15 @@ class ThinkerServicer(StageServicer):
             max_tokens=open_.max_tokens or DEFAULT_MAX_TOKENS,
             ignore_eos=open_.ignore_eos,
             sampling=sampling_from_proto(open_.sampling),
+            assistant_text=open_.assistant_text or None,
         )
         prompt_ids, media = await self._prompt(open_)
-        out = self.engine.add_request(rid, prompt_ids, params, media=media)
+        spoken = None
+        if params.assistant_text is not None:
+            loop = asyncio.get_running_loop()
+            encode = functools.partial(self.engine.encode_assistant_text, params.assistant_text)
+            spoken = await loop.run_in_executor(self._tokenizer_pool, encode)
+        out = self.engine.add_request(rid, prompt_ids, params, media=media, spoken=spoken)
 
         async def chunks():
             index = 0
