@@ -183,15 +183,16 @@ class ThinkerEngine(Engine):
             )
         if not params.max_tokens >= 1:
             raise InvalidRequest("max_tokens must be at least 1", field="max_tokens")
-        if len(prompt_ids) + params.max_tokens > self.max_model_len:
+        if params.assistant_text is not None:
+            # A given answer takes what it is, up to max_tokens; the rest of the budget is not held.
+            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
+            self._check_spoken(prompt_ids, spoken, params)
+        elif len(prompt_ids) + params.max_tokens > self.max_model_len:
             raise InvalidRequest(
                 f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                 f"model length {self.max_model_len}",
                 field="max_tokens",
             )
-        if params.assistant_text is not None:
-            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
-            self._check_spoken(prompt_ids, spoken, params)
         params.sampling.validate()
         state = _ThinkerState(
             request_id=request_id,

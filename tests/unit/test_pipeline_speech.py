@@ -103,6 +103,24 @@ def test_a_text_over_max_tokens_is_refused_before_any_output(pipeline, tokenizer
     assert asyncio.run(collect(pipeline, _speech(TEXT, max_tokens=len(answer)))).output_ids == answer
 
 
+def test_max_tokens_is_a_cap_on_the_text_not_a_budget_held_in_the_model_length(pipeline, tokenizer):
+    """Speech asks for the deployment's whole token limit: only the text's own tokens must fit."""
+    request = _speech(TEXT, max_tokens=pipeline.thinker.max_model_len)
+    result = asyncio.run(collect(pipeline, request))
+    assert result.output_ids == _expected_ids(tokenizer, pipeline, TEXT)[1]
+
+
+def test_a_text_past_the_model_length_is_refused(pipeline):
+    text = " ".join(f"w{i}" for i in range(pipeline.thinker.max_model_len))
+    request = _speech(text, max_tokens=10**6)
+
+    async def run():
+        return await collect(pipeline, request)
+
+    with pytest.raises(InvalidRequest, match="model length"):
+        asyncio.run(run())
+
+
 def test_an_empty_text_is_refused():
     with pytest.raises(InvalidRequest):
         _speech("").validate()
