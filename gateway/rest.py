@@ -96,6 +96,11 @@ class ChatCompletionRequest(BaseModel):
         description="Extension: frames in the first audio chunk (default: chosen from load).",
     )
     ignore_eos: bool = Field(False, description="Extension: generate exactly max_tokens (benchmarks).")
+    transcript_in_content: bool = Field(
+        False,
+        description="Extension: with audio, also send the text as `content` (OpenAI sends it only as "
+        "the audio's transcript, with content null).",
+    )
     max_audio_frames: int | None = Field(
         None, ge=1, description="Extension: at most this many 80 ms codec frames."
     )
@@ -290,8 +295,17 @@ def build_app(core: GatewayCore) -> FastAPI:
         model = body.model or core.deployment.model_id or ""
         if body.stream:
             include_usage = body.stream_options.include_usage if body.stream_options else True
+            stream = sse_stream(
+                session,
+                completion_id,
+                created,
+                model,
+                audio_format if request.return_audio else None,
+                include_usage,
+                body.transcript_in_content,
+            )
             return StreamingResponse(
-                sse_stream(session, completion_id, created, model, audio_format, include_usage),
+                stream,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": session.request_id},
             )
@@ -303,6 +317,7 @@ def build_app(core: GatewayCore) -> FastAPI:
             audio_format,
             request.return_audio,
             core.deployment.sample_rate or 0,
+            body.transcript_in_content,
         )
 
     add_speech_route(app, core)

@@ -1,36 +1,34 @@
 """The two shapes of a chat-completions answer: an SSE stream of `chat.completion.chunk`s, or one
-`chat.completion` with the whole text and a WAV (OpenAI's formats, audio as base64)."""
+`chat.completion` with the whole text and a WAV (OpenAI's formats, audio as base64).
+
+With audio, as OpenAI answers (openai-python's `ChoiceDeltaAudio` / `ChatCompletionAudio`): the
+spoken text is the audio's transcript, not `content`. Streamed: a first chunk with the role and
+`content: null`, then `delta.audio.transcript` deltas and `delta.audio.data` deltas (base64) as each
+arrives, `delta.audio.id` on the first audio delta only, and a last audio delta holding only
+`expires_at`; whole: `message.audio` {id, data, expires_at, transcript} with `content: null`.
+`transcript_in_content` (a request extension) also puts the text in `content`, for clients that read
+only that. Without audio, text is `content` as always.
+"""
 
 from __future__ import annotations
 
 import base64
 import json
-import struct
 from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
 from fastapi.responses import JSONResponse
 
+from gateway.audio_encode import wav_stream_header
 from gateway.rest_errors import error_body, error_response
 from omnistream.errors import InvalidRequest, OmniError, status_of
 from omnistream.request import AudioEvent, DoneEvent, TextEvent
 from omnistream.wav import pcm16_wav_bytes, to_pcm16
 
-
-def wav_stream_header(sample_rate: int) -> bytes:
-    """A WAV header for a stream of unknown length (sizes at their maximum, as streaming servers do)."""
-    fmt = struct.pack("<HHIIHH", 1, 1, sample_rate, sample_rate * 2, 2, 16)
-    return (
-        b"RIFF"
-        + struct.pack("<I", 0xFFFFFFFF)
-        + b"WAVE"
-        + b"fmt "
-        + struct.pack("<I", 16)
-        + fmt
-        + b"data"
-        + struct.pack("<I", 0xFFFFFFFF)
-    )
+# How long an audio answer's id stays "valid" (OpenAI's expires_at): nothing is kept server side
+# here, so this is only the field OpenAI's clients expect.
+AUDIO_EXPIRY_SECONDS = 3600
 
 
 def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, usage=None) -> str:
@@ -54,25 +52,61 @@ def _usage(done: DoneEvent) -> dict[str, int]:
     }
 
 
+class _AudioDeltas:
+    """The `delta.audio` objects of one streamed answer: the id on the first only."""
+
+    def __init__(self, audio_id: str) -> None:
+        self._id: str | None = audio_id
+
+    def __call__(self, **fields: Any) -> dict[str, Any]:
+        audio: dict[str, Any] = {}
+        if self._id is not None:
+            audio["id"], self._id = self._id, None
+        return audio | fields
+
+
 async def sse_stream(
-    session, cid: str, created: int, model: str, audio_format: str, include_usage: bool
+    session,
+    cid: str,
+    created: int,
+    model: str,
+    audio_format: str | None,
+    include_usage: bool,
+    transcript_in_content: bool = False,
 ) -> AsyncIterator[str]:
-    audio_id = f"audio-{session.request_id}"
+    """`audio_format` None: a text-only answer (content deltas)."""
+    audio = _AudioDeltas(f"audio-{session.request_id}")
     header_sent = audio_format != "wav"
+    said = False  # a transcript delta went out
     try:
-        yield _chunk(cid, created, model, {"role": "assistant", "content": ""})
+        if audio_format is None:
+            yield _chunk(cid, created, model, {"role": "assistant", "content": ""})
+        else:
+            yield _chunk(cid, created, model, {"role": "assistant", "content": None, "refusal": None})
         async for event in session.events():
             if isinstance(event, TextEvent):
-                if event.delta:
+                if not event.delta:
+                    continue
+                if audio_format is None:
                     yield _chunk(cid, created, model, {"content": event.delta})
+                else:
+                    delta: dict[str, Any] = {}
+                    if transcript_in_content or not said:  # OpenAI: content null, said once
+                        delta["content"] = event.delta if transcript_in_content else None
+                    said = True
+                    delta["audio"] = audio(transcript=event.delta)
+                    yield _chunk(cid, created, model, delta)
             elif isinstance(event, AudioEvent):
                 data = to_pcm16(event.audio)
                 if not header_sent:
                     data = wav_stream_header(event.sample_rate) + data
                     header_sent = True
                 b64 = base64.b64encode(data).decode()
-                yield _chunk(cid, created, model, {"audio": {"id": audio_id, "data": b64, "transcript": ""}})
+                yield _chunk(cid, created, model, {"audio": audio(data=b64)})
             elif isinstance(event, DoneEvent):
+                if audio_format is not None:
+                    expires = created + AUDIO_EXPIRY_SECONDS
+                    yield _chunk(cid, created, model, {"audio": audio(expires_at=expires)})
                 usage = _usage(event) if include_usage else None
                 yield _chunk(cid, created, model, {}, finish=event.finish_reason, usage=usage)
         yield "data: [DONE]\n\n"
@@ -85,7 +119,14 @@ async def sse_stream(
 
 
 async def complete(
-    session, cid: str, created: int, model: str, audio_format: str, want_audio: bool, sample_rate: int
+    session,
+    cid: str,
+    created: int,
+    model: str,
+    audio_format: str,
+    want_audio: bool,
+    sample_rate: int,
+    transcript_in_content: bool = False,
 ) -> JSONResponse:
     """`sample_rate`: the deployment's, for a WAV without samples; audio events carry their own."""
     text: list[str] = []
@@ -109,13 +150,15 @@ async def complete(
     content = "".join(text)
     message: dict[str, Any] = {"role": "assistant", "content": content}
     if want_audio:
+        message["content"] = content if transcript_in_content else None
+        message["refusal"] = None
         wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
         data = pcm16_wav_bytes(wav, sample_rate) if audio_format == "wav" else to_pcm16(wav)
         message["audio"] = {
             "id": f"audio-{session.request_id}",
             "data": base64.b64encode(data).decode(),
             "transcript": content,
-            "expires_at": created + 3600,
+            "expires_at": created + AUDIO_EXPIRY_SECONDS,
         }
     return JSONResponse(
         {

@@ -90,8 +90,8 @@ stream = client.chat.completions.create(model="qwen3-omni", messages=[{{"role": 
     modalities=["text", "audio"], audio={{"voice": "ethan", "format": "pcm16"}}, stream=True, max_tokens=32)
 for chunk in stream:
     delta = chunk.choices[0].delta if chunk.choices else None
-    if delta and delta.content:
-        print(delta.content, end="", flush=True)
+    if delta and delta.audio and delta.audio.transcript:  # with audio, the text is its transcript
+        print(delta.audio.transcript, end="", flush=True)
 PY
 
 Metrics: http://{host}:{http_port}/metrics   Ready: http://{host}:{http_port}/ready   Ctrl-C stops everything.

@@ -239,15 +239,15 @@ class RestGatewayClient:
                         result.error = chunk["error"]["message"][:200]
                         continue
                     delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
-                    if delta.get("content"):
+                    audio = delta.get("audio") or {}
+                    # With audio the text is the transcript (content null, as OpenAI sends it).
+                    if audio.get("transcript") or delta.get("content"):
                         result.token_times.append(now)
                         result.tokens += 1
-                    if delta.get("audio"):
+                    if audio.get("data"):
                         result.first_audio = result.first_audio or now
                         result.last_audio = now
-                        result.audio_seconds += (
-                            len(base64.b64decode(delta["audio"]["data"])) / 2 / self.sample_rate
-                        )
+                        result.audio_seconds += len(base64.b64decode(audio["data"])) / 2 / self.sample_rate
                     if chunk.get("usage"):
                         result.tokens = chunk["usage"]["completion_tokens"]
         except Exception as exc:

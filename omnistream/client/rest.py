@@ -107,10 +107,14 @@ class _Parser:
         out: list[Event] = []
         choice = data["choices"][0] if data.get("choices") else {}
         delta = choice.get("delta") or {}
-        if delta.get("content"):
-            out.append(TextDelta(delta["content"]))
-        if delta.get("audio") and delta["audio"].get("data"):
-            pcm = np.frombuffer(base64.b64decode(delta["audio"]["data"]), dtype="<i2")
+        audio = delta.get("audio") or {}
+        # With audio the text is the audio's transcript (content null, as OpenAI sends it); with
+        # the transcript_in_content extension it is in both: taken once.
+        text = audio.get("transcript") or delta.get("content")
+        if text:
+            out.append(TextDelta(text))
+        if audio.get("data"):
+            pcm = np.frombuffer(base64.b64decode(audio["data"]), dtype="<i2")
             out.append(AudioChunk(pcm.astype(np.float32) / 32767.0, self.sample_rate, self.samples))
             self.samples += pcm.size
         if data.get("usage"):

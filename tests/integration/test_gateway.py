@@ -83,21 +83,31 @@ def test_openai_sdk_streams_text_and_audio(gateway, expected):
         extra_body=EXTRA,
     )
     text, pcm, finish, usage, audio_chunks = [], [], None, None, 0
+    deltas = []
     for chunk in stream:
         if chunk.usage is not None:
             usage = chunk.usage
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
-        if delta.content:
-            text.append(delta.content)
-        audio = getattr(delta, "audio", None)
-        if audio:
-            pcm.append(base64.b64decode(audio.data))
+        deltas.append(delta)
+        assert delta.content is None  # OpenAI's audio answers: the text is the transcript only
+        if delta.audio and delta.audio.transcript:
+            text.append(delta.audio.transcript)
+        if delta.audio and delta.audio.data:
+            pcm.append(base64.b64decode(delta.audio.data))
             audio_chunks += 1
         finish = chunk.choices[0].finish_reason or finish
     assert "".join(text) == expected.text
     assert audio_chunks >= 2 and finish in ("stop", "length")
+    # OpenAI's shape: the role first; the id on the first audio delta only; the last audio delta
+    # holds only expires_at; then the finish.
+    assert deltas[0].role == "assistant" and deltas[0].audio is None
+    audio = [d.audio for d in deltas if d.audio is not None]
+    assert audio[0].id and all(a.id is None for a in audio[1:])
+    assert [a.expires_at is not None for a in audio] == [False] * (len(audio) - 1) + [True]
+    assert audio[-1].data is None and audio[-1].transcript is None
+    assert deltas[-1].audio is None and deltas[-1].content is None
     assert usage.completion_tokens == len(expected.output_ids)
     decoded = np.frombuffer(b"".join(pcm), dtype="<i2").astype(np.float32) / 32767.0
     assert decoded.shape == expected.audio.shape
@@ -147,9 +157,49 @@ def test_non_streaming_returns_whole_text_and_wav(gateway, expected):
     reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=120)
     assert reply.status_code == 200, reply.text
     message = reply.json()["choices"][0]["message"]
-    assert message["content"] == expected.text
+    assert message["content"] is None and message["audio"]["transcript"] == expected.text
+    assert message["audio"]["id"] and message["audio"]["expires_at"] > 0
     wav = base64.b64decode(message["audio"]["data"])
     assert wav[:4] == b"RIFF" and len(wav) == 44 + 2 * expected.audio.size
+    # the extension that keeps the text in `content` too
+    reply = httpx.post(
+        f"{_url(gateway)}/v1/chat/completions", json={**body, "transcript_in_content": True}, timeout=120
+    )
+    message = reply.json()["choices"][0]["message"]
+    assert message["content"] == message["audio"]["transcript"] == expected.text
+
+
+def test_transcript_in_content_streams_the_text_in_both_fields(gateway, expected):
+    client = OpenAI(base_url=f"{_url(gateway)}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="qwen3-omni",
+        messages=MESSAGES,
+        modalities=["text", "audio"],
+        audio={"voice": "ethan", "format": "pcm16"},
+        stream=True,
+        max_tokens=24,
+        temperature=0,
+        extra_body={**EXTRA, "transcript_in_content": True},
+    )
+    content, transcript = [], []
+    for chunk in stream:
+        delta = chunk.choices[0].delta if chunk.choices else None
+        if delta and delta.audio and delta.audio.transcript:
+            transcript.append(delta.audio.transcript)
+            assert delta.content == delta.audio.transcript
+        elif delta and delta.content:
+            content.append(delta.content)
+    assert "".join(transcript) == expected.text and not content
+
+
+def test_text_only_answers_stream_content_as_before(gateway, expected):
+    client = OpenAI(base_url=f"{_url(gateway)}/v1", api_key="unused")
+    stream = client.chat.completions.create(
+        model="qwen3-omni", messages=MESSAGES, modalities=["text"], stream=True, max_tokens=24, temperature=0
+    )
+    deltas = [c.choices[0].delta for c in stream if c.choices]
+    assert all(d.audio is None for d in deltas)
+    assert "".join(d.content or "" for d in deltas) == expected.text
 
 
 @pytest.mark.parametrize(

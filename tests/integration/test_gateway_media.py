@@ -230,11 +230,11 @@ def test_openai_sdk_streams_text_and_audio_for_wav_mp3_and_image_parts(gateway):
         if not chunk.choices:
             continue
         delta = chunk.choices[0].delta
-        text += delta.content or ""
-        audio = getattr(delta, "audio", None)
-        data = audio.get("data") if isinstance(audio, dict) else getattr(audio, "data", None)
-        if data:
-            audio_bytes += len(base64.b64decode(data))
+        assert delta.content is None  # with audio, the text is the transcript (as OpenAI)
+        if delta.audio and delta.audio.transcript:
+            text += delta.audio.transcript
+        if delta.audio and delta.audio.data:
+            audio_bytes += len(base64.b64decode(delta.audio.data))
         finish = chunk.choices[0].finish_reason or finish
     assert text and finish in ("stop", "length")
     assert audio_bytes > 0 and audio_bytes % 2 == 0  # 16-bit samples

@@ -40,9 +40,17 @@ def test_replicas_share_load_and_survive_a_kill(tiny_model_dir):
         assert metric(services["talker-b"], "omnistream_stage_requests_total") >= served["talker-b"] + 4
 
 
+def _delta_has(delta: dict, kind: str) -> bool:
+    audio = delta.get("audio") or {}
+    if kind == "audio":
+        return bool(audio.get("data"))
+    return bool(delta.get("content") or audio.get("transcript"))
+
+
 def _stream_until_then_kill(base: str, body: dict, kind: str, victim) -> list[dict]:
-    """Stream `body`; at the first delta of `kind` ("content" or "audio") kill -9 `victim()`; return
-    every SSE payload after that (the stream must end, with an error, instead of hanging)."""
+    """Stream `body`; at the first delta of `kind` ("content": text, which with audio is OpenAI's
+    `audio.transcript`; "audio": audio data) kill -9 `victim()`; return every SSE payload after that
+    (the stream must end, with an error, instead of hanging)."""
     after: list[dict] = []
     killed = False
     with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120) as reply:
@@ -56,7 +64,7 @@ def _stream_until_then_kill(base: str, body: dict, kind: str, victim) -> list[di
             payload = json.loads(line[6:])
             if killed:
                 after.append(payload)
-            elif payload.get("choices") and payload["choices"][0]["delta"].get(kind):
+            elif payload.get("choices") and _delta_has(payload["choices"][0]["delta"], kind):
                 victim().kill()
                 killed = True
     assert killed

@@ -58,6 +58,27 @@ def test_sse_lines_become_the_same_events_as_grpc():
     assert events[3:] == [Usage(2, 1), End("stop")]
 
 
+def test_openai_audio_deltas_give_the_transcript_as_text_once():
+    """With audio the text comes as `delta.audio.transcript` (content null); with the
+    transcript_in_content extension in both fields, still one TextDelta."""
+    parser = _Parser(24000)
+    pcm = np.array([7], "<i2")
+    events = []
+    for line in (
+        _line({"role": "assistant", "content": None, "refusal": None}),
+        _line({"content": None, "audio": {"id": "audio-1", "transcript": "he"}}),
+        _line({"audio": {"transcript": "llo"}}),
+        _line({"content": "!", "audio": {"transcript": "!"}}),
+        _line({"audio": {"data": base64.b64encode(pcm.tobytes()).decode()}}),
+        _line({"audio": {"expires_at": 123}}),
+        _line({}, finish="stop"),
+    ):
+        events += parser.events(line)
+    assert events[:3] == [TextDelta("he"), TextDelta("llo"), TextDelta("!")]
+    assert isinstance(events[3], AudioChunk) and events[3].samples.size == 1
+    assert events[4:] == [End("stop")]
+
+
 def test_error_bodies_become_typed_errors():
     body = json.dumps({"error": {"message": "too big", "code": "request_too_large", "param": "messages"}})
     error = _error(413, body, {})
