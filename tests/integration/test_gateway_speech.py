@@ -220,3 +220,19 @@ def test_a_text_over_the_model_length_is_refused_and_the_gateway_keeps_serving(c
         model="qwen3-omni", voice="ethan", input="Hello.", response_format="pcm", extra_body=EXTRA
     )
     assert len(ok.content) > 0
+
+
+def test_a_client_leaving_mid_speech_frees_everything(gateway, stages):
+    body = {
+        "model": "qwen3-omni",
+        "input": TEXT,
+        "voice": "ethan",
+        "response_format": "mp3",
+        **EXTRA,
+        "max_audio_frames": 400,
+    }
+    url = f"http://127.0.0.1:{gateway.http_port}/v1/audio/speech"
+    with httpx.stream("POST", url, json=body, timeout=60) as reply:
+        assert reply.status_code == 200
+        assert next(reply.iter_bytes())  # some audio arrived; then the client goes away
+    assert asyncio.run(wait_for(lambda: gateway_idle(gateway, stages), timeout=20))

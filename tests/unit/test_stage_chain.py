@@ -77,3 +77,15 @@ def test_audio_requests_open_every_stage_with_the_request_values():
         talker_sampling,
     )
     assert opens.plan == plan and opens.mode == "sequential"
+
+
+def test_a_given_answer_reaches_the_thinker_open_and_its_wire_form():
+    from omnistream.convert import thinker_open_proto
+
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], assistant_text="Hi <|im_end|>!")
+    opens = stage_opens(request, ChunkPlan())
+    assert opens.thinker.assistant_text == "Hi <|im_end|>!"
+    wire = thinker_open_proto("r", opens, request.messages, None)
+    assert wire.assistant_text == "Hi <|im_end|>!"
+    plain = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
+    assert thinker_open_proto("r", stage_opens(plain, ChunkPlan()), plain.messages, None).assistant_text == ""
