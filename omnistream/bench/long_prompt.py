@@ -45,7 +45,8 @@ def _stats(samples: list[float]) -> dict[str, float | int | None]:
 class _StepClock:
     """Step listener: per running request, the step times at which its output count grew."""
 
-    def __init__(self, running: list[Any], count, long_started) -> None:
+    def __init__(self, running: list[Any], count, long_started, clock=time.perf_counter) -> None:
+        self.clock = clock
         self.running = running
         self.count = count  # state -> tokens or frames so far
         self.long_started = long_started  # () -> did the long request get its first output yet
@@ -55,7 +56,7 @@ class _StepClock:
         self.first_output: float | None = None
 
     def __call__(self, _engine, _seconds: float) -> None:
-        now = time.perf_counter()
+        now = self.clock()
         for state in self.running:
             n = self.count(state)
             seen = self.last.get(id(state))
