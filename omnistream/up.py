@@ -30,6 +30,7 @@ from omnistream.launcher import (
 )
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK
 from omnistream.ports import in_use_message, port_in_use
+from services.serve_args import positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
@@ -47,7 +48,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--code2wav-replicas", type=int, default=1)
     p.add_argument(
         "--prefill-chunk",
-        type=int,
+        type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
         help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
     )

@@ -10,7 +10,8 @@ from omnistream.load_options import DEFAULT_PREFILL_CHUNK, DTYPE_NAMES
 MODEL_ENV = "OMNISTREAM_MODEL"
 
 
-def _positive(text: str) -> int:
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (a clear usage error, not a crash later)."""
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
@@ -40,7 +41,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument(
         "--prefill-chunk",
-        type=_positive,
+        type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
         help="thinker and talker: prompt positions prefilled per step, all requests together; a long "
         "prompt then delays the running requests' next token by one such piece at a time "
