@@ -188,7 +188,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
 
         def faulty_forward(states, embeds, positions=None):
             state = states[0]
-            if state.request_id == "poison" and state.prefilled >= 16:  # its third piece
+            if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
                 at_failure.append((state.prefilled, talker.cache.lengths[state.slot]))
                 raise RuntimeError("injected fault")
             return forward(states, embeds, positions)
@@ -213,5 +213,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
         talker.stop()
     assert isinstance(poison, InternalError) and "injected fault" in str(poison)
     assert running == solo_short and other == solo_long
-    assert at_failure == [(16, 16)]  # failed once, alone, at once; two good pieces in the cache
+    # Failed once (alone, at once), with the KV length where its good pieces left it; how many
+    # positions those held depends on what shared the budget with them.
+    assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
     assert talker.num_requests == 0 and talker.cache.free_slots == 4
