@@ -289,7 +289,12 @@ class Engine:
         """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:
         every member is retried alone (the forward left no trace: lengths advance only after it),
         so only the one that fails again alone is failed and the innocent ones carry on."""
-        states = [s for s in self._work_states(work) if not s.finished]
+        self._states_failed(self._work_states(work), error)
+
+    def _states_failed(self, states: list[RequestState], error: Exception) -> None:
+        """`_step_failed` for the requests of a forward: subclasses call it with one request for a
+        forward that ran it alone (a prefill piece), which fails it at once."""
+        states = [s for s in states if not s.finished]
         if not isinstance(error, OmniError):
             log.exception("%s step failed (%d request(s))", self.name, len(states), exc_info=error)
         for state in states:

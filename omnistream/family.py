@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 from omnistream.errors import InvalidRequest
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK
 
 if TYPE_CHECKING:
     from omnistream.engine import Engine
@@ -83,9 +84,11 @@ class ModelFamily(Protocol):
         max_batch: int = 16,
         max_requests: int | None = None,
         max_model_len: int = 4096,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> Engine:
         """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
-        family sizes the other stages from it."""
+        family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
+        prefill prompts (thinker, talker) take per step, so running requests keep decoding."""
         ...
 
     async def warm_up(self, stage: str, engine: Engine) -> None:

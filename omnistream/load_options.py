@@ -29,3 +29,10 @@ class LoadOptions:
         import torch
 
         return getattr(torch, self.dtype)
+
+
+# Prompt positions a thinker or talker prefills per engine step (all prefills of that step together).
+# A long prompt then holds the running requests' decode for one such piece per step, not for its
+# whole length. Lives here because this is the torch-free module the CLI, the services and the
+# pipeline all import.
+DEFAULT_PREFILL_CHUNK = 512

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from omnistream.family import family_for
-from omnistream.load_options import LoadOptions
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import has_media
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
 from omnistream.relay import Emit, relay
@@ -53,10 +53,18 @@ class Pipeline:
         max_batch: int = 16,
         max_model_len: int = 4096,
         code2wav_decode: str = "stream",
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         self.family = family_for(model_dir)
         self.thinker, self.talker, self.code2wav = (
-            self.family.engine(stage, model_dir, options, max_batch=max_batch, max_model_len=max_model_len)
+            self.family.engine(
+                stage,
+                model_dir,
+                options,
+                max_batch=max_batch,
+                max_model_len=max_model_len,
+                prefill_chunk=prefill_chunk,
+            )
             for stage in STAGES
         )
         self.code2wav.set_decode(code2wav_decode)  # "recompute": the benchmark's baseline

@@ -28,7 +28,9 @@ from omnistream.launcher import (
     start_services,
     stop_services,
 )
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK
 from omnistream.ports import in_use_message, port_in_use
+from services.serve_args import positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
@@ -44,6 +46,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=16)
     p.add_argument("--talker-replicas", type=int, default=1)
     p.add_argument("--code2wav-replicas", type=int, default=1)
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
+    )
 
 
 def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading.Event | None = None) -> None:
@@ -110,6 +118,7 @@ def start_stack(
     max_concurrency: int = 16,
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     cancel: threading.Event | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
@@ -118,9 +127,10 @@ def start_stack(
     already in `services` or killed by `start_services`.
     """
     common = ["--model", model, "--dtype", dtype, "--device", device]
-    specs = {"thinker": ["serve", "thinker", *common]}
+    prefill = ["--prefill-chunk", str(prefill_chunk)]
+    specs = {"thinker": ["serve", "thinker", *common, *prefill]}
     for i in range(talker_replicas):
-        specs[f"talker-{i}"] = ["serve", "talker", *common]
+        specs[f"talker-{i}"] = ["serve", "talker", *common, *prefill]
     for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = ["serve", "code2wav", *common]
     services.update(start_services(specs, cancel=cancel))
@@ -197,6 +207,7 @@ def run_up(args: argparse.Namespace) -> int:
             max_concurrency=args.max_concurrency,
             talker_replicas=args.talker_replicas,
             code2wav_replicas=args.code2wav_replicas,
+            prefill_chunk=args.prefill_chunk,
             cancel=stop,
         )
         _say(usage_text(args.host, gateway.http_port, gateway.port))

@@ -28,6 +28,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_batch=args.max_batch,
         max_requests=args.max_requests,
         max_model_len=args.max_model_len,
+        prefill_chunk=args.prefill_chunk,
     )
     if args.stage == "thinker":
         from services.thinker.servicer import ThinkerServicer

@@ -5,9 +5,17 @@ from __future__ import annotations
 import argparse
 import os
 
-from omnistream.load_options import DTYPE_NAMES
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, DTYPE_NAMES
 
 MODEL_ENV = "OMNISTREAM_MODEL"
+
+
+def positive_int(text: str) -> int:
+    """argparse type of a count that must be at least 1 (a clear usage error, not a crash later)."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -31,6 +39,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--metrics-port", type=int, default=0)
     p.add_argument("--max-batch", type=int, default=16)
     p.add_argument("--max-model-len", type=int, default=4096)
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="thinker and talker: prompt positions prefilled per step, all requests together; a long "
+        "prompt then delays the running requests' next token by one such piece at a time "
+        f"(default: {DEFAULT_PREFILL_CHUNK})",
+    )
     p.add_argument("--max-requests", type=int, default=None, help="concurrency backstop (default 4x batch)")
     p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024)
     p.add_argument("--grace-seconds", type=float, default=30.0)

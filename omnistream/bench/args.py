@@ -49,6 +49,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="comma list of prompt sizes in bytes (e.g. 10000000,4000000): small-request latency and "
         "/ready while prompts of these sizes are refused (services target, started here)",
     )
+    p.add_argument(
+        "--long-prompt-tokens",
+        type=int,
+        default=0,
+        help="also measure the running requests' inter-token latency (thinker) and inter-frame latency "
+        "(talker) while a prompt of this many tokens prefills (e.g. 4000), in-process "
+        "(omnistream/bench/long_prompt.py)",
+    )
+    p.add_argument(
+        "--long-prompt-baseline",
+        default=None,
+        help="a checkout to run the --long-prompt-tokens measurement with as well (e.g. /work/main): "
+        "before vs after, same run",
+    )
+    p.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        help="the engines' prompt positions prefilled per step (default: theirs)",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

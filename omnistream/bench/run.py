@@ -8,6 +8,7 @@ runs is reported beside the means; the commit and the machine are recorded with 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import os
@@ -174,6 +175,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     workload = Workload(
         args.output_len, args.audio_frames, not args.no_ignore_eos, args.initial_codec_chunk_frames
     )
+    prefill = {} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}
     services: dict = {}
     clients: dict = {}
     pipeline = None
@@ -186,17 +188,19 @@ async def run_bench(args: argparse.Namespace) -> int:
             else:
                 from omnistream.up import start_stack
 
-                gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2)
+                gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2, **prefill)
                 clients["services"] = (
                     RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer, sample_rate)
                     if args.transport == "rest"
                     else GrpcGatewayClient(gateway.address)
                 )
         if "in-process" in targets:
-            pipeline = Pipeline(args.model, LoadOptions(), max_batch=16).start()
+            pipeline = Pipeline(args.model, LoadOptions(), max_batch=16, **prefill).start()
             clients["in-process"] = InProcessClient(pipeline)
         if "in-process-recompute" in targets:  # the previous Code2Wav decode, as a baseline
-            baseline = Pipeline(args.model, LoadOptions(), max_batch=16, code2wav_decode="recompute").start()
+            baseline = Pipeline(
+                args.model, LoadOptions(), max_batch=16, code2wav_decode="recompute", **prefill
+            ).start()
             clients["in-process-recompute"] = InProcessClient(baseline)
             pipelines.append(baseline)
         order = [t for t in ("in-process", "in-process-recompute", "services") if t in clients]
@@ -259,6 +263,19 @@ async def run_bench(args: argparse.Namespace) -> int:
             from omnistream.bench.stages import stage_timings
 
             timings = await stage_timings(args.model)
+        long_prompt = None
+        if args.long_prompt_tokens:
+            from omnistream.bench.long_prompt import describe, measure_in
+
+            trees = {"this": Path(__file__).resolve().parents[2]}
+            if args.long_prompt_baseline:
+                trees["baseline"] = Path(args.long_prompt_baseline)
+            long_prompt = {}
+            for label, tree in trees.items():  # each in a child process, that tree's code
+                chunk = args.prefill_chunk if label == "this" else None
+                long_prompt[label] = await asyncio.to_thread(
+                    measure_in, tree, args.model, args.long_prompt_tokens, chunk
+                )
         result_ratios = ratios(rows)
         payload = {
             "machine": machine_info(),
@@ -269,6 +286,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             "chunk_cost": cost,
             "stage_timings": timings,
             "big_prompt": big_prompt,
+            "long_prompt": long_prompt,
         }
         report.write_json(out_dir / "results.json", payload)
         report.write_csv(out_dir / "results.csv", rows)
@@ -298,6 +316,8 @@ async def run_bench(args: argparse.Namespace) -> int:
                     f"batch {b}: " + ("n/a" if ms is None else f"{ms:.2f}") for b, ms in per_batch.items()
                 )
             )
+        for label, measured in (long_prompt or {}).items():
+            print(describe(f"long prompt [{label}]", measured))
         names = ", ".join(["results.json", "results.csv", *(p.name for p in plots)])
         print(f"\nwrote {names} to {out_dir}")
         failed = sum(r["failed"] for r in rows)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistream.family import STAGES, ModelFamily, ModelInfo
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK
 from omnistream.qwen3_omni.constants import (
     CODEBOOK_SIZE,
     DEFAULT_SPEAKER,
@@ -80,17 +81,22 @@ class Qwen3OmniFamily:
         max_batch: int = 16,
         max_requests: int | None = None,
         max_model_len: int = 4096,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> Engine:
         limits = {"max_batch": max_batch, "max_requests": max_requests}
         if stage == "thinker":
             from services.thinker.engine import ThinkerEngine
 
-            return ThinkerEngine(str(model_dir), options, max_model_len=max_model_len, **limits)
+            return ThinkerEngine(
+                str(model_dir), options, max_model_len=max_model_len, prefill_chunk=prefill_chunk, **limits
+            )
         if stage == "talker":
             from services.talker.engine import TalkerEngine
 
             length = max_model_len * TALKER_LENGTH_FACTOR
-            return TalkerEngine(str(model_dir), options, max_model_len=length, **limits)
+            return TalkerEngine(
+                str(model_dir), options, max_model_len=length, prefill_chunk=prefill_chunk, **limits
+            )
         if stage == "code2wav":
             from services.code2wav.engine import Code2WavEngine
 

@@ -4,6 +4,11 @@ One step per frame: a batched talker forward yields codebook 0 of the next frame
 whose next text row is there, then the 15-step code predictor (KV-cached, batched) fills codebooks
 1..15. A request whose next thinker token has not arrived waits; the others go on.
 
+A request's prompt rows are prefilled in pieces: all prefills of a step together take at most
+`prefill_chunk` rows, and the same step runs the others' frames, so a long prompt holds them for
+one piece at a time. A piece advances the KV length only once its forward has run; a failing piece
+fails its request alone (prefill forwards are one request each).
+
 Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
@@ -17,7 +22,7 @@ from transformers import DynamicCache
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
-from omnistream.load_options import LoadOptions
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
@@ -61,6 +66,10 @@ class _TalkerState(RequestState):
     pending_code0: int | None = None
     past_hidden: torch.Tensor | None = None
     next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
+    prefill_done: bool = False  # the whole prompt is in the KV cache (its first code 0 was taken)
+    prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
+    prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
+    prefilled: int = 0  # prompt rows already in the KV cache
 
 
 class TalkerEngine(Engine):
@@ -74,8 +83,13 @@ class TalkerEngine(Engine):
         max_model_len: int = 8192,
         max_requests: int | None = None,
         output_capacity: int = 512,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        # Prompt rows prefilled per step, all requests together (at least one piece a step).
+        self.prefill_chunk = prefill_chunk
         holder = load_stage("talker", model_dir, options)
         self.config = holder.config
         self.talker = holder.talker
@@ -231,26 +245,41 @@ class TalkerEngine(Engine):
         return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
 
     def _schedule(self, candidates):
-        prefill, predict, decode = [], [], []
+        prefill: list[tuple[_TalkerState, int]] = []  # (request, rows it may prefill this step)
+        predict, decode = [], []
+        rows = self.prefill_chunk  # prefill budget of this step
+        free = self.cache.free_slots
         for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
-            if state.slot is None:
-                ready = state.prompt_ids is not None and len(state.stream) >= ASSISTANT_PROMPT_TOKENS
-                if ready and self.cache.free_slots > len(prefill) and not prefill:
-                    prefill.append(state)
+            if not state.prefill_done:
+                if rows <= 0:
+                    continue
+                if state.slot is None:
+                    ready = state.prompt_ids is not None and len(state.stream) >= ASSISTANT_PROMPT_TOKENS
+                    if not ready or free <= 0:
+                        continue
+                    free -= 1
+                if state.prompt_rows is None:  # its row count is known once its rows are built
+                    take = rows
+                else:
+                    take = min(rows, state.prompt_rows.shape[1] - state.prefilled)
+                rows -= take
+                prefill.append((state, take))
             elif state.pending_code0 is not None:
                 predict.append(state)
             elif self._text_row_ready(state):
                 decode.append(state)
-        for state in prefill:
-            state.slot = self.cache.allocate()
+        for state, _ in prefill:
+            if state.slot is None:
+                state.slot = self.cache.allocate()
         if not (prefill or predict or decode):
             return None
         return prefill, predict, decode
 
     def _work_states(self, work):
-        return [s for group in work for s in group]
+        _, predict, decode = work  # not the prefills: each runs alone and answers for itself
+        return predict + decode
 
     def _talker_forward(
         self, states: list[_TalkerState], embeds: torch.Tensor, positions: torch.Tensor | None = None
@@ -299,20 +328,15 @@ class TalkerEngine(Engine):
 
     def _run(self, work) -> None:
         prefill, predict, decode = work
-        for state in prefill:  # alone by construction: a failure here is this request's
+        for state, take in prefill:
+            if state.finished:  # aborted meanwhile
+                continue
             try:
-                head = state.stream[:ASSISTANT_PROMPT_TOKENS]
-                rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
-                positions = None
-                cfg = self.config
-                users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-                rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
-                if rope is not None:
-                    positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
-                    state.rope_delta = rope[1]
-                self._take_code0([state], self._talker_forward([state], rows, positions))
-            except Exception as exc:
-                self._step_failed([state], exc)
+                hidden = self._prefill_piece(state, take)
+                if hidden is not None:
+                    self._take_code0([state], hidden)
+            except Exception as exc:  # one request's forward: the failure is that request's alone
+                self._states_failed([state], exc)
         predict = [s for s in predict if not s.finished]
         if predict:
             self._predict_residuals(predict)
@@ -326,6 +350,34 @@ class TalkerEngine(Engine):
             self.stats.last_batch_size = len(decode)
             embeds = torch.cat([self._next_input(s) for s in decode], dim=0)
             self._take_code0(decode, self._talker_forward(decode, embeds))
+
+    def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
+        """The next `take` prompt rows into the KV cache (the rows are built on the first piece).
+        After the last piece: its last position's hidden [1, 1, H] (code 0 of frame 0 comes from
+        it); before it, None. `prefilled` advances only once the piece's forward has run."""
+        if state.prompt_rows is None:
+            head = state.stream[:ASSISTANT_PROMPT_TOKENS]
+            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+            cfg = self.config
+            users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
+            if rope is not None:
+                state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
+                state.rope_delta = rope[1]
+            state.prompt_rows = rows
+        total = state.prompt_rows.shape[1]
+        start = state.prefilled
+        end = min(total, start + take)
+        positions = None
+        if state.prompt_positions is not None:
+            positions = state.prompt_positions[:, :, start:end]
+        hidden = self._talker_forward([state], state.prompt_rows[:, start:end], positions)
+        state.prefilled = end
+        if end < total:
+            return None
+        state.prefill_done = True
+        state.prompt_rows = state.prompt_positions = None  # spent
+        return hidden
 
     def _next_input(self, state: _TalkerState) -> torch.Tensor:
         """Codec sum of the last frame + the next trailing text row (or tts_eos / tts_pad)."""

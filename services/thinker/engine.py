@@ -7,6 +7,12 @@ prompts: it holds the thinker's embedding table and turns ids into its own text 
 thinker sends per step never grows with the prompt. A prompt with media also sends, once with its
 first output, the deep hidden rows of its audio/image/video positions (the talker cannot make those).
 
+Every prompt is prefilled in pieces: all prefills of a step together take at most `prefill_chunk`
+positions, and each step also decodes the running requests, so a long prompt holds them for one
+piece at a time instead of its whole length. A piece's forward advances the KV lengths only once it
+has run, so a failed piece leaves nothing behind (it fails its request alone: prefill forwards are
+one request each).
+
 A request with media goes through three phases on the engine thread: encode (its media in slices,
 batched with other requests' slices, one slice budget per step so running requests keep decoding),
 prefill (the prompt with the encoder rows in, at the model's 3-D M-RoPE positions), then decode at
@@ -26,7 +32,7 @@ from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
-from omnistream.load_options import LoadOptions
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.qwen3_omni.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
@@ -75,7 +81,7 @@ class _ThinkerState(RequestState):
     encoded: Encoded = field(default_factory=Encoded)
     rope_delta: float = 0.0
     embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
-    prefilled: int = 0  # prompt positions of a media prompt already in the KV cache
+    prefilled: int = 0  # prompt positions already in the KV cache
     deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
     spoken: list[int] | None = None  # speech: the given answer's ids, streamed instead of generated
 
@@ -83,7 +89,7 @@ class _ThinkerState(RequestState):
 @dataclass
 class _Step:
     encode: list[tuple[_ThinkerState, Slice]]
-    prefill: list[_ThinkerState]
+    prefill: list[tuple[_ThinkerState, int]]  # (request, positions of its prompt this step)
     decode: list[_ThinkerState]
     spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
     encoded: bool = False  # the encode results are in their states (a later failure keeps them)
@@ -101,7 +107,7 @@ class ThinkerEngine(Engine):
         max_requests: int | None = None,
         output_capacity: int = 512,
         encode_budget: int | None = None,
-        prefill_chunk: int = 512,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("thinker", model_dir, options)
@@ -129,7 +135,9 @@ class ThinkerEngine(Engine):
         audio = tc.audio_config
         self.audio_window = audio.n_window_infer
         self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
-        # Positions of a media prompt prefilled per step (text prompts prefill whole, as before).
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        # Prompt positions prefilled per step, all requests together (at least one piece a step).
         self.prefill_chunk = prefill_chunk
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
@@ -234,7 +242,10 @@ class ThinkerEngine(Engine):
     def _schedule(self, candidates):
         encode: list[tuple[_ThinkerState, Slice]] = []
         budget = self.encode_budget
-        prefill, decode = [], []
+        prefill: list[tuple[_ThinkerState, int]] = []
+        positions = self.prefill_chunk  # prefill budget of this step
+        free = self.cache.free_slots
+        decode = []
         spoken: list[_ThinkerState] = []
         for state in candidates:
             if state.finished or not state.output.has_room():
@@ -250,12 +261,15 @@ class ThinkerEngine(Engine):
                     encode.append((state, piece))
                 continue
             if state.slot is None or state.next_token is None:
-                # Not prefilled yet (a slot without a token: its prefill's step failed, retry it).
-                if not prefill and (state.slot is not None or self.cache.free_slots > 0):
-                    prefill.append(state)
+                # Not (fully) prefilled yet. Oldest first, each takes what is left of the budget.
+                if positions > 0 and (state.slot is not None or free > 0):
+                    take = min(len(state.prompt_ids) - state.prefilled, positions)
+                    positions -= take
+                    free -= state.slot is None
+                    prefill.append((state, take))
             else:
                 decode.append(state)
-        for state in prefill:
+        for state, _ in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
         if not encode and not prefill and not decode and not spoken:
@@ -263,8 +277,10 @@ class ThinkerEngine(Engine):
         return _Step(encode, prefill, decode, spoken)
 
     def _work_states(self, work: _Step):
+        # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
+        # not run because the encode raised first takes that piece again next step.
         seen = {id(s): s for s, _ in work.encode}
-        seen.update((id(s), s) for s in work.prefill + work.decode + work.spoken)
+        seen.update((id(s), s) for s in work.decode + work.spoken)
         return list(seen.values())
 
     def _step_failed(self, work: _Step, error: Exception) -> None:
@@ -324,17 +340,17 @@ class ThinkerEngine(Engine):
             for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
                 state.encoded.add(piece, rows, deep)
             work.encoded = True
-        for state in work.prefill:
-            ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=device)
-            if state.media is None:
-                logits, _ = self._forward([state], ids)
-                with self._row(state):
-                    self._accept(state, logits[0], first=True)
+        for state, take in work.prefill:
+            if state.finished:  # aborted meanwhile
                 continue
-            done = self._prefill_media_chunk(state, ids)
+            try:
+                done = self._prefill_piece(state, take)
+            except Exception as exc:  # one request's forward: the failure is that request's alone
+                self._states_failed([state], exc)
+                continue
             if done is not None:
                 with self._row(state):
-                    self._accept(state, done[0][0], first=True, hidden=done[1])
+                    self._accept(state, done[0], first=True, hidden=done[1])
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
@@ -372,23 +388,37 @@ class ThinkerEngine(Engine):
         if finished:
             self._finish(state)
 
+    def _prefill_piece(
+        self, state: _ThinkerState, take: int
+    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+        """The next `take` positions of a prompt into the KV cache. After the last piece: (logits of
+        the last position, deep rows [multimodal positions, H] for a prompt with media, else None);
+        before it, None. `prefilled` advances only once the piece's forward has run."""
+        start = state.prefilled
+        end = min(len(state.prompt_ids), start + take)
+        if state.media is None:
+            ids = torch.tensor([state.prompt_ids[start:end]], dtype=torch.long, device=self.device)
+            logits, _ = self._forward([state], ids)
+            state.prefilled = end
+            return (logits[0], None) if end == len(state.prompt_ids) else None
+        done = self._prefill_media_chunk(state, start, end)
+        return None if done is None else (done[0][0], done[1])
+
     def _prefill_media_chunk(
-        self, state: _ThinkerState, ids: torch.Tensor
+        self, state: _ThinkerState, start: int, end: int
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The next `prefill_chunk` positions of a prompt with media (its encoder rows in, at its
-        M-RoPE positions), so a long media prompt, too, holds running requests for one chunk per
-        step. Keeps the deep rows of its multimodal positions (what the talker reads there). After
-        the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
+        """Positions [start, end) of a prompt with media (its encoder rows in, at its M-RoPE
+        positions). Keeps the deep rows of its multimodal positions (what the talker reads there).
+        After the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
         assert state.media is not None
         if state.embedding is None:
+            ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=self.device)
             state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
             state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
             state.media = dataclasses.replace(
                 state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
             )
         whole = state.embedding
-        start = state.prefilled
-        end = min(len(state.prompt_ids), start + self.prefill_chunk)
         chunk = PromptEmbedding(whole.embeds[:, start:end], None, None)
         if whole.visual_mask is not None and whole.deepstack is not None:
             before = int(whole.visual_mask[0, :start].sum())

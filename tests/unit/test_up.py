@@ -117,3 +117,25 @@ def test_stop_services_drains_together_and_kills_the_stubborn():
     finally:
         polite.kill()
         stubborn.kill()
+
+
+def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
+    """`up --prefill-chunk` is a stage flag of the stages that prefill prompts (not code2wav's)."""
+    seen: list[dict[str, list[str]]] = []
+
+    def capture(specs, cancel=None):
+        seen.append(specs)
+        raise StartCancelled()
+
+    monkeypatch.setattr(up, "start_services", capture)
+    with pytest.raises(StartCancelled):
+        up.start_stack("m", {}, talker_replicas=2, prefill_chunk=64)
+    specs = seen[0]
+    for name in ("thinker", "talker-0", "talker-1"):
+        assert specs[name][-2:] == ["--prefill-chunk", "64"], specs[name]
+    assert "--prefill-chunk" not in specs["code2wav-0"]
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    assert args.parse_args(["--model", "m"]).prefill_chunk == 512
+    with pytest.raises(SystemExit):
+        args.parse_args(["--model", "m", "--prefill-chunk", "0"])

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
 
 import pytest
 
-from omnistream.errors import InvalidRequest
-from omnistream.load_options import LoadOptions
+from omnistream.errors import InternalError, InvalidRequest
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.sampling import SamplingParams
 from services.talker.engine import TalkerEngine, TalkerParams
 from services.thinker.engine import ThinkerEngine
 
@@ -64,3 +67,153 @@ def test_unknown_speaker_and_bad_input(engines):
 
     asyncio.run(run())
     assert talker.num_requests == 0
+
+
+LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
+STREAM = [5, 6, 7, 8, 9, 10, 11, 12]  # thinker tokens after the prompt
+
+
+def _long_prompt(thinker) -> list[int]:
+    return thinker.encode_chat([{"role": "user", "content": LONG_TEXT}])
+
+
+def _rows(talker, prompt) -> int:
+    """How many prompt rows the talker prefills for `prompt`."""
+    speaker = talker.speakers[talker.default_speaker]
+    return talker.prompts.prompt(prompt, STREAM[:4], speaker, None).shape[1]
+
+
+async def _codes(talker, rid, prompt, params) -> list[list[int]]:
+    out = talker.add_request(rid, params)
+    talker.feed(rid, STREAM, True, prompt_ids=prompt)
+    return [step.codes for step in [s async for s in out] if step.codes is not None]
+
+
+@contextlib.contextmanager
+def _prefill_chunk(talker, chunk: int):
+    talker.prefill_chunk = chunk  # read by the scheduler each step; set between requests
+    try:
+        yield
+    finally:
+        talker.prefill_chunk = DEFAULT_PREFILL_CHUNK
+
+
+def test_a_chunked_prompt_gives_the_unchunked_codes(engines):
+    """Chunk sizes 1, 7, rows-1 and rows: the same greedy and seeded-sampled codes, also with two
+    prompts sharing each step's prefill budget and decoding next to each other."""
+    talker, thinker = engines
+    prompt = _long_prompt(thinker)
+    rows = _rows(talker, prompt)
+    greedy = TalkerParams(max_frames=12)
+    sampled = TalkerParams(max_frames=12, sampling=SamplingParams(temperature=0.9, top_k=50, seed=5))
+
+    async def pair(tag: str):
+        return await asyncio.gather(
+            _codes(talker, f"g-{tag}", prompt, greedy), _codes(talker, f"s-{tag}", prompt, sampled)
+        )
+
+    with _prefill_chunk(talker, rows):
+        solo = [
+            asyncio.run(_codes(talker, "g", prompt, greedy)),
+            asyncio.run(_codes(talker, "s", prompt, sampled)),
+        ]
+    for chunk in (1, 7, rows - 1, rows):
+        with _prefill_chunk(talker, chunk):
+            assert asyncio.run(pair(str(chunk))) == solo, chunk
+    assert len(solo[0]) == 12 and solo[0] != solo[1]
+
+
+def test_running_request_gets_frames_between_the_pieces_of_a_long_prefill(engines):
+    """Each step prefills one piece of the long prompt and then runs the running request's frame,
+    so it gets a frame between every two pieces (observed per step, not timed), and its codes are
+    those of a solo run."""
+    talker, thinker = engines
+    chunk = 16
+    short, long_ids = thinker.encode_chat([{"role": "user", "content": "hi"}]), _long_prompt(thinker)
+    rows = _rows(talker, long_ids)
+    running_params = TalkerParams(max_frames=60)
+    solo = asyncio.run(_codes(talker, "solo", short, running_params))
+    steps: list[tuple[int, int]] = []  # per step after the long request came: (its prefilled, running frames)
+
+    async def run():
+        out = talker.add_request("running", running_params)
+        talker.feed("running", STREAM, True, prompt_ids=short)
+        codes = [(await out.get()).codes]
+        with talker._cond:
+            running = talker._requests["running"]
+        long_out = talker.add_request("long", TalkerParams(max_frames=1))
+        with talker._cond:
+            long = talker._requests["long"]
+
+        def listener(_engine, _seconds):
+            steps.append((long.prefilled, running.frames))
+
+        talker.add_step_listener(listener)
+        try:
+            talker.feed("long", STREAM, True, prompt_ids=long_ids)
+            first = asyncio.ensure_future(long_out.get())
+            async for step in out:
+                if step.codes is not None:
+                    codes.append(step.codes)
+            await first
+        finally:
+            talker._step_listeners.remove(listener)
+        return codes
+
+    with _prefill_chunk(talker, chunk):
+        codes = asyncio.run(run())
+    assert codes == solo
+    pieces = [(p, n) for i, (p, n) in enumerate(steps) if p != (steps[i - 1][0] if i else 0)]
+    assert [p for p, _ in pieces] == [*range(chunk, rows, chunk), rows]
+    counts = [n for _, n in pieces]
+    assert all(b > a for a, b in itertools.pairwise(counts)), counts  # a frame per piece
+
+
+def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
+    """A piece of a chunked prefill that raises fails that request only: a running request and a
+    request prefilling in the same steps keep their exact codes, and the failed piece left the KV
+    length where the last good piece put it."""
+    _, thinker = engines
+    talker = TalkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512, prefill_chunk=8
+    )
+    prompt, short = _long_prompt(thinker), thinker.encode_chat([{"role": "user", "content": "hi"}])
+    params, running_params = TalkerParams(max_frames=10), TalkerParams(max_frames=40)
+    talker.start()
+    try:
+        solo_short = asyncio.run(_codes(talker, "solo-short", short, running_params))
+        solo_long = asyncio.run(_codes(talker, "solo-long", prompt, params))
+        forward = talker._talker_forward
+        at_failure: list[tuple[int, int]] = []
+
+        def faulty_forward(states, embeds, positions=None):
+            state = states[0]
+            if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
+                at_failure.append((state.prefilled, talker.cache.lengths[state.slot]))
+                raise RuntimeError("injected fault")
+            return forward(states, embeds, positions)
+
+        talker._talker_forward = faulty_forward
+
+        async def together():
+            async def run(rid, ids, p):
+                try:
+                    return await _codes(talker, rid, ids, p)
+                except Exception as exc:
+                    return exc
+
+            return await asyncio.gather(
+                run("running", short, running_params),
+                run("poison", prompt, params),
+                run("other", prompt, params),
+            )
+
+        running, poison, other = asyncio.run(together())
+    finally:
+        talker.stop()
+    assert isinstance(poison, InternalError) and "injected fault" in str(poison)
+    assert running == solo_short and other == solo_long
+    # Failed once (alone, at once), with the KV length where its good pieces left it; how many
+    # positions those held depends on what shared the budget with them.
+    assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
+    assert talker.num_requests == 0 and talker.cache.free_slots == 4

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import itertools
 import time
 
 import pytest
 
-from omnistream.errors import InvalidRequest, Overloaded
-from omnistream.load_options import LoadOptions
+from omnistream.errors import InternalError, InvalidRequest, Overloaded
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.sampling import SamplingParams
 from services.thinker.engine import ThinkerEngine, ThinkerParams
 
@@ -144,3 +146,138 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
     assert all(tokens == solo for tokens in by_id.values()), by_id
     assert max(batch_sizes_failed) > 1 and batch_sizes_failed[-1] == 1  # failed batched, then alone
     assert engine.num_requests == 0
+
+
+LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
+
+
+def _long_prompt(engine) -> list[int]:
+    return engine.encode_chat([{"role": "user", "content": LONG_TEXT}])
+
+
+@contextlib.contextmanager
+def _prefill_chunk(engine, chunk: int):
+    engine.prefill_chunk = chunk  # read by the scheduler each step; set between requests
+    try:
+        yield
+    finally:
+        engine.prefill_chunk = DEFAULT_PREFILL_CHUNK
+
+
+def test_a_chunked_prompt_gives_the_unchunked_result(engine):
+    """Chunk sizes 1, 7, len-1 and len: the same greedy and seeded-sampled tokens, also with two
+    prompts sharing each step's prefill budget and decoding next to each other."""
+    prompt = _long_prompt(engine)
+    greedy = ThinkerParams(16, True)
+    sampled = ThinkerParams(16, True, SamplingParams(temperature=1.1, top_k=40, seed=77))
+
+    async def pair(tag: str):
+        async def one(rid, params):
+            out = engine.add_request(rid, prompt, params)
+            return [t for step in [s async for s in out] for t in step.token_ids]
+
+        return await asyncio.gather(one(f"g-{tag}", greedy), one(f"s-{tag}", sampled))
+
+    with _prefill_chunk(engine, len(prompt)):
+        solo = [
+            asyncio.run(_run_ids(engine, "g", prompt, greedy)),
+            asyncio.run(_run_ids(engine, "s", prompt, sampled)),
+        ]
+    for chunk in (1, 7, len(prompt) - 1, len(prompt)):
+        with _prefill_chunk(engine, chunk):
+            assert asyncio.run(pair(str(chunk))) == solo, chunk
+    assert len(solo[0]) == 16 and solo[0] != solo[1]
+
+
+async def _run_ids(engine, rid, prompt, params) -> list[int]:
+    out = engine.add_request(rid, prompt, params)
+    return [t for step in [s async for s in out] for t in step.token_ids]
+
+
+def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
+    """Each step prefills one piece of the long prompt and then decodes the running request, so
+    the running request gets a token between every two pieces (observed per step, not timed), and
+    its tokens are those of a solo run."""
+    chunk = 16
+    running_params = ThinkerParams(120, True)
+    solo = asyncio.run(_run_ids(engine, "solo", _prompt(engine), running_params))
+    long_ids = _long_prompt(engine)
+    steps: list[tuple[int, int]] = []  # per step after the long request came: (its prefilled, running tokens)
+
+    async def run():
+        out = engine.add_request("running", _prompt(engine), running_params)
+        tokens = [t for t in (await out.get()).token_ids]
+        with engine._cond:
+            running = engine._requests["running"]
+        long_out = engine.add_request("long", long_ids, ThinkerParams(1, True))
+        with engine._cond:
+            long = engine._requests["long"]
+
+        def listener(_engine, _seconds):
+            steps.append((long.prefilled, len(running.generated)))
+
+        engine.add_step_listener(listener)
+        try:
+            first = asyncio.ensure_future(long_out.get())
+            async for step in out:
+                tokens += step.token_ids
+            await first
+        finally:
+            engine._step_listeners.remove(listener)
+        return tokens
+
+    with _prefill_chunk(engine, chunk):
+        tokens = asyncio.run(run())
+    assert tokens == solo
+    pieces = [(p, n) for i, (p, n) in enumerate(steps) if p != (steps[i - 1][0] if i else 0)]
+    assert [p for p, _ in pieces] == [*range(chunk, len(long_ids), chunk), len(long_ids)]
+    counts = [n for _, n in pieces]
+    assert all(b > a for a, b in itertools.pairwise(counts)), counts  # a token per piece
+
+
+def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
+    """A piece of a chunked prefill that raises fails that request only: a running request and a
+    request prefilling in the same steps keep their exact tokens, and the failed piece left the KV
+    length where the last good piece put it."""
+    engine = ThinkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, prefill_chunk=8
+    )
+    params = ThinkerParams(10, True)
+    prompt = _long_prompt(engine)
+    engine.start()
+    try:
+        solo_short = asyncio.run(_run_ids(engine, "solo-short", _prompt(engine), ThinkerParams(40, True)))
+        solo_long = asyncio.run(_run_ids(engine, "solo-long", prompt, params))
+        forward = engine._forward
+        at_failure: list[tuple[int, int]] = []
+
+        def faulty_forward(states, ids):
+            state = states[0]
+            if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
+                at_failure.append((state.prefilled, engine.cache.lengths[state.slot]))
+                raise RuntimeError("injected fault")
+            return forward(states, ids)
+
+        engine._forward = faulty_forward
+
+        async def together():
+            async def run(rid, ids, p):
+                out = engine.add_request(rid, ids, p)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            running = asyncio.ensure_future(run("running", _prompt(engine), ThinkerParams(40, True)))
+            rest = await asyncio.gather(run("poison", prompt, params), run("other", prompt, params))
+            return [await running, *rest]
+
+        running, poison, other = asyncio.run(together())
+    finally:
+        engine.stop()
+    assert isinstance(poison, InternalError) and "injected fault" in str(poison)
+    assert running == solo_short and other == solo_long
+    # Failed once (alone, at once), with the KV length where its good pieces left it; how many
+    # positions those held depends on what shared the budget with them.
+    assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
+    assert engine.num_requests == 0 and engine.cache.free_slots == 4
