@@ -154,9 +154,7 @@ class CodePredictorRunner:
     def _build_step(self, bucket: int, group: int) -> _Step:
         q = self.rows(group)
         start = 0 if group == 0 else group + 1
-        cache = StaticStepCache(
-            [k[:bucket] for k in self.keys], [v[:bucket] for v in self.values], start, q
-        )
+        cache = StaticStepCache([k[:bucket] for k in self.keys], [v[:bucket] for v in self.values], start, q)
         position_ids = torch.arange(start, start + q, device=self.device).unsqueeze(0)
         probe = self.inputs[(bucket, q)]
         rope = self.model.rotary_emb(probe, position_ids)
