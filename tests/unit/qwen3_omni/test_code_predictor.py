@@ -27,6 +27,14 @@ def code_predictor(request, tiny_model_dir):
     torch.set_grad_enabled(True)
 
 
+@pytest.fixture(scope="module")
+def code_predictor32(tiny_model_dir):
+    """Shapes, syncs and caches do not depend on the dtype: one is enough for those."""
+    torch.set_grad_enabled(False)
+    yield load_stage("talker", tiny_model_dir, LoadOptions(dtype="float32")).talker.code_predictor
+    torch.set_grad_enabled(True)
+
+
 def _inputs(cp, batch: int, seed: int) -> torch.Tensor:
     """[B, 2, H]: stands in for (talker hidden, codebook-0 embedding) rows."""
     generator = torch.Generator().manual_seed(seed)
@@ -73,7 +81,7 @@ def test_batch_buckets():
 def test_logits_and_codes_equal_the_dynamic_cache_path(code_predictor, sampling):
     cp = code_predictor
     runner = CodePredictorRunner(cp, 8, cp.dtype, "cpu")
-    for batch in (1, 3, 8):
+    for batch in (1, 3):
         for frame in range(2):  # the second frame reuses the cache the first one wrote
             x = _inputs(cp, batch, seed=10 * batch + frame)
             want_codes, want_logits = _dynamic_frame(cp, x, sampling, _generators(batch, frame))
@@ -88,7 +96,7 @@ def test_codes_equal_transformers_generate(code_predictor, sampling):
     """One row against the model's own `generate`, which the reference talker calls per frame."""
     cp = code_predictor
     runner = CodePredictorRunner(cp, 2, cp.dtype, "cpu")
-    for seed in range(3):
+    for seed in range(2):
         x = _inputs(cp, 1, seed)
         kwargs = {"do_sample": False}
         if not sampling.greedy:
@@ -123,11 +131,11 @@ def test_padded_buckets_keep_rows_apart(code_predictor):
         runner.bucket_for(9)
 
 
-def test_replay_path_copies_into_static_inputs_and_reads_static_outputs(code_predictor):
+def test_replay_path_copies_into_static_inputs_and_reads_static_outputs(code_predictor32):
     """What `run` does once graphs are captured, without a GPU: a stand-in for each CUDA graph
     replays `forward` on the bucket's static input into the step's static output, as a captured
     graph would. The codes must not change; capture itself is left to a CUDA machine."""
-    cp = code_predictor
+    cp = code_predictor32
     runner = CodePredictorRunner(cp, 4, cp.dtype, "cpu", buckets=batch_buckets(4))
 
     class ForwardReplay:
@@ -149,9 +157,9 @@ def test_replay_path_copies_into_static_inputs_and_reads_static_outputs(code_pre
     assert codes == want_codes
 
 
-def test_cuda_graphs_refused_off_cuda(code_predictor):
+def test_cuda_graphs_refused_off_cuda(code_predictor32):
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        CodePredictorRunner(code_predictor, 2, code_predictor.dtype, "cpu", cuda_graphs=True)
+        CodePredictorRunner(code_predictor32, 2, code_predictor32.dtype, "cpu", cuda_graphs=True)
 
 
 # --- graph readiness -------------------------------------------------------------------------------
@@ -174,8 +182,8 @@ class _OpLog(TorchDispatchMode):
 HOST_SYNC_OPS = {"aten._local_scalar_dense", "aten.item", "aten.nonzero", "aten.masked_select", "aten.unique"}
 
 
-def test_step_has_no_host_sync_and_fixed_shapes_across_frames(code_predictor):
-    cp = code_predictor
+def test_step_has_no_host_sync_and_fixed_shapes_across_frames(code_predictor32):
+    cp = code_predictor32
     runner = CodePredictorRunner(cp, 4, cp.dtype, "cpu", buckets=batch_buckets(4))
     logs = []
     for frame in range(2):
@@ -190,8 +198,8 @@ def test_step_has_no_host_sync_and_fixed_shapes_across_frames(code_predictor):
     assert logs[0] == logs[1]  # the same ops with the same shapes, frame after frame
 
 
-def test_cache_is_static_across_frames(code_predictor, monkeypatch):
-    cp = code_predictor
+def test_cache_is_static_across_frames(code_predictor32, monkeypatch):
+    cp = code_predictor32
     runner = CodePredictorRunner(cp, 4, cp.dtype, "cpu", buckets=batch_buckets(4))
     pointers = [t.data_ptr() for t in runner.keys + runner.values + list(runner.inputs.values())]
     created = []
@@ -202,21 +210,21 @@ def test_cache_is_static_across_frames(code_predictor, monkeypatch):
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(transformers.cache_utils.DynamicCache, "__init__", counting_init)
-    for batch in (1, 3, 4, 2):
+    for batch in (1, 3):
         _frame(cp, runner.run, _inputs(cp, batch, seed=batch), GREEDY, [None] * batch)
     assert created == []
     assert [t.data_ptr() for t in runner.keys + runner.values + list(runner.inputs.values())] == pointers
     assert runner.keys[0].abs().sum() > 0  # the frames did write there
 
 
-def test_step_compiles_without_graph_breaks(code_predictor):
+def test_step_compiles_without_graph_breaks(code_predictor32):
     """`fullgraph=True` fails on any graph break: the step is one traceable graph per (bucket, step)."""
-    cp = code_predictor
+    cp = code_predictor32
     runner = CodePredictorRunner(cp, 4, cp.dtype, "cpu", buckets=batch_buckets(4))
     torch._dynamo.reset()
     with torch._dynamo.config.patch(recompile_limit=16):
         compiled = torch.compile(runner.forward, backend="eager", fullgraph=True)
-        for bucket, group in ((1, 0), (1, 1), (4, 0), (4, 7), (4, runner.num_steps - 1)):
+        for bucket, group in ((1, 0), (4, 1), (4, runner.num_steps - 1)):
             x = _inputs(cp, bucket, seed=group)[:, : runner.rows(group)]
             want = runner.forward(group, x)
             assert torch.equal(compiled(group, x), want)
