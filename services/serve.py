@@ -19,12 +19,12 @@ from services import serve_args
 
 
 async def serve(args: argparse.Namespace) -> int:
-    if args.threads:
-        torch.set_num_threads(args.threads)
     refusal = serve_args.load_options_refusal(args)
     if refusal:
         print(f"omnistream serve {args.stage}: {refusal}", file=sys.stderr, flush=True)
         return 2
+    if args.threads:
+        torch.set_num_threads(args.threads)
     options = LoadOptions(args.device, args.dtype, cuda_graphs=getattr(args, "cuda_graphs", False))
     family = family_for(args.model)
     engine = family.engine(
