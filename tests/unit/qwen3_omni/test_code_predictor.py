@@ -56,7 +56,7 @@ def _frame(cp, step, x: torch.Tensor, sampling: SamplingParams, generators) -> t
         logits_seen.append(logits.clone())
         picked = [choose(logits[row], sampling, generators[row]) for row in range(x.shape[0])]
         codes.append(picked)
-        embeds = embedding[group](torch.tensor(picked).view(-1, 1))
+        embeds = embedding[group](torch.tensor(picked, device=x.device).view(-1, 1))
     return codes, logits_seen
 
 
@@ -65,8 +65,8 @@ def _dynamic_frame(cp, x, sampling, generators):
     return _frame(cp, lambda g, e: _dynamic_step(cp, cache, g, e), x, sampling, generators)
 
 
-def _generators(batch: int, seed: int) -> list[torch.Generator]:
-    return [torch.Generator().manual_seed(seed + row) for row in range(batch)]
+def _generators(batch: int, seed: int, device: str = "cpu") -> list[torch.Generator]:
+    return [torch.Generator(device=device).manual_seed(seed + row) for row in range(batch)]
 
 
 def test_batch_buckets():
@@ -229,3 +229,27 @@ def test_step_compiles_without_graph_breaks(code_predictor32):
             want = runner.forward(group, x)
             assert torch.equal(compiled(group, x), want)
     torch._dynamo.reset()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a CUDA device")
+def test_cuda_graph_replay_matches_eager_steps(tiny_model_dir):
+    """On a GPU: the captured graphs give the eager steps' codes and logits (same buckets, so the
+    same kernels), and greedy codes equal the DynamicCache path's."""
+    torch.set_grad_enabled(False)
+    cp = load_stage(
+        "talker", tiny_model_dir, LoadOptions(device="cuda", dtype="float32")
+    ).talker.code_predictor
+    graphs = CodePredictorRunner(cp, 8, cp.dtype, "cuda", cuda_graphs=True)
+    eager = CodePredictorRunner(cp, 8, cp.dtype, "cuda", buckets=graphs.buckets)
+    assert len(graphs.graphs) == len(graphs.buckets) * graphs.num_steps
+    for batch in (1, 3, 8):
+        for frame in range(2):
+            x = _inputs(cp, batch, seed=frame).to("cuda")
+            want_codes, want_logits = _frame(cp, eager.run, x, SAMPLED, _generators(batch, frame, "cuda"))
+            codes, logits = _frame(cp, graphs.run, x, SAMPLED, _generators(batch, frame, "cuda"))
+            assert codes == want_codes
+            for got, want in zip(logits, want_logits, strict=True):
+                torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+            greedy, _ = _frame(cp, graphs.run, x, GREEDY, [None] * batch)
+            assert greedy == _dynamic_frame(cp, x, GREEDY, [None] * batch)[0]
+    torch.set_grad_enabled(True)
