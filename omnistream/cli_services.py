@@ -34,6 +34,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     for stage in ("thinker", "talker", "code2wav"):
         sp = kinds.add_parser(stage, help=f"the {stage} stage service")
         serve_args.add_arguments(sp)
+        if stage == "talker":
+            serve_args.add_talker_arguments(sp)
         sp.set_defaults(func=_serve, stage=stage)
     gp = kinds.add_parser("gateway", help="the gateway: REST/SSE + gRPC API, admission, fan-out")
     from gateway import main_args

@@ -20,6 +20,9 @@ DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
 class LoadOptions:
     device: str = "cpu"
     dtype: str = "float32"
+    # The talker's code predictor replays CUDA graphs (omnistream/qwen3_omni/code_predictor.py);
+    # CUDA devices only: asked for elsewhere, the engine refuses to start.
+    cuda_graphs: bool = False
 
     def torch_dtype(self) -> torch.dtype:
         if self.dtype not in DTYPE_NAMES:

@@ -7,6 +7,7 @@ wires it to its servicer, which speaks the family-neutral stage protocol.
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 
@@ -14,12 +15,17 @@ from omnistream.family import family_for
 from omnistream.load_options import LoadOptions
 from omnistream.metrics import StageMetrics
 from omnistream.stage_service import ServeOptions, run_stage_server
+from services import serve_args
 
 
 async def serve(args: argparse.Namespace) -> int:
+    refusal = serve_args.load_options_refusal(args)
+    if refusal:
+        print(f"omnistream serve {args.stage}: {refusal}", file=sys.stderr, flush=True)
+        return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = LoadOptions(args.device, args.dtype)
+    options = LoadOptions(args.device, args.dtype, cuda_graphs=getattr(args, "cuda_graphs", False))
     family = family_for(args.model)
     engine = family.engine(
         args.stage,

@@ -61,3 +61,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)"
     )
+
+
+def add_talker_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only the talker takes: the other stages reject them instead of ignoring them."""
+    p.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="capture the code predictor's 15 steps per frame as CUDA graphs, one per batch bucket "
+        "and step, and replay them (CUDA --device only; refused elsewhere). Default: off",
+    )
+
+
+def load_options_refusal(args: argparse.Namespace) -> str | None:
+    """Why these serve arguments cannot load, said before any weight is read; None if they can."""
+    if getattr(args, "cuda_graphs", False) and args.device.split(":")[0] != "cuda":
+        return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {args.device!r}"
+    return None

@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
-from transformers import DynamicCache
 
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
@@ -25,6 +24,7 @@ from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage
+from omnistream.qwen3_omni.code_predictor import CodePredictorRunner
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
@@ -113,6 +113,10 @@ class TalkerEngine(Engine):
         self.max_model_len = max_model_len
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
+        )
+        # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
+        self.code_predictor = CodePredictorRunner(
+            self.cp, max_batch, options.torch_dtype(), options.device, cuda_graphs=options.cuda_graphs
         )
 
     # --- public API ---------------------------------------------------------------------------------
@@ -396,14 +400,12 @@ class TalkerEngine(Engine):
         code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
         code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
         past = torch.cat([s.past_hidden for s in states], dim=0)
-        cache = DynamicCache(config=self.cp.config)
         embeds = torch.cat((past, code0_embed), dim=1)
         codes = [code0[:, 0].tolist()]
         hiddens = [code0_embed]
         embedding = self.cp.model.get_input_embeddings()
         for group in range(self.num_groups - 1):
-            out = self.cp.model(inputs_embeds=embeds, cache=cache, use_cache=True)
-            logits = self.cp.lm_head[group](out.last_hidden_state[:, -1])
+            logits = self.code_predictor.run(group, embeds)
             picked = []
             for row, state in enumerate(states):
                 sampling = state.params.sampling

@@ -1,4 +1,4 @@
-"""Talker engine: waiting for rows without stalling others, abort, validation."""
+"""Talker engine: waiting for rows without stalling others, abort, validation, the code predictor."""
 
 from __future__ import annotations
 
@@ -8,6 +8,8 @@ import itertools
 import time
 
 import pytest
+import torch
+from transformers import DynamicCache
 
 from omnistream.errors import InternalError, InvalidRequest
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
@@ -217,3 +219,51 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
     # positions those held depends on what shared the budget with them.
     assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
     assert talker.num_requests == 0 and talker.cache.free_slots == 4
+
+
+class _DynamicCachePredictor:
+    """The code predictor's forward as the engine ran it before the static cache: one fresh
+    DynamicCache per frame, grown by the model itself."""
+
+    def __init__(self, cp) -> None:
+        self.cp = cp
+        self.cache: DynamicCache | None = None
+
+    def run(self, group: int, embeds: torch.Tensor) -> torch.Tensor:
+        if group == 0:
+            self.cache = DynamicCache(config=self.cp.config)
+        out = self.cp.model(inputs_embeds=embeds, cache=self.cache, use_cache=True)
+        return self.cp.lm_head[group](out.last_hidden_state[:, -1])
+
+
+def _talk(talker: TalkerEngine, prompt: list[int]) -> list[list[list[int]]]:
+    """Three seeded, sampled requests with all their input given before the engine starts, so every
+    run batches them the same way; returns each request's frames."""
+    sampling = [SamplingParams(temperature=0.9, top_k=40, top_p=0.95, seed=seed) for seed in (1, 2, 3)]
+    sampling.append(SamplingParams())  # and one greedy request in the same batches
+
+    async def run():
+        outputs = []
+        for i, params in enumerate(sampling):
+            outputs.append(talker.add_request(f"r{i}", TalkerParams(max_frames=12, sampling=params)))
+            talker.feed(f"r{i}", [5 + i, 6, 7, 8, 9], last=True, prompt_ids=prompt)
+        talker.start()
+        return [[item.codes async for item in out if item.codes is not None] for out in outputs]
+
+    try:
+        return asyncio.run(run())
+    finally:
+        talker.stop()
+
+
+def test_static_code_predictor_gives_the_dynamic_cache_codes(engines, tiny_model_dir):
+    _, thinker = engines
+    prompt = thinker.encode_chat([{"role": "user", "content": "hello"}])
+    options = LoadOptions(dtype="float32")
+    static = _talk(TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512), prompt)
+    before = TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512)
+    before.code_predictor = _DynamicCachePredictor(before.cp)
+    dynamic = _talk(before, prompt)
+    assert [len(frames) for frames in static] == [len(frames) for frames in dynamic]
+    assert sum(len(frames) for frames in static) > 4  # codes were produced, not only end markers
+    assert static == dynamic
