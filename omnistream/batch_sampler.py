@@ -61,77 +61,89 @@ class BatchSampler:
             self.presence[slot, ids] = True
 
     # --- one step -----------------------------------------------------------------------------------
+    def prepare(self, rows: Sequence[RowSampling], device: str | torch.device | None = None) -> StepKnobs:
+        """The rows' knobs on the device, in one host -> device copy (pinned on CUDA). A caller that
+        samples the same rows several times per step (the code predictor's 15 groups) prepares once."""
+        params = [r.params for r in rows]
+        device = torch.device(device) if device is not None else self.device
+        knobs = None
+        penalized = any(p.repetition_penalty != 1.0 for p in params)
+        sampled = [not p.greedy for p in params]
+        if penalized or any(sampled):
+            # float64 keeps each value exact until the on-device cast, which rounds like the Python
+            # scalars `choose` hands to float32 ops.
+            host = torch.tensor(
+                [
+                    [
+                        p.repetition_penalty,
+                        p.temperature if not p.greedy else 1.0,
+                        min(p.top_k, self.vocab) if p.top_k > 0 and not p.greedy else 0,
+                        1 - p.top_p if not p.greedy else 0.0,
+                        float(not p.greedy),
+                    ]
+                    for p in params
+                ],
+                dtype=torch.float64,
+            )
+            if device.type == "cuda":
+                host = host.pin_memory()
+            knobs = host.to(device, non_blocking=True)
+        live = [p for p, s in zip(params, sampled, strict=True) if s]
+        return StepKnobs(
+            rows=list(rows),
+            knobs=knobs,
+            penalized=penalized,
+            sampled=sampled,
+            max_top_k=max((min(p.top_k, self.vocab) for p in live), default=0),
+            top_p=any(p.top_p < 1.0 for p in live),
+        )
+
     def sample(
         self,
         logits: torch.Tensor,
-        rows: Sequence[RowSampling],
+        rows: Sequence[RowSampling] | StepKnobs,
         slots: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Chosen ids [B] (long, on the logits' device; no sync). `slots` (long [B], on the device)
         names each row's presence mask: needed when any row has a repetition penalty, and then the
         chosen ids are added to those masks."""
-        if logits.dim() != 2 or logits.shape[0] != len(rows):
-            raise ValueError(f"logits must be [{len(rows)}, V], got {tuple(logits.shape)}")
+        step = rows if isinstance(rows, StepKnobs) else self.prepare(rows, logits.device)
+        if logits.dim() != 2 or logits.shape[0] != len(step.rows) or logits.shape[1] != self.vocab:
+            raise ValueError(f"logits must be [{len(step.rows)}, {self.vocab}], got {tuple(logits.shape)}")
         logits = logits.float() if logits.dtype in (torch.bfloat16, torch.float16) else logits
-        device = logits.device
-        params = [r.params for r in rows]
-        penalized = any(p.repetition_penalty != 1.0 for p in params)
-        sampled = [not p.greedy for p in params]
-        # One host -> device copy of every knob of the step (float64 keeps each value exact until
-        # the on-device cast, which rounds like the Python scalars `choose` hands to float ops).
-        knobs = torch.tensor(
-            [
-                [
-                    p.repetition_penalty,
-                    p.temperature if not p.greedy else 1.0,
-                    min(p.top_k, logits.shape[-1]) if p.top_k > 0 and not p.greedy else 0,
-                    1 - p.top_p if not p.greedy else 0.0,
-                    float(not p.greedy),
-                ]
-                for p in params
-            ],
-            dtype=torch.float64,
-        )
-        if device.type == "cuda":
-            knobs = knobs.pin_memory()
-        knobs = knobs.to(device, non_blocking=True)
-        scalar = logits.dtype
-        penalty = knobs[:, 0:1].to(scalar)
-        if penalized:
+        knobs = step.knobs
+        if step.penalized:
             if slots is None or self.presence is None:
                 raise ValueError("a repetition penalty needs the rows' slots and presence masks")
+            assert knobs is not None
+            penalty = knobs[:, 0:1].to(logits.dtype)
             seen = self.presence.index_select(0, slots)
             scaled = torch.where(logits < 0, logits * penalty, _divide(logits, penalty))
             logits = torch.where(seen, scaled, logits)
         if self.suppress is not None:
             logits = logits.masked_fill(self.suppress, float("-inf"))
         chosen = torch.argmax(logits, dim=-1)
-        if any(sampled):
-            picked = self._draw(logits, knobs, rows, sampled)
+        if any(step.sampled):
+            assert knobs is not None
+            picked = self._draw(logits, step)
             chosen = torch.where(knobs[:, 4] > 0, picked, chosen)
-        if penalized:
+        if step.penalized:
             assert self.presence is not None and slots is not None
             self.presence[slots, chosen] = True
         return chosen
 
-    def _draw(
-        self,
-        logits: torch.Tensor,
-        knobs: torch.Tensor,
-        rows: Sequence[RowSampling],
-        sampled: list[bool],
-    ) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, step: StepKnobs) -> torch.Tensor:
         """Temperature, top-k, top-p, then one draw per sampled row (greedy rows get a dummy)."""
-        params = [r.params for r in rows]
+        knobs = step.knobs
+        assert knobs is not None
         logits = _divide(logits, knobs[:, 1:2].to(logits.dtype))
-        top_ks = [min(p.top_k, logits.shape[-1]) for p, s in zip(params, sampled, strict=True) if s]
-        if any(k > 0 for k in top_ks):
+        if step.max_top_k > 0:
             k_index = knobs[:, 2].long()
-            values = torch.topk(logits, max(top_ks), dim=-1).values
+            values = torch.topk(logits, step.max_top_k, dim=-1).values
             kth = values.gather(-1, (k_index - 1).clamp(min=0).unsqueeze(-1))
             kth = torch.where(k_index.unsqueeze(-1) > 0, kth, torch.full_like(kth, float("-inf")))
             logits = logits.masked_fill(logits < kth, float("-inf"))
-        if any(p.top_p < 1.0 for p, s in zip(params, sampled, strict=True) if s):
+        if step.top_p:
             threshold = knobs[:, 3:4].to(logits.dtype)
             sorted_logits, order = torch.sort(logits, dim=-1, descending=False)
             cumulative = sorted_logits.softmax(-1).cumsum(-1)
@@ -141,10 +153,22 @@ class BatchSampler:
             logits = logits.masked_fill(remove, float("-inf"))
         probs = logits.softmax(-1)
         noise = torch.ones_like(probs)
-        for row, state in enumerate(rows):
-            if sampled[row]:
+        for row, state in enumerate(step.rows):
+            if step.sampled[row]:
                 noise[row].exponential_(1, generator=state.generator)
         return torch.argmax(probs / noise, dim=-1)
+
+
+@dataclass
+class StepKnobs:
+    """One step's rows with their knobs on the device (see `BatchSampler.prepare`)."""
+
+    rows: list[RowSampling]
+    knobs: torch.Tensor | None  # [B, 5] float64: penalty, temperature, top_k, 1 - top_p, sampled
+    penalized: bool
+    sampled: list[bool]
+    max_top_k: int
+    top_p: bool
 
 
 def _divide(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
@@ -153,8 +177,3 @@ def _divide(x: torch.Tensor, divisor: torch.Tensor) -> torch.Tensor:
     if x.device.type == "cuda":
         return x * divisor.reciprocal()
     return x / divisor
-
-
-def host_ids(chosen: torch.Tensor) -> list[int]:
-    """The step's one device -> host copy of the chosen ids."""
-    return chosen.tolist()

@@ -63,7 +63,8 @@ def test_batch_equals_per_row_choose(dtype, vocab):
         logits = (torch.randn(batch, vocab) * 4).to(dtype)
         got = sampler.sample(logits, rows, slots).tolist()
         want = [
-            choose(logits[i], p, old_gen[i], previous=history[i], suppress=suppress) for i, p in enumerate(knobs)
+            choose(logits[i], p, old_gen[i], previous=history[i], suppress=suppress)
+            for i, p in enumerate(knobs)
         ]
         assert got == want
         for i, token in enumerate(want):
