@@ -5,6 +5,11 @@ step, `plan()` says which slots take part and where each row writes; the attenti
 `update()` (the `transformers` Cache protocol), which writes the new keys at each row's own position
 and returns the rows' keys padded to the longest. `attention_mask()` hides each row's padding, so a
 request computes the same thing whether it is alone or batched.
+
+Everything a step needs on the device (slot rows, positions, hence the mask and the write indices)
+is built once in `plan()` on the host and moved in one non-blocking copy: `update()` runs once per
+layer and must never wait for the device (no `int()`, `.tolist()` or new tensors there), or a
+48-layer model would stall the GPU 48 times per token.
 """
 
 from __future__ import annotations
@@ -28,12 +33,18 @@ class SlotKVCache:
         shape = (slots, num_kv_heads, capacity, head_dim)
         self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
         self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+        self.device = self.keys[0].device
         self.lengths = [0] * slots
         self._free = list(range(slots - 1, -1, -1))
-        self._rows: torch.Tensor | None = None
+        self._key_index = torch.arange(capacity, device=self.device)  # for the masks, made once
+        self._planned = False
+        self._slots: list[int] = []
         self._starts: list[int] = []
         self._q_len = 0
         self._kv_len = 0
+        self._rows: torch.Tensor | None = None  # [B] slot of each row (device)
+        self._positions: torch.Tensor | None = None  # [B, q] absolute positions (device)
+        self._mask: torch.Tensor | None = None
 
     @classmethod
     def for_text_config(cls, text, slots: int, capacity: int, dtype: torch.dtype, device) -> SlotKVCache:
@@ -60,56 +71,66 @@ class SlotKVCache:
     # --- one forward ----------------------------------------------------------------------------
     def plan(self, slots: list[int], q_len: int) -> None:
         """Prepare a forward of `q_len` new positions for each slot in `slots` (same order as the batch)."""
-        self._starts = [self.lengths[s] for s in slots]
-        end = max(self._starts) + q_len
+        starts = [self.lengths[s] for s in slots]
+        end = max(starts) + q_len
         if end > self.capacity:
             raise ValueError(f"sequence would exceed the KV capacity of {self.capacity}")
-        device = self.keys[0].device
-        self._rows = torch.tensor(slots, dtype=torch.long, device=device)
+        batch = len(slots)
+        host = torch.empty((batch, 1 + q_len), dtype=torch.long)
+        host[:, 0] = torch.as_tensor(slots, dtype=torch.long)
+        host[:, 1:] = torch.as_tensor(starts, dtype=torch.long).view(-1, 1) + torch.arange(q_len).view(1, -1)
+        if self.device.type == "cuda":
+            host = host.pin_memory()
+        planned = host.to(self.device, non_blocking=True)  # the step's one host -> device copy
+        self._rows = planned[:, 0]
+        self._positions = planned[:, 1:]
+        # Boolean [B, 1, q, kv]: row i, query j sees keys 0..start_i + j.
+        self._mask = (self._key_index[:end].view(1, 1, -1) <= self._positions.unsqueeze(-1)).unsqueeze(1)
+        self._slots = list(slots)
+        self._starts = starts
         self._q_len = q_len
         self._kv_len = end
+        self._planned = True
+
+    @property
+    def rows(self) -> torch.Tensor:
+        """[B] slot of each row of the last planned step, on the device (kept after `commit`)."""
+        assert self._rows is not None, "plan() first"
+        return self._rows
 
     def attention_mask(self) -> torch.Tensor:
         """Boolean [B, 1, q, kv]: row i, query j sees keys 0..start_i + j."""
-        device = self.keys[0].device
-        starts = torch.tensor(self._starts, device=device).view(-1, 1, 1)
-        q = torch.arange(self._q_len, device=device).view(1, -1, 1)
-        k = torch.arange(self._kv_len, device=device).view(1, 1, -1)
-        return (k <= starts + q).unsqueeze(1)
+        assert self._mask is not None, "plan() first"
+        return self._mask
 
     def positions(self) -> torch.Tensor:
         """[B, q] absolute positions of the new tokens."""
-        device = self.keys[0].device
-        starts = torch.tensor(self._starts, device=device).view(-1, 1)
-        return starts + torch.arange(self._q_len, device=device).view(1, -1)
+        assert self._positions is not None, "plan() first"
+        return self._positions
 
     def commit(self) -> None:
         """Advance each row's length once the forward has run."""
-        assert self._rows is not None
-        for slot, start in zip(self._rows.tolist(), self._starts, strict=True):
+        assert self._planned
+        for slot, start in zip(self._slots, self._starts, strict=True):
             self.lengths[slot] = start + self._q_len
-        self._rows = None
+        self._planned = False
 
     # --- transformers Cache protocol ------------------------------------------------------------
     def update(self, key_states, value_states, layer_idx: int, kwargs=None, **_):
-        rows = self._rows
-        assert rows is not None, "plan() must be called before the forward"
+        assert self._planned, "plan() must be called before the forward"
         k_all, v_all = self.keys[layer_idx], self.values[layer_idx]
-        q = self._q_len
-        if len(self._starts) == 1:
-            s, start = int(rows[0]), self._starts[0]
+        q, kv = self._q_len, self._kv_len
+        if len(self._slots) == 1:  # host ints only: plain slices, no index tensors
+            s, start = self._slots[0], self._starts[0]
             k_all[s, :, start : start + q] = key_states[0]
             v_all[s, :, start : start + q] = value_states[0]
-            return k_all[s : s + 1, :, : self._kv_len], v_all[s : s + 1, :, : self._kv_len]
-        if q == 1:
-            pos = torch.tensor(self._starts, device=rows.device)
-            k_all[rows, :, pos] = key_states[:, :, 0]
-            v_all[rows, :, pos] = value_states[:, :, 0]
-        else:
-            for i, start in enumerate(self._starts):
-                k_all[rows[i], :, start : start + q] = key_states[i]
-                v_all[rows[i], :, start : start + q] = value_states[i]
-        return k_all[rows, :, : self._kv_len], v_all[rows, :, : self._kv_len]
+            return k_all[s : s + 1, :, :kv], v_all[s : s + 1, :, :kv]
+        rows, positions = self._rows, self._positions
+        assert rows is not None and positions is not None
+        # Row i's query j goes to (slot_i, :, position_ij): indexed [B, q, heads, dim].
+        k_all[rows.view(-1, 1), :, positions] = key_states.transpose(1, 2)
+        v_all[rows.view(-1, 1), :, positions] = value_states.transpose(1, 2)
+        return k_all[rows, :, :kv], v_all[rows, :, :kv]
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
-        return self._kv_len - self._q_len if self._rows is not None else 0
+        return self._kv_len - self._q_len if self._planned else 0

@@ -4,6 +4,10 @@ Mirrors the order of Hugging Face's logits processors (repetition penalty, suppr
 temperature, top-k, top-p) so that a greedy run reproduces `generate` exactly and a sampled run uses
 the same knobs. Each request owns a `torch.Generator`, so a seeded request draws the same tokens
 whether it runs alone or batched with others.
+
+The engines choose through `omnistream.batch_sampler.BatchSampler` (one batched pass per step, no
+host syncs); `choose` stays as the per-row reference it is held to, bit for bit
+(tests/unit/test_batch_sampler.py).
 """
 
 from __future__ import annotations

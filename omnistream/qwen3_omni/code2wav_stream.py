@@ -59,6 +59,20 @@ class _Rows:
         self.tails: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.pending: list[list[torch.Tensor]] = [[] for _ in range(n)]
         self.trim: list[list[int]] = [[] for _ in range(n)]
+        self._kpos: dict[tuple[int, ...], torch.Tensor] = {}
+
+    def key_positions(self, past: list[int], length: int, width: int, device: torch.device) -> torch.Tensor:
+        """[B, width] stream position of each attention key (`_NEG_POS` for empty places), built on
+        the host and copied once per distinct cache-length pattern of the step (sliding and full
+        layers), not once per layer and row."""
+        key = tuple(past)
+        if key not in self._kpos:
+            table = [
+                [s.frames - c + j if j < c + length else _NEG_POS for j in range(width)]
+                for s, c in zip(self.states, past, strict=True)
+            ]
+            self._kpos[key] = torch.tensor(table, dtype=torch.long).to(device, non_blocking=True)
+        return self._kpos[key]
 
     def result(self, lens: Sequence[int]) -> list[Code2WavStreamState]:
         return [
@@ -123,15 +137,29 @@ class StreamingCode2Wav:
         Rows may sit at different positions and bring different numbers of frames; each row's
         audio is exactly what the one-shot decode of its whole stream has at those samples.
         """
+        audio, lens, new_states = self.step_padded(states, codes)
+        return [audio[b, : lens[b]] for b in range(len(lens))], new_states
+
+    @torch.no_grad()
+    def step_padded(
+        self, states: Sequence[Code2WavStreamState], codes: Sequence[torch.Tensor]
+    ) -> tuple[torch.Tensor, list[int], list[Code2WavStreamState]]:
+        """`step` with the audio as one right-padded [B, samples] tensor and each row's length, so
+        a caller moves the whole step's audio to the host in one copy. The codes may be on the host:
+        they are padded there and cross to the device in one (pinned, on CUDA) copy."""
         m = self.model
         lens = [int(c.shape[1]) for c in codes]
         if not lens or min(lens) < 1:
             raise ValueError("every row of a streaming Code2Wav step needs at least one frame")
-        batch = torch.zeros(
-            (len(codes), self.config.num_quantizers, max(lens)), dtype=torch.long, device=self._param.device
+        host = torch.zeros(
+            (len(codes), self.config.num_quantizers, max(lens)), dtype=torch.long, device=codes[0].device
         )
         for b, c in enumerate(codes):
-            batch[b, :, : lens[b]] = c
+            host[b, :, : lens[b]] = c
+        device = self._param.device
+        if host.device.type == "cpu" and device.type == "cuda":
+            host = host.pin_memory()
+        batch = host.to(device, non_blocking=True)
         rows = _Rows(states)
         hidden = m.code_embedding(batch + m.code_offset).mean(1)
         hidden = self._pre_transformer(hidden, lens, rows)
@@ -143,7 +171,7 @@ class StreamingCode2Wav:
         for block in m.decoder:
             x, lens = self._decoder_part(block, x, lens, rows)
         x = x.clamp(min=-1, max=1)
-        return [x[b, 0, : lens[b]] for b in range(len(lens))], rows.result(frame_lens)
+        return x[:, 0], lens, rows.result(frame_lens)
 
     # --- pre-transformer ----------------------------------------------------------------------------
     def _pre_transformer(self, hidden: torch.Tensor, lens: list[int], rows: _Rows) -> torch.Tensor:
@@ -188,14 +216,13 @@ class StreamingCode2Wav:
         width = max(past) + length
         keys = k.new_zeros((batch, k.shape[1], width, attn.head_dim))
         values = torch.zeros_like(keys)
-        kpos = torch.full((batch, width), _NEG_POS, dtype=torch.long, device=h.device)
         for b, state in enumerate(rows.states):
             c = past[b]
             keys[b, :, :c] = state.keys[index]
             values[b, :, :c] = state.values[index]
             keys[b, :, c : c + length] = k[b]
             values[b, :, c : c + length] = v[b]
-            kpos[b, : c + length] = torch.arange(state.frames - c, state.frames + length, device=h.device)
+        kpos = rows.key_positions(past, length, width, h.device)
         seen = (kpos[:, None, :] <= qpos[:, :, None]) & (kpos[:, None, :] > _NEG_POS)
         if sliding:
             seen &= kpos[:, None, :] > qpos[:, :, None] - attn.sliding_window

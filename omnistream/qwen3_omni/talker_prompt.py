@@ -14,6 +14,9 @@ from __future__ import annotations
 import torch
 
 ASSISTANT_PROMPT_TOKENS = 4  # im_start, "assistant", "\n", first content token
+# Picks of `TalkerPromptBuilder.trailing_rows` that are no thinker token.
+TTS_EOS = -1
+TTS_PAD = -2
 
 
 def user_positions(prompt_ids: list[int], im_start_id: int, user_id: int) -> list[int]:
@@ -61,6 +64,30 @@ class TalkerPromptBuilder:
         """[1, n, H] talker text rows for thinker tokens."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.thinker_embed.weight.device)
         return self.talker.text_projection(self.thinker_embed(ids))
+
+    def trailing_rows(self, picks: list[int]) -> torch.Tensor:
+        """[B, 1, H]: one trailing text row per pick (a thinker id, `TTS_EOS` or `TTS_PAD`) with a
+        single embed + projection for all thinker ids and one host -> device copy, however many
+        rows: per-row calls cost a copy and two kernels each."""
+        texts = [t for t in picks if t >= 0]
+        index, j = [], 2
+        for t in picks:
+            if t >= 0:
+                index.append(j)
+                j += 1
+            else:
+                index.append(0 if t == TTS_EOS else 1)
+        host = torch.tensor(texts + index, dtype=torch.long)
+        device = self.thinker_embed.weight.device
+        if device.type == "cuda":
+            host = host.pin_memory()
+        packed = host.to(device, non_blocking=True)
+        table = [self.tts_eos[0], self.tts_pad[0]]  # [1, H] each
+        if texts:
+            table.append(
+                self.talker.text_projection(self.thinker_embed(packed[: len(texts)].unsqueeze(0)))[0]
+            )
+        return torch.cat(table).index_select(0, packed[len(texts) :]).unsqueeze(1)
 
     def prompt(
         self,

@@ -182,14 +182,16 @@ class Code2WavEngine(Engine):
             return
         self.stats.last_batch_size = len(jobs)
         states = [s.stream if s.stream is not None else self.streamer.new_state() for s, _, _, _ in jobs]
-        codes = [s.codes[:, s.start : end].to(self.device) for s, end, _, _ in jobs]
+        # Host codes go to the device in one copy, the step's audio comes back in one copy.
+        codes = [s.codes[:, s.start : end] for s, end, _, _ in jobs]
         # States are immutable: if this raises, every request is as it was and can be retried alone.
-        audio, new_states = self.streamer.step(states, codes)
-        for (state, end, available, done), wav, new in zip(jobs, audio, new_states, strict=True):
+        padded, lens, new_states = self.streamer.step_padded(states, codes)
+        audio = padded.to(torch.float32).cpu().numpy()
+        for (state, end, available, done), wav, n, new in zip(jobs, audio, lens, new_states, strict=True):
             with self._row(state):
                 state.stream = new
                 final = done and end >= available
-                piece = wav.to(torch.float32).cpu().numpy()
+                piece = wav[:n].copy()  # its own buffer: the batch's may be large
                 state.output.put(AudioOutput(piece, state.samples, state.window, finished=final))
                 state.samples += piece.shape[0]
                 state.window += 1

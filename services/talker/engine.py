@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from omnistream.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
@@ -28,17 +29,22 @@ from omnistream.qwen3_omni.code_predictor import CodePredictorRunner
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
+    TTS_EOS,
+    TTS_PAD,
     TalkerPromptBuilder,
     assistant_start,
     user_positions,
 )
 from omnistream.qwen3_omni.talker_rope import talker_rope
-from omnistream.sampling import SamplingParams, choose
+from omnistream.sampling import SamplingParams
 from omnistream.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
 # The reference's code predictor samples with these whenever the talker samples.
 CODE_PREDICTOR_TOP_K = 50
 CODE_PREDICTOR_TOP_P = 0.8
+CODE_PREDICTOR_SAMPLING = SamplingParams(
+    temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P
+)
 
 
 @dataclass
@@ -62,7 +68,6 @@ class _TalkerState(RequestState):
     stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
     input_done: bool = False
     frames: int = 0
-    code0_history: list[int] = field(default_factory=list)
     pending_code0: int | None = None
     past_hidden: torch.Tensor | None = None
     next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
@@ -118,6 +123,10 @@ class TalkerEngine(Engine):
         self.code_predictor = CodePredictorRunner(
             self.cp, max_batch, options.torch_dtype(), options.device, cuda_graphs=options.cuda_graphs
         )
+        # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
+        # over the request's codebook-0 history) and the code predictor's groups.
+        self.sampler = BatchSampler(vocab, options.device, slots=max_batch, suppress=self.suppress)
+        self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
 
     # --- public API ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
@@ -307,22 +316,23 @@ class TalkerEngine(Engine):
         self.cache.commit()
         return out.last_hidden_state[:, -1:]
 
-    def _take_code0(self, states: list[_TalkerState], hidden: torch.Tensor) -> None:
+    def _take_code0(self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False) -> None:
+        """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
+        ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
+        presence mask, which its first frame starts afresh."""
         logits = self.talker.codec_head(hidden[:, -1])
-        for row, state in enumerate(states):
+        if first:
+            for state in states:
+                if state.params.sampling.repetition_penalty != 1.0:
+                    self.sampler.reset(state.slot)
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
+        for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
             if not state.finished:
                 with self._row(state):
-                    self._accept_code0(state, logits[row], hidden[row : row + 1])
+                    self._accept_code0(state, code0, hidden[row : row + 1])
 
-    def _accept_code0(self, state: _TalkerState, logits: torch.Tensor, hidden: torch.Tensor) -> None:
-        code0 = choose(
-            logits,
-            state.params.sampling,
-            state.generator,
-            previous=state.code0_history,
-            suppress=self.suppress,
-        )
-        state.code0_history.append(code0)
+    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor) -> None:
         if code0 == self.codec_eos:
             state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
             self._finish(state)
@@ -338,7 +348,7 @@ class TalkerEngine(Engine):
             try:
                 hidden = self._prefill_piece(state, take)
                 if hidden is not None:
-                    self._take_code0([state], hidden)
+                    self._take_code0([state], hidden, first=True)
             except Exception as exc:  # one request's forward: the failure is that request's alone
                 self._states_failed([state], exc)
         predict = [s for s in predict if not s.finished]
@@ -352,8 +362,7 @@ class TalkerEngine(Engine):
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
-            embeds = torch.cat([self._next_input(s) for s in decode], dim=0)
-            self._take_code0(decode, self._talker_forward(decode, embeds))
+            self._take_code0(decode, self._talker_forward(decode, self._next_inputs(decode)))
 
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
         """The next `take` prompt rows into the KV cache (the rows are built on the first piece).
@@ -383,16 +392,18 @@ class TalkerEngine(Engine):
         state.prompt_rows = state.prompt_positions = None  # spent
         return hidden
 
-    def _next_input(self, state: _TalkerState) -> torch.Tensor:
-        """Codec sum of the last frame + the next trailing text row (or tts_eos / tts_pad)."""
-        index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
-        if index < len(state.stream):
-            row = self.prompts.text_rows([state.stream[index]])
-        elif index == len(state.stream):
-            row = self.prompts.tts_eos
-        else:
-            row = self.prompts.tts_pad
-        return state.next_codec_sum + row
+    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
+        """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
+        tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
+        picks = []
+        for state in states:
+            index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
+            if index < len(state.stream):
+                picks.append(state.stream[index])
+            else:
+                picks.append(TTS_EOS if index == len(state.stream) else TTS_PAD)
+        codec = torch.cat([s.next_codec_sum for s in states], dim=0)
+        return codec + self.prompts.trailing_rows(picks)
 
     def _predict_residuals(self, states: list[_TalkerState]) -> None:
         """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
@@ -401,29 +412,30 @@ class TalkerEngine(Engine):
         code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
         past = torch.cat([s.past_hidden for s in states], dim=0)
         embeds = torch.cat((past, code0_embed), dim=1)
-        codes = [code0[:, 0].tolist()]
+        codes = [code0[:, 0]]
         hiddens = [code0_embed]
         embedding = self.cp.model.get_input_embeddings()
+        # The reference's code predictor samples with fixed knobs whenever the talker samples; the
+        # ids stay on the device until the frame is done (one copy to the host per frame).
+        knobs = self.cp_sampler.prepare(
+            [
+                RowSampling(
+                    SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
+                )
+                for s in states
+            ]
+        )
         for group in range(self.num_groups - 1):
             logits = self.code_predictor.run(group, embeds)
-            picked = []
-            for row, state in enumerate(states):
-                sampling = state.params.sampling
-                if not sampling.greedy:
-                    sampling = SamplingParams(
-                        temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P
-                    )
-                picked.append(choose(logits[row], sampling, state.cp_generator))
-            codes.append(picked)
-            ids = torch.tensor(picked, dtype=torch.long, device=device).view(-1, 1)
-            embeds = embedding[group](ids)
+            ids = self.cp_sampler.sample(logits, knobs)
+            codes.append(ids)
+            embeds = embedding[group](ids.view(-1, 1))
             hiddens.append(embeds)
         codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
+        frames = torch.stack(codes, dim=1).tolist()  # [B, 16]
         for row, state in enumerate(states):
             with self._row(state):
-                self._emit_frame(
-                    state, [codes[g][row] for g in range(self.num_groups)], codec_sum[row : row + 1]
-                )
+                self._emit_frame(state, frames[row], codec_sum[row : row + 1])
 
     def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor) -> None:
         state.pending_code0 = None

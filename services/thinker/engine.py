@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from omnistream.batch_sampler import BatchSampler, RowSampling
 from omnistream.chat_encoding import ChatEncoder
 from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
@@ -46,7 +47,6 @@ from omnistream.qwen3_omni.thinker_media import (
     encode_slices,
     plan_slices,
 )
-from omnistream.sampling import choose
 from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
 # Tokens of a given answer (speech) per output: about what a decode step makes at a time when the
@@ -142,6 +142,8 @@ class ThinkerEngine(Engine):
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
+        # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
+        self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -345,20 +347,33 @@ class ThinkerEngine(Engine):
                 continue
             try:
                 done = self._prefill_piece(state, take)
+                token = None if done is None else self._choose([state], done[0], first=True)[0]
             except Exception as exc:  # one request's forward: the failure is that request's alone
                 self._states_failed([state], exc)
                 continue
             if done is not None:
                 with self._row(state):
-                    self._accept(state, done[0], first=True, hidden=done[1])
+                    self._accept(state, token, first=True, hidden=done[1])
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
             logits, _ = self._forward(decode, ids)
-            for row, state in enumerate(decode):
+            tokens = self._choose(decode, logits, first=False)
+            for state, token in zip(decode, tokens, strict=True):
                 with self._row(state):
-                    self._accept(state, logits[row], first=False)
+                    self._accept(state, token, first=False)
+
+    def _choose(self, states: list[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
+        """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
+        ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
+        request's presence mask starts from its prompt on its first token."""
+        if first:
+            for state in states:
+                if state.params.sampling.repetition_penalty != 1.0:
+                    self.sampler.reset(state.slot, state.prompt_ids)
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
     def _speak(self, state: _ThinkerState) -> None:
         """The next piece of a given answer, as the outputs a generated one would have been: the
@@ -391,8 +406,8 @@ class ThinkerEngine(Engine):
     def _prefill_piece(
         self, state: _ThinkerState, take: int
     ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The next `take` positions of a prompt into the KV cache. After the last piece: (logits of
-        the last position, deep rows [multimodal positions, H] for a prompt with media, else None);
+        """The next `take` positions of a prompt into the KV cache. After the last piece: (logits
+        [1, V] of the last position, deep rows [multimodal positions, H] for a prompt with media, else None);
         before it, None. `prefilled` advances only once the piece's forward has run."""
         start = state.prefilled
         end = min(len(state.prompt_ids), start + take)
@@ -400,9 +415,8 @@ class ThinkerEngine(Engine):
             ids = torch.tensor([state.prompt_ids[start:end]], dtype=torch.long, device=self.device)
             logits, _ = self._forward([state], ids)
             state.prefilled = end
-            return (logits[0], None) if end == len(state.prompt_ids) else None
-        done = self._prefill_media_chunk(state, start, end)
-        return None if done is None else (done[0][0], done[1])
+            return (logits, None) if end == len(state.prompt_ids) else None
+        return self._prefill_media_chunk(state, start, end)
 
     def _prefill_media_chunk(
         self, state: _ThinkerState, start: int, end: int
@@ -438,14 +452,10 @@ class ThinkerEngine(Engine):
         return logits, torch.cat(state.deep_rows)
 
     def _accept(
-        self, state: _ThinkerState, logits: torch.Tensor, first: bool, hidden: torch.Tensor | None = None
+        self, state: _ThinkerState, token: int, first: bool, hidden: torch.Tensor | None = None
     ) -> None:
         if state.finished:  # aborted while the step ran
             return
-        sampling = state.params.sampling
-        # Like `generate`, the penalty covers the prompt too.
-        previous = state.prompt_ids + state.generated if sampling.repetition_penalty != 1.0 else None
-        token = choose(logits, sampling, state.generator, previous=previous)
         state.generated.append(token)
         is_eos = token in self.eos_ids and not state.params.ignore_eos
         done_length = len(state.generated) >= state.params.max_tokens

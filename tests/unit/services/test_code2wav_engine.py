@@ -97,14 +97,14 @@ def test_a_window_is_decoded_as_soon_as_its_last_frame_is_in(engine):
 
 def test_a_failing_batched_step_fails_only_its_culprit(engine, monkeypatch):
     """Rows are retried alone after a failed batch (their states are untouched by it)."""
-    step = engine.streamer.step
+    step = engine.streamer.step_padded
 
     def poisoned(states, codes):
         if any(int(c[0, 0]) == 7 for c in codes):
             raise RuntimeError("poisoned frame")
         return step(states, codes)
 
-    monkeypatch.setattr(engine.streamer, "step", poisoned)
+    monkeypatch.setattr(engine.streamer, "step_padded", poisoned)
     good = [_codes(40, seed=200 + i) for i in range(3)]
     for c in good:
         c[0, 0] = 8
