@@ -81,7 +81,9 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
                     "type": "realtime",
                     "instructions": "You are a helpful assistant.",
                     "output_modalities": ["audio"],
-                    "audio": {"input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": VAD}},
+                    "audio": {
+                        "input": {"format": {"type": "audio/pcm", "rate": 24000}, "turn_detection": VAD}
+                    },
                     "max_output_tokens": 12,
                     "omnistream": {"seed": 1, "max_audio_frames": 30},
                 }
@@ -104,7 +106,9 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
                 "response.output_audio_transcript.done",
             ):
                 assert kind in kinds, (kind, kinds)
-            assert kinds.index("input_audio_buffer.speech_started") < kinds.index("input_audio_buffer.committed")
+            assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+                "input_audio_buffer.committed"
+            )
             assert kinds.index("response.created") < kinds.index("response.output_audio.delta")
             assert finished(done1), done1.response
             usage1 = done1.response.usage
@@ -117,7 +121,7 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
             assert extra["ttft_ms"] > 0 and extra["ttfa_ms"] > 0 and extra["rtf"] > 0
             assert set(extra["replicas"]) == {"thinker", "talker", "code2wav"}
 
-            second, done2 = await spoken_turn(conn, "Hello, can you tell me what time it is?")
+            _, done2 = await spoken_turn(conn, "Hello, can you tell me what time it is?")
             assert finished(done2), done2.response
             # The same words again: the prompt grew by the first turn (its audio and the answer).
             assert done2.response.usage.input_tokens > usage1.input_tokens + usage1.output_tokens - 1
