@@ -387,7 +387,8 @@ class Connection:
         kind = "output_audio" if settings.speaks else "output_text"
         item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
         previous = self.conversation.last_id()
-        self.conversation.add(item)
+        for old in self.conversation.add(item):
+            await self.send("conversation.item.deleted", item_id=old)
         self.response = ResponseRun(
             self.core, self.protocol, self.outbound, request, item, previous, self._ended
         )
