@@ -28,6 +28,12 @@ from omnistream.launcher import (
     start_services,
     stop_services,
 )
+from omnistream.load_options import (
+    AUTO_DTYPE,
+    add_dtype_arguments,
+    add_stage_device_arguments,
+    stage_devices,
+)
 from omnistream.ports import in_use_message, port_in_use
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
@@ -36,8 +42,11 @@ DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
+    add_dtype_arguments(p)
+    p.add_argument(
+        "--device", default="cpu", help="every stage's device unless its own flag says (cpu, cuda:N)"
+    )
+    add_stage_device_arguments(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=50051)
@@ -102,8 +111,10 @@ def start_stack(
     model: str,
     services: dict[str, ServiceProcess],
     *,
-    dtype: str = "float32",
+    dtype: str = AUTO_DTYPE,
     device: str = "cpu",
+    devices: dict[str, str] | None = None,
+    allow_float64: bool = False,
     host: str = "127.0.0.1",
     http_port: int = 0,
     grpc_port: int = 0,
@@ -114,15 +125,24 @@ def start_stack(
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
+    `devices` maps a stage to its own device (default: `device`): one GPU per stage, e.g. the
+    thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
+    weights and KV cache fit the free memory of its device (omnistream/qwen3_omni/memory.py).
+
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
     already in `services` or killed by `start_services`.
     """
-    common = ["--model", model, "--dtype", dtype, "--device", device]
-    specs = {"thinker": ["serve", "thinker", *common]}
+    devices = devices or {}
+
+    def stage_args(stage: str) -> list[str]:
+        args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
+        return [*args, "--allow-float64"] if allow_float64 else args
+
+    specs = {"thinker": stage_args("thinker")}
     for i in range(talker_replicas):
-        specs[f"talker-{i}"] = ["serve", "talker", *common]
+        specs[f"talker-{i}"] = stage_args("talker")
     for i in range(code2wav_replicas):
-        specs[f"code2wav-{i}"] = ["serve", "code2wav", *common]
+        specs[f"code2wav-{i}"] = stage_args("code2wav")
     services.update(start_services(specs, cancel=cancel))
     gateway_args = [
         "serve",
@@ -191,6 +211,8 @@ def run_up(args: argparse.Namespace) -> int:
             services,
             dtype=args.dtype,
             device=args.device,
+            devices=stage_devices(args),
+            allow_float64=args.allow_float64,
             host=args.host,
             http_port=args.http_port,
             grpc_port=args.grpc_port,

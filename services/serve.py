@@ -19,7 +19,7 @@ from omnistream.stage_service import ServeOptions, run_stage_server
 async def serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = LoadOptions(args.device, args.dtype)
+    options = LoadOptions(args.device, args.dtype, args.allow_float64)
     family = family_for(args.model)
     engine = family.engine(
         args.stage,
