@@ -94,3 +94,13 @@ def test_the_table_defaults_are_the_serving_defaults():
     args = p.parse_args(["--model", "unused"])
     assert (args.max_batch, args.max_model_len) == (memory.DEFAULT_MAX_BATCH, memory.DEFAULT_MAX_MODEL_LEN)
     assert args.dtype == "auto"  # -> bfloat16 on cuda: the table's dtype
+
+
+def test_the_family_refuses_a_stage_that_does_not_fit_before_loading_it(monkeypatch, tiny_model_dir):
+    from omnistream.qwen3_omni.family import FAMILY
+    from services.thinker import engine as thinker_engine
+
+    _fake_gpu(monkeypatch, free_gib=0.5, total_gib=1.0)
+    monkeypatch.setattr(thinker_engine, "load_stage", lambda *a, **k: pytest.fail("loaded weights anyway"))
+    with pytest.raises(InvalidRequest, match=r"the thinker needs .* on cuda:0 .* only 0\.5 GiB of 1\.0 GiB"):
+        FAMILY.engine("thinker", tiny_model_dir, LoadOptions("cuda:0"), max_batch=4, max_model_len=256)
