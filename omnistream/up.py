@@ -30,8 +30,10 @@ from omnistream.launcher import (
 )
 from omnistream.load_options import (
     AUTO_DTYPE,
+    LoadOptions,
     add_dtype_arguments,
     add_stage_device_arguments,
+    is_accelerator,
     stage_devices,
 )
 from omnistream.ports import in_use_message, port_in_use
@@ -164,6 +166,25 @@ def start_stack(
     return gateway
 
 
+def check_memory(args: argparse.Namespace) -> None:
+    """Stages on a GPU: the ones sharing a device must fit its free memory together (each stage
+    checks itself too, but they start in parallel and each would see the whole device free)."""
+    devices = stage_devices(args)
+    if not any(is_accelerator(d) for d in devices.values()):
+        return  # the CPU path stays free of torch and transformers imports here
+    from omnistream.qwen3_omni.checkpoint import load_config
+    from omnistream.qwen3_omni.memory import DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN, check_placement_fits
+
+    counts = {"thinker": 1, "talker": args.talker_replicas, "code2wav": args.code2wav_replicas}
+    placement = [
+        (stage, LoadOptions(devices[stage], args.dtype, args.allow_float64))
+        for stage, count in counts.items()
+        for _ in range(count)
+    ]
+    # `up` starts its stages with the serving defaults of --max-batch and --max-model-len.
+    check_placement_fits(load_config(args.model), placement, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN)
+
+
 def busy_port(host: str, http_port: int, grpc_port: int) -> str | None:
     """The one-line error for the first of the gateway's ports already taken, or None."""
     for port in (http_port, grpc_port):
@@ -203,6 +224,13 @@ def run_up(args: argparse.Namespace) -> int:
     busy = busy_port(args.host, args.http_port, args.grpc_port)
     if busy:
         _say(f"omnistream up: {busy}", sys.stderr)
+        return 1
+    from omnistream.errors import OmniError  # grpc: not at import time (the CLI parses first)
+
+    try:
+        check_memory(args)
+    except OmniError as exc:
+        _say(f"omnistream up: {exc.message}", sys.stderr)
         return 1
     services: dict[str, ServiceProcess] = {}
     try:

@@ -118,6 +118,40 @@ def check_stage_fits(
     return need
 
 
+def check_placement_fits(
+    config: Any, placement: list[tuple[str, LoadOptions]], max_batch: int, max_model_len: int
+) -> dict[str, int]:
+    """Stages that start together (`omnistream up` starts them in parallel) each see the whole free
+    memory of a shared GPU; the sum must fit. `placement`: (stage, options) per process, replicas
+    included. Returns the bytes needed per accelerator device; InvalidRequest when one is short."""
+    needs: dict[str, list[StageMemory]] = {}
+    for stage, options in placement:
+        if is_accelerator(options.device):
+            needs.setdefault(options.device, []).append(
+                stage_memory(config, stage, options.dtype_name, max_batch, max_model_len)
+            )
+    if not needs:
+        return {}
+    import torch
+
+    if not torch.cuda.is_available():
+        raise InvalidRequest(f"--device {next(iter(needs))}: this machine has no CUDA device", field="device")
+    totals = {}
+    for device, stages in needs.items():
+        total = sum(m.total for m in stages)
+        free, size = torch.cuda.mem_get_info(torch.device(device))
+        if total > free:
+            parts = " + ".join(f"{m.stage} {gib(m.total)}" for m in stages)
+            raise InvalidRequest(
+                f"{device} would hold {parts} = {gib(total)} but only {gib(free)} of {gib(size)} is free; "
+                "put stages on other GPUs (--thinker-device, --talker-device, --code2wav-device), run "
+                "fewer replicas, or lower --max-batch / --max-model-len",
+                field="device",
+            )
+        totals[device] = total
+    return totals
+
+
 def load_real_config() -> Any:
     """The real Qwen3-Omni-30B-A3B-Instruct config (structure only), without the checkpoint."""
     from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeConfig

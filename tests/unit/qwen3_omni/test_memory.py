@@ -104,3 +104,28 @@ def test_the_family_refuses_a_stage_that_does_not_fit_before_loading_it(monkeypa
     monkeypatch.setattr(thinker_engine, "load_stage", lambda *a, **k: pytest.fail("loaded weights anyway"))
     with pytest.raises(InvalidRequest, match=r"the thinker needs .* on cuda:0 .* only 0\.5 GiB of 1\.0 GiB"):
         FAMILY.engine("thinker", tiny_model_dir, LoadOptions("cuda:0"), max_batch=4, max_model_len=256)
+
+
+def test_stages_sharing_a_gpu_must_fit_together(monkeypatch):
+    config = memory.load_real_config()
+    thinker = memory.stage_memory(config, "thinker", "bfloat16", 16, 4096).total
+    talker = memory.stage_memory(config, "talker", "bfloat16", 16, 4096).total
+    # Room for the thinker alone, not for the thinker and the talker at once.
+    _fake_gpu(monkeypatch, free_gib=(thinker + talker // 2) / memory.GIB)
+    assert memory.check_stage_fits(config, "talker", LoadOptions("cuda:0"), 16, 4096) is not None
+    shared = [
+        ("thinker", LoadOptions("cuda:0")),
+        ("talker", LoadOptions("cuda:0")),
+        ("code2wav", LoadOptions("cpu")),
+    ]
+    with pytest.raises(
+        InvalidRequest, match=r"cuda:0 would hold thinker 72\.6 GiB \+ talker 11\.2 GiB"
+    ) as err:
+        memory.check_placement_fits(config, shared, 16, 4096)
+    assert "--talker-device" in err.value.message
+    apart = [
+        ("thinker", LoadOptions("cuda:0")),
+        ("talker", LoadOptions("cuda:1")),
+        ("talker", LoadOptions("cuda:1")),
+    ]
+    assert memory.check_placement_fits(config, apart, 16, 4096) == {"cuda:0": thinker, "cuda:1": 2 * talker}
