@@ -10,7 +10,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnistream.load_options import DTYPE_NAMES
+from omnistream.load_options import add_dtype_arguments, add_stage_device_arguments
 
 DEFAULT_TINY_DIR = Path(".cache/tiny-model")
 
@@ -21,8 +21,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         default=str(DEFAULT_TINY_DIR),
         help="Hugging Face checkpoint directory of a known model family (default: the tiny one)",
     )
-    p.add_argument("--device", default="cpu", help="cpu or cuda")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
+    p.add_argument(
+        "--device", default="cpu", help="cpu, cuda or cuda:N: every stage's, unless its own flag says"
+    )
+    add_stage_device_arguments(p)
+    add_dtype_arguments(p)
 
 
 def ensure_tiny_model(directory: Path) -> Path:

@@ -21,7 +21,8 @@ from typing import Any, Generic, TypeVar
 
 import torch
 
-from omnistream.errors import InternalError, InvalidRequest, OmniError, Overloaded
+from omnistream.device_errors import poisons_device
+from omnistream.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
@@ -156,6 +157,10 @@ class Engine:
         self.stats = EngineStats()
         self._step_listeners: list[Any] = []
         self._suspects: deque[RequestState] = deque()  # retried alone after their batch failed
+        # Set once a step raised an error that poisons the device (device_errors.py): the engine
+        # then fails everything, stops, and tells its fatal listeners (the server exits non-zero).
+        self.poisoned: BaseException | None = None
+        self._fatal_listeners: list[Any] = []
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -174,6 +179,8 @@ class Engine:
     # --- asyncio-side entry points ----------------------------------------------------------------
     def _admit(self, state: RequestState) -> None:
         with self._cond:
+            if self.poisoned is not None:
+                raise Unavailable(f"{self.name} lost its device and is restarting")
             if self._stopping:
                 raise Overloaded(f"{self.name} engine is stopping")
             if state.request_id in self._requests:
@@ -257,6 +264,9 @@ class Engine:
         except OmniError as exc:
             self._fail(state, exc)
         except Exception as exc:
+            if poisons_device(exc):  # not this request's fault, and no request can go on
+                self._poison(exc)
+                return
             log.exception("%s: request %s failed", self.name, state.request_id)
             self._fail(state, InternalError(f"{self.name} failed on this request: {exc}"))
 
@@ -288,12 +298,16 @@ class Engine:
     def _step_failed(self, work: Any, error: Exception) -> None:
         """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:
         every member is retried alone (the forward left no trace: lengths advance only after it),
-        so only the one that fails again alone is failed and the innocent ones carry on."""
+        so only the one that fails again alone is failed and the innocent ones carry on.
+        An error that poisons the device ends every request and the engine (see `_poison`)."""
         self._states_failed(self._work_states(work), error)
 
     def _states_failed(self, states: list[RequestState], error: Exception) -> None:
         """`_step_failed` for the requests of a forward: subclasses call it with one request for a
         forward that ran it alone (a prefill piece), which fails it at once."""
+        if poisons_device(error):
+            self._poison(error)
+            return
         states = [s for s in states if not s.finished]
         if not isinstance(error, OmniError):
             log.exception("%s step failed (%d request(s))", self.name, len(states), exc_info=error)
@@ -334,6 +348,43 @@ class Engine:
             self.stats.last_step_seconds = elapsed
             for listener in self._step_listeners:
                 listener(self, elapsed)
+
+    def _poison(self, error: BaseException) -> None:
+        """The device is unusable (engine thread): fail every request with an explicit error, stop
+        the engine and tell the fatal listeners, once. Slots are not released: that would touch the
+        device again, and the process is about to end."""
+        with self._cond:
+            if self.poisoned is not None:
+                return
+            self.poisoned = error
+            self._stopping = True
+            states = list(self._requests.values())
+            self._requests.clear()
+            self._suspects.clear()
+            for state in states:
+                state.finished = True
+            self.stats.errors += len(states)
+            self._cond.notify_all()
+        log.critical(
+            "%s: the device is poisoned (%s); failing %d request(s) and stopping",
+            self.name,
+            error,
+            len(states),
+            exc_info=error,
+        )
+        for state in states:
+            state.output.fail(
+                Unavailable(f"{self.name} lost its device ({type(error).__name__}); it is restarting")
+            )
+        for listener in self._fatal_listeners:
+            try:
+                listener(error)
+            except Exception:
+                log.exception("%s: a fatal listener failed", self.name)
+
+    def add_fatal_listener(self, listener) -> None:
+        """`listener(error)` runs on the engine thread once, when the device is poisoned."""
+        self._fatal_listeners.append(listener)
 
     def add_step_listener(self, listener) -> None:
         """`listener(engine, seconds)` runs on the engine thread after each step (metrics hook)."""

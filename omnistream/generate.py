@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnistream.load_options import LoadOptions
+from omnistream.load_options import LoadOptions, stage_devices
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
 from omnistream.wav import write_float32_wav
@@ -69,7 +69,8 @@ async def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(delta)
         sys.stdout.flush()
 
-    with Pipeline(args.model, LoadOptions(args.device, args.dtype)) as pipeline:
+    options = LoadOptions(args.device, args.dtype, args.allow_float64)
+    with Pipeline(args.model, options, devices=stage_devices(args)) as pipeline:
         result = await collect(pipeline, request, on_text=stream)
     done, wav = result.done, result.audio
     sys.stdout.write("\n")

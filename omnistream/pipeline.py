@@ -54,13 +54,17 @@ class Pipeline:
         max_model_len: int = 4096,
         code2wav_decode: str = "stream",
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        devices: dict[str, str] | None = None,
     ) -> None:
+        """`devices` maps a stage to its own device (e.g. the thinker on cuda:0, the rest on
+        cuda:1); a stage it does not name runs on `options.device`."""
         self.family = family_for(model_dir)
+        devices = devices or {}
         self.thinker, self.talker, self.code2wav = (
             self.family.engine(
                 stage,
                 model_dir,
-                options,
+                options.on(devices.get(stage)),
                 max_batch=max_batch,
                 max_model_len=max_model_len,
                 prefill_chunk=prefill_chunk,

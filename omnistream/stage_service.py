@@ -289,17 +289,39 @@ class ServeOptions:
     tls_client_ca: str | None = None  # given: clients must present a certificate it signed (mTLS)
 
 
+# Exit status of a stage whose device was poisoned (a CUDA fault): non-zero, so it is restarted.
+EXIT_DEVICE_POISONED = 3
+POISONED_GRACE_S = 5.0
+
+
 async def run_stage_server(
     servicer: StageServicer,
     warmup: Callable[[], Awaitable[None]],
     options: ServeOptions,
 ) -> int:
-    """Serve until SIGTERM: health goes SERVING only after the model is loaded and warmed up."""
+    """Serve until SIGTERM: health goes SERVING only after the model is loaded and warmed up.
+
+    Returns the process's exit status: 0 after a signal, EXIT_DEVICE_POISONED once the engine lost
+    its device (device_errors.py): health goes NOT_SERVING at once, the engine has failed its
+    requests, and the non-zero exit makes the orchestrator start a fresh process."""
     engine = servicer.engine
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    poisoned = asyncio.Event()
+    engine.add_fatal_listener(lambda _error: loop.call_soon_threadsafe(poisoned.set))
     engine.start()
     server = build_server(options.max_message_bytes, options.max_streams)
     service_full_name = servicer.add_to_server(server)
     health = add_health_and_reflection(server, [service_full_name])
+
+    async def on_poisoned() -> None:
+        await poisoned.wait()
+        servicer.draining = True  # new streams: UNAVAILABLE
+        await set_serving(health, False)
+        print(json.dumps({"event": "device_poisoned", "stage": servicer.stage.value}), flush=True)
+        stop.set()
+
+    watcher = asyncio.create_task(on_poisoned())
     credentials = server_credentials(options.tls_cert, options.tls_key, options.tls_client_ca)
     # Both ports are bound before the server starts: a busy one ends the process with its one-line
     # error and nothing running yet to tear down.
@@ -328,13 +350,21 @@ async def run_stage_server(
         # New streams get UNAVAILABLE while health answers NOT_SERVING; running ones finish.
         servicer.draining = True
         log.info("%s draining: %d streams open", stage, servicer.open_streams)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + options.grace_seconds
+        # Poisoned: the engine already failed every request; their streams end on their own soon.
+        grace = POISONED_GRACE_S if poisoned.is_set() else options.grace_seconds
+        deadline = loop.time() + grace
         while servicer.open_streams and loop.time() < deadline:
             await asyncio.sleep(0.05)
 
-    await serve_until_signal(server, health, 1.0, on_drain)
+    try:
+        await serve_until_signal(server, health, 1.0, on_drain, stop=stop)
+    finally:
+        watcher.cancel()
     engine.stop()
+    if engine.poisoned is not None:
+        print(json.dumps({"event": "stopped", "stage": stage, "reason": "device_poisoned"}), flush=True)
+        sys.stdout.flush()
+        return EXIT_DEVICE_POISONED
     print(json.dumps({"event": "stopped", "stage": stage}), flush=True)
     sys.stdout.flush()
     return 0

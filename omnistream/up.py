@@ -28,7 +28,15 @@ from omnistream.launcher import (
     start_services,
     stop_services,
 )
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.load_options import (
+    AUTO_DTYPE,
+    DEFAULT_PREFILL_CHUNK,
+    LoadOptions,
+    add_dtype_arguments,
+    add_stage_device_arguments,
+    is_accelerator,
+    stage_devices,
+)
 from omnistream.ports import in_use_message, port_in_use
 from services.serve_args import positive_int
 
@@ -38,8 +46,11 @@ DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s,
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
-    p.add_argument("--dtype", default="float32")
-    p.add_argument("--device", default="cpu")
+    add_dtype_arguments(p)
+    p.add_argument(
+        "--device", default="cpu", help="every stage's device unless its own flag says (cpu, cuda:N)"
+    )
+    add_stage_device_arguments(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--http-port", type=int, default=8000)
     p.add_argument("--grpc-port", type=int, default=50051)
@@ -110,8 +121,10 @@ def start_stack(
     model: str,
     services: dict[str, ServiceProcess],
     *,
-    dtype: str = "float32",
+    dtype: str = AUTO_DTYPE,
     device: str = "cpu",
+    devices: dict[str, str] | None = None,
+    allow_float64: bool = False,
     host: str = "127.0.0.1",
     http_port: int = 0,
     grpc_port: int = 0,
@@ -123,16 +136,25 @@ def start_stack(
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
+    `devices` maps a stage to its own device (default: `device`): one GPU per stage, e.g. the
+    thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
+    weights and KV cache fit the free memory of its device (omnistream/qwen3_omni/memory.py).
+
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
     already in `services` or killed by `start_services`.
     """
-    common = ["--model", model, "--dtype", dtype, "--device", device]
+    devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
-    specs = {"thinker": ["serve", "thinker", *common, *prefill]}
+
+    def stage_args(stage: str) -> list[str]:
+        args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
+        return [*args, "--allow-float64"] if allow_float64 else args
+
+    specs = {"thinker": [*stage_args("thinker"), *prefill]}
     for i in range(talker_replicas):
-        specs[f"talker-{i}"] = ["serve", "talker", *common, *prefill]
+        specs[f"talker-{i}"] = [*stage_args("talker"), *prefill]
     for i in range(code2wav_replicas):
-        specs[f"code2wav-{i}"] = ["serve", "code2wav", *common]
+        specs[f"code2wav-{i}"] = stage_args("code2wav")
     services.update(start_services(specs, cancel=cancel))
     gateway_args = [
         "serve",
@@ -152,6 +174,25 @@ def start_stack(
     gateway = services["gateway"]
     wait_ready(gateway, cancel=cancel)
     return gateway
+
+
+def check_memory(args: argparse.Namespace) -> None:
+    """Stages on a GPU: the ones sharing a device must fit its free memory together (each stage
+    checks itself too, but they start in parallel and each would see the whole device free)."""
+    devices = stage_devices(args)
+    if not any(is_accelerator(d) for d in devices.values()):
+        return  # the CPU path stays free of torch and transformers imports here
+    from omnistream.qwen3_omni.checkpoint import load_config
+    from omnistream.qwen3_omni.memory import DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN, check_placement_fits
+
+    counts = {"thinker": 1, "talker": args.talker_replicas, "code2wav": args.code2wav_replicas}
+    placement = [
+        (stage, LoadOptions(devices[stage], args.dtype, args.allow_float64))
+        for stage, count in counts.items()
+        for _ in range(count)
+    ]
+    # `up` starts its stages with the serving defaults of --max-batch and --max-model-len.
+    check_placement_fits(load_config(args.model), placement, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN)
 
 
 def busy_port(host: str, http_port: int, grpc_port: int) -> str | None:
@@ -194,6 +235,13 @@ def run_up(args: argparse.Namespace) -> int:
     if busy:
         _say(f"omnistream up: {busy}", sys.stderr)
         return 1
+    from omnistream.errors import OmniError  # grpc: not at import time (the CLI parses first)
+
+    try:
+        check_memory(args)
+    except OmniError as exc:
+        _say(f"omnistream up: {exc.message}", sys.stderr)
+        return 1
     services: dict[str, ServiceProcess] = {}
     try:
         gateway = start_stack(
@@ -201,6 +249,8 @@ def run_up(args: argparse.Namespace) -> int:
             services,
             dtype=args.dtype,
             device=args.device,
+            devices=stage_devices(args),
+            allow_float64=args.allow_float64,
             host=args.host,
             http_port=args.http_port,
             grpc_port=args.grpc_port,

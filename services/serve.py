@@ -25,7 +25,9 @@ async def serve(args: argparse.Namespace) -> int:
         return 2
     if args.threads:
         torch.set_num_threads(args.threads)
-    options = LoadOptions(args.device, args.dtype, cuda_graphs=getattr(args, "cuda_graphs", False))
+    options = LoadOptions(
+        args.device, args.dtype, args.allow_float64, cuda_graphs=getattr(args, "cuda_graphs", False)
+    )
     family = family_for(args.model)
     engine = family.engine(
         args.stage,

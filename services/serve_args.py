@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK, DTYPE_NAMES
+from omnistream.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 
 MODEL_ENV = "OMNISTREAM_MODEL"
 
@@ -31,8 +31,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="the model's name in this stage's Info, which the gateway reports to clients; every "
         "stage of a deployment must use the same one (default: qwen3-omni)",
     )
-    p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32", choices=list(DTYPE_NAMES))
+    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
+    add_dtype_arguments(p)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--metrics-host", default="127.0.0.1")

@@ -105,7 +105,11 @@ def load_tokenizer(model_dir: str | Path):
 
 
 def load_stage(stage: str, model_dir: str | Path, options: LoadOptions = LoadOptions()):
-    """Return the stage's holder module (eval mode, on the requested device and dtype)."""
+    """Return the stage's holder module (eval mode, on the requested device and dtype).
+
+    The weights are read straight onto the device (`device_map`): building the stage in host RAM
+    first and then moving it would need the whole stage twice over (host, then device) and, for the
+    30B thinker, more host memory than a GPU node may have."""
     _register_conversions()
     # The load report would list the other stages' weights as unexpected: that is the point.
     transformers.logging.set_verbosity_error()
@@ -114,8 +118,8 @@ def load_stage(stage: str, model_dir: str | Path, options: LoadOptions = LoadOpt
     dtype = options.torch_dtype()
     # The default grouped-matmul MoE kernel rejects float64; eager experts run every dtype.
     experts = "eager" if dtype == torch.float64 else None
-    kwargs = {"dtype": dtype}
+    kwargs: dict = {"dtype": dtype, "device_map": str(options.device)}
     if experts:
         kwargs["experts_implementation"] = experts
     model = cls.from_pretrained(str(model_dir), **kwargs)
-    return model.to(options.device).eval()
+    return model.eval()

@@ -84,6 +84,15 @@ class Qwen3OmniFamily:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     ) -> Engine:
         limits = {"max_batch": max_batch, "max_requests": max_requests}
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+        from omnistream.load_options import is_accelerator
+
+        if is_accelerator(options.device):
+            # Before any weight is read: a stage that cannot fit its device says so, with the numbers.
+            from omnistream.qwen3_omni.memory import check_stage_fits
+
+            check_stage_fits(self.load_config(model_dir), stage, options, max_batch, max_model_len)
         if stage == "thinker":
             from services.thinker.engine import ThinkerEngine
 

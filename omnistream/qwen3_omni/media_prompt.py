@@ -10,6 +10,7 @@ or the engine thread.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,7 +56,8 @@ def load_processor(model_dir: str | Path, tokenizer: Any) -> Any:
 
 @dataclass
 class MediaPrompt:
-    """What the thinker runs for a prompt with media (all tensors on the CPU, float32 features)."""
+    """What the thinker runs for a prompt with media (built on the CPU with float32 features; the
+    engine moves the features to its device and dtype when it admits the request, see `to`)."""
 
     prompt_ids: list[int]
     positions: torch.Tensor  # [3, L] float: the model's M-RoPE positions of the prompt
@@ -70,6 +72,22 @@ class MediaPrompt:
     @property
     def audio_frames(self) -> int:
         return sum(int(f.shape[1]) for f in self.audio_features)
+
+    def to(self, device: torch.device | str, dtype: torch.dtype) -> MediaPrompt:
+        """The encoder inputs on the engine's device and in its dtype: the engine moves them once,
+        when it admits the request, so no caller and no later step has to get this right (a float32
+        feature reaching a bfloat16 encoder on CUDA fails the request). Positions and grids stay on
+        the CPU: they are indexed per prefill chunk and moved with it."""
+
+        def cast(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device=device, dtype=dtype)
+
+        return dataclasses.replace(
+            self,
+            audio_features=[f.to(device=device, dtype=dtype) for f in self.audio_features],
+            pixel_values=cast(self.pixel_values),
+            pixel_values_videos=cast(self.pixel_values_videos),
+        )
 
 
 @dataclass

@@ -115,7 +115,7 @@ class Code2WavEngine(Engine):
             if codes is not None and codes.numel():
                 if state.available + codes.shape[1] > self.max_frames:
                     raise InvalidRequest(f"more than {self.max_frames} frames for one request", field="codes")
-                state.frames.append(codes.to(torch.long))
+                state.frames.append(codes.to(self.device, torch.long))  # once, at admission
                 state.available += codes.shape[1]
             state.done = state.done or last
             self._cond.notify_all()

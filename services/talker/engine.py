@@ -100,6 +100,7 @@ class TalkerEngine(Engine):
         self.talker = holder.talker
         self.cp = self.talker.code_predictor
         self.device = options.device
+        self.dtype = options.torch_dtype()
         tc = self.config.talker_config
         self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
         # What a request that names no voice gets: the family default, if this checkpoint has it.
@@ -176,6 +177,11 @@ class TalkerEngine(Engine):
         """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
         if any(not 0 <= t < self.thinker_vocab for t in token_ids):
             raise InvalidRequest(f"token ids must be in [0, {self.thinker_vocab})", field="token_ids")
+        if multimodal_hidden is not None:
+            # The engine, not its callers, puts what a request brings on its device and in its dtype,
+            # once: rows decoded from the wire are float32 on the CPU, the projection may be bfloat16
+            # on CUDA. Outside the lock: a device copy must not hold up the engine thread.
+            multimodal_hidden = {p: row.to(self.device, self.dtype) for p, row in multimodal_hidden.items()}
         with self._cond:
             state = self._requests.get(request_id)
             if state is None:

@@ -116,6 +116,7 @@ class ThinkerEngine(Engine):
         self.lm = self.thinker.model.language_model
         self.tokenizer = load_tokenizer(model_dir)
         self.device = options.device
+        self.dtype = options.torch_dtype()
         text = self.config.thinker_config.text_config
         self.vocab_size = text.vocab_size
         self.eos_ids = {self.config.im_end_token_id}
@@ -186,6 +187,7 @@ class ThinkerEngine(Engine):
             if list(prompt_ids) != media.prompt_ids:
                 raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
             check_media_prompt(media, prompt_ids, self.config)
+            media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
         elif not self.multimodal_ids.isdisjoint(prompt_ids):
             # Their rows come from media encoders this thinker does not run (text-only input).
             raise InvalidRequest(

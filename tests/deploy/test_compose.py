@@ -15,7 +15,11 @@ from gateway.replicas import Target
 from .conftest import DEPLOY, cli_args, flag, run, tool
 
 COMPOSE = DEPLOY / "compose"
-FILES = [COMPOSE / "docker-compose.yml", COMPOSE / "docker-compose.checkpoint.yml"]
+FILES = [
+    COMPOSE / "docker-compose.yml",
+    COMPOSE / "docker-compose.checkpoint.yml",
+    COMPOSE / "docker-compose.gpu.yml",
+]
 STAGES = ("thinker", "talker", "code2wav")
 
 
@@ -95,3 +99,20 @@ def test_checkpoint_override_mounts_a_real_model_into_every_stage():
         (volume,) = override[stage]["volumes"]
         assert volume["read_only"] is True
         assert override[stage]["environment"]["OMNISTREAM_MODEL"] == volume["target"]
+
+
+def test_gpu_override_gives_each_stage_its_own_gpu_and_the_same_command_on_cuda():
+    base = services()
+    override = yaml.safe_load(FILES[2].read_text())["services"]
+    assert set(override) == set(STAGES)
+    gpus = []
+    for stage in STAGES:
+        command = override[stage]["command"]
+        args = cli_args(command, {"OMNISTREAM_MODEL": "/models/tiny"})
+        assert args.stage == stage and args.device == "cuda" and args.dtype == "auto"
+        # Everything but the device is the base stack's command (the override replaces it whole).
+        assert [a for a in command if a not in ("--device", "cuda")] == base[stage]["command"]
+        (device,) = override[stage]["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        gpus += device["device_ids"]
+    assert len(gpus) == len(set(gpus)) == len(STAGES)  # one GPU per stage, none shared

@@ -139,3 +139,23 @@ def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
     assert args.parse_args(["--model", "m"]).prefill_chunk == 512
     with pytest.raises(SystemExit):
         args.parse_args(["--model", "m", "--prefill-chunk", "0"])
+
+
+def test_up_refuses_stages_that_do_not_fit_their_shared_gpu_before_starting(
+    monkeypatch, capsys, tiny_model_dir
+):
+    import torch
+
+    monkeypatch.setattr(up, "start_stack", lambda *a, **k: pytest.fail("started although it cannot fit"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (1 << 30, 2 << 30))  # 1 of 2 GiB free
+    parser = argparse.ArgumentParser()
+    up.add_arguments(parser)
+    args = parser.parse_args(
+        ["--model", tiny_model_dir, "--device", "cuda:0", "--http-port", "0", "--grpc-port", "0"]
+    )
+    assert up.run_up(args) == 1
+    err = capsys.readouterr().err
+    assert (
+        err.startswith("omnistream up: cuda:0 would hold thinker ") and "talker" in err and "code2wav" in err
+    )
