@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench clean
+.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench bench-engine clean
 
 setup: $(STAMP) proto
 
@@ -55,6 +55,17 @@ test: setup sysdeps
 bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets in-process,in-process-recompute,services \
 		--audio-input-seconds 5 --chunk-cost --stage-timings --output-dir bench-results
+
+# Engine step times (batch 1 and 8: thinker token, talker frame, Code2Wav window) and the running
+# requests' ITL while a 4,000-token prompt prefills. BASELINE=<another checkout> (with its protos
+# built) measures that one too, interleaved A B B A, for a before/after in one run.
+BASELINE ?=
+bench-engine: tiny-model
+	@for tree in $(if $(BASELINE),$(BASELINE) $(CURDIR) $(CURDIR) $(BASELINE),$(CURDIR)); do \
+		echo "== engine step times of $$tree"; \
+		PYTHONPATH=$$tree $(PY) tools/step-times --model $(TINY) --threads 1 || exit 1; \
+	done
+	$(PY) tools/prefill-itl --model $(TINY) --tokens 4000 $(if $(BASELINE),--baseline $(BASELINE) --repeats 2)
 
 test-slow: setup sysdeps
 	$(PY) -m pytest -q -m slow
