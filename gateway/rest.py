@@ -14,6 +14,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.core import GatewayCore
+from gateway.playground import routes as playground
 from gateway.request_guards import BodyLimit, BodyTooLarge, first_invalid_unicode, printable
 from gateway.rest_content import Content, to_content
 from gateway.rest_errors import (
@@ -304,6 +305,7 @@ def build_app(core: GatewayCore) -> FastAPI:
             core.deployment.sample_rate or 0,
         )
 
+    playground.register(app)
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)
     return app
