@@ -117,3 +117,10 @@ def test_stop_services_drains_together_and_kills_the_stubborn():
     finally:
         polite.kill()
         stubborn.kill()
+
+
+def test_usage_points_to_the_playground_first():
+    text = up.usage_text("127.0.0.1", 8000, 50051)
+    pointers = [line.strip() for line in text.splitlines()[2:] if line.strip()]
+    assert pointers[0].startswith("Playground: http://127.0.0.1:8000/ ")
+    assert text.index("Playground:") < text.index("omnistream chat") < text.index("curl")

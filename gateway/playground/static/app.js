@@ -19,6 +19,7 @@ const ui = {
   disconnect: $("disconnect"),
   voice: $("voice"),
   instructions: $("instructions"),
+  extra: $("extra"),
   talk: $("talk"),
   interrupt: $("interrupt"),
   level: $("level"),
@@ -60,7 +61,17 @@ const session = {
   turns: 0,
 };
 
-const stats = { samplesPlayed: 0, samplesReceived: 0, micPiecesSent: 0, bargeIns: 0, flushes: 0 };
+// samplesPlayed: 24 kHz samples the player rendered; cutPlayed: of those, rendered after an answer was
+// cut and before the next one began (barge-in must keep it 0); lastFlush: the player's flush report.
+const stats = {
+  samplesPlayed: 0,
+  samplesReceived: 0,
+  micPiecesSent: 0,
+  bargeIns: 0,
+  flushes: 0,
+  cutPlayed: 0,
+  lastFlush: null,
+};
 const transcript = new Map(); // item id -> {role, element, text}
 const metrics = [];
 const eventCounts = {};
@@ -214,11 +225,44 @@ function sessionConfig() {
   };
   if (ui.voice.value) config.audio.output.voice = ui.voice.value;
   config.instructions = ui.instructions.value.trim();
-  return config;
+  return merge(config, extraSettings());
+}
+
+/** The Advanced field's JSON object ({} when empty); throws with a readable message. */
+function extraSettings() {
+  const text = ui.extra.value.trim();
+  if (!text) return {};
+  let value;
+  try {
+    value = JSON.parse(text);
+  } catch (error) {
+    throw new Error(`More session settings: not JSON (${error.message})`);
+  }
+  if (typeof value !== "object" || value === null || Array.isArray(value)) {
+    throw new Error("More session settings: must be a JSON object");
+  }
+  return value;
+}
+
+function merge(base, extra) {
+  for (const [key, value] of Object.entries(extra)) {
+    const plain = (v) => typeof v === "object" && v !== null && !Array.isArray(v);
+    base[key] = plain(value) && plain(base[key]) ? merge(base[key], value) : value;
+  }
+  return base;
 }
 
 function updateSession() {
-  if (connected()) session.connection.send({ type: "session.update", session: sessionConfig() });
+  if (!connected()) return;
+  let config;
+  try {
+    config = sessionConfig();
+  } catch (error) {
+    showError(error.message);
+    return;
+  }
+  clearError();
+  session.connection.send({ type: "session.update", session: config });
 }
 
 // ---- events from the gateway ------------------------------------------------------------------
@@ -337,6 +381,11 @@ function onServerError(error) {
 
 function onPlayer(message) {
   stats.samplesPlayed = message.played;
+  if (message.type === "flushed") stats.lastFlush = message;
+  else if (session.response?.cut && stats.lastFlush) {
+    stats.cutPlayed += Math.max(0, message.played - stats.lastFlush.played);
+    stats.lastFlush = { ...stats.lastFlush, played: message.played };
+  }
   switch (message.type) {
     case "started":
       session.playing = true;
@@ -361,6 +410,7 @@ function onPlayer(message) {
 async function bargeIn(reason) {
   const response = session.response;
   const wasActive = session.responseActive;
+  stats.lastFlush = null; // cutPlayed counts from this flush's report on
   if (response) response.cut = true;
   if (reason === "user" && wasActive) session.connection?.send({ type: "response.cancel" });
   const flushed = await audio.flush();
@@ -510,6 +560,7 @@ ui.connectForm.addEventListener("submit", (event) => {
 ui.disconnect.addEventListener("click", disconnect);
 ui.voice.addEventListener("change", updateSession);
 ui.instructions.addEventListener("change", updateSession);
+ui.extra.addEventListener("change", updateSession);
 for (const radio of document.querySelectorAll("input[name=mode]")) {
   radio.addEventListener("change", () => {
     session.mode = radio.value;
