@@ -94,6 +94,18 @@ class GatewayConfig:
     stage_tls_server_name: str | None = None
     # Bearer API key for /v1/* and the gRPC Gateway service (default: $OMNISTREAM_API_KEY).
     api_key: str | None = field(default=None, repr=False)
+    # /v1/realtime (README "Realtime voice"): open WebSocket sessions at most (each response also
+    # takes an admission slot while it runs); a session with no client event and no response for
+    # `realtime_idle_timeout` seconds is closed; the uncommitted input buffer holds at most
+    # `realtime_max_buffer_seconds` of audio, and appends may run ahead of real time by at most
+    # `realtime_append_burst_seconds`; `realtime_max_history_items` conversation items (user audio
+    # within `realtime_history_audio_seconds`) are kept for the next turns.
+    realtime_max_sessions: int = 16
+    realtime_idle_timeout: float = 300.0
+    realtime_max_buffer_seconds: float = 60.0
+    realtime_append_burst_seconds: float = 10.0
+    realtime_max_history_items: int = 16
+    realtime_history_audio_seconds: float = 120.0
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GatewayConfig:

@@ -126,6 +126,11 @@ class Session:
     def start(self) -> None:
         self._pump = asyncio.create_task(self._run_source())
 
+    @property
+    def replica_addresses(self) -> dict[str, str]:
+        """The replica serving each stage of this request (the realtime API reports them)."""
+        return {replica.stage: replica.address for replica in self._replicas}
+
     async def next_event(self) -> Event:
         item = await self._collector.get()
         if isinstance(item, BaseException):

@@ -1,0 +1,78 @@
+"""Realtime audio on the wire: base64 pcm16 mono 24 kHz, both ways.
+
+In: a committed turn (or an `input_audio` part) is wrapped as a WAV file and handed to the
+gateway's media decoder like any REST audio part, so it gets the same resampler (FFmpeg's, to the
+thinker's 16 kHz), the same limits and the same worker threads, off the event loop.
+Out: the stages' float32 audio at the deployment's sample rate becomes pcm16 at 24 kHz; Qwen3-Omni's
+code2wav is 24 kHz already, any other rate goes through FFmpeg's resampler, which keeps its state
+across chunks.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import struct
+
+import av
+import numpy as np
+
+from gateway.media_parts import EncodedMedia
+from gateway.realtime.events import EventError
+from gateway.realtime.vad import INPUT_RATE
+from omnistream.wav import to_pcm16
+
+
+def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | None) -> bytes:
+    """Base64 pcm16 -> bytes, refusing more than `max_bytes` before decoding anything."""
+    if len(data) * 3 // 4 > max_bytes:
+        raise EventError(
+            f"the audio is over {max_bytes} bytes ({max_bytes / 2 / INPUT_RATE:.1f} s of pcm16 24 kHz)",
+            code="audio_too_large",
+            param=param,
+            event_id=event_id,
+        )
+    try:
+        pcm = base64.b64decode(data, validate=True)
+    except (binascii.Error, ValueError):
+        raise EventError(
+            "the audio is not valid base64", code="invalid_value", param=param, event_id=event_id
+        ) from None
+    if len(pcm) % 2:
+        raise EventError(
+            "pcm16 audio has an even number of bytes", code="invalid_value", param=param, event_id=event_id
+        )
+    return pcm
+
+
+def wav_of(pcm: bytes, rate: int = INPUT_RATE) -> bytes:
+    fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
+    body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", len(pcm)) + pcm
+    return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def encoded_turn(pcm: bytes, field: str) -> EncodedMedia:
+    """A turn's pcm16 as the media decoder's input (a WAV file)."""
+    return EncodedMedia("audio", "audio/wav", field, data=wav_of(pcm))
+
+
+class OutputAudio:
+    """Float chunks at the stage's rate -> pcm16 24 kHz bytes, for one response."""
+
+    def __init__(self) -> None:
+        self._resampler: av.AudioResampler | None = None
+        self._rate: int | None = None
+
+    def convert(self, audio: np.ndarray, rate: int) -> bytes:
+        if rate == INPUT_RATE:
+            return to_pcm16(audio)
+        if self._resampler is None or self._rate != rate:
+            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=INPUT_RATE)
+            self._rate = rate
+        frame = av.AudioFrame.from_ndarray(
+            np.clip(audio, -1.0, 1.0).astype(np.float32).reshape(1, -1), format="flt", layout="mono"
+        )
+        frame.sample_rate = rate
+        return b"".join(
+            bytes(out.to_ndarray().astype("<i2").tobytes()) for out in self._resampler.resample(frame)
+        )

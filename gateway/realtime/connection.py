@@ -1,0 +1,414 @@
+"""One realtime connection: client events in, server events out (through `Outbound`).
+
+Every client event is handled in order on the connection's receive loop; a bad one gets an `error`
+event naming it (`error.event_id`) and changes nothing, so the session stays usable. Media are
+decoded when their item is made (a committed turn, an item with audio or an image), in the
+gateway's decoder threads, so a response never waits on a decode and a bad file is refused once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from gateway.config import GatewayConfig
+from gateway.core import GatewayCore
+from gateway.media_parts import from_data_url
+from gateway.realtime import events as ev
+from gateway.realtime.audio import decode_base64_pcm, encoded_turn
+from gateway.realtime.events import EventError
+from gateway.realtime.outbound import Outbound
+from gateway.realtime.protocol import Protocol, new_id
+from gateway.realtime.response import ResponseRun
+from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
+from gateway.realtime.turn import ResponseSettings, build_request
+from gateway.realtime.vad import INPUT_RATE, SpeechDetector
+from omnistream.errors import OmniError
+from omnistream.request_defaults import ServingDefaults
+
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
+
+
+def _ms(samples: int) -> int:
+    return samples * 1000 // INPUT_RATE
+
+
+class Connection:
+    def __init__(
+        self,
+        core: GatewayCore,
+        outbound: Outbound,
+        beta: bool,
+        model: str | None,
+        on_barge_in: Callable[[], None] = lambda: None,
+    ) -> None:
+        c: GatewayConfig = core.config
+        self.core = core
+        self.outbound = outbound
+        self.protocol = Protocol(beta)
+        self.id = new_id("sess")
+        self.model = model or core.deployment.model_id or ""
+        self.config = SessionConfig()
+        self.buffer = InputBuffer(int(c.realtime_max_buffer_seconds * INPUT_RATE) * 2)
+        self.rate = AppendRate(c.realtime_append_burst_seconds)
+        self.conversation = Conversation(c.realtime_max_history_items, c.realtime_history_audio_seconds)
+        self.detector = self._detector()
+        self.response: ResponseRun | None = None
+        self.turn_item_id: str | None = None  # the user item a detected turn will become
+        self.last_activity = time.monotonic()
+        self.on_barge_in = on_barge_in
+
+    def _detector(self) -> SpeechDetector | None:
+        td = self.config.turn_detection
+        return None if td is None else SpeechDetector(td.threshold, td.silence_duration_ms)
+
+    @property
+    def busy(self) -> bool:
+        return self.response is not None and self.response.active
+
+    async def send(self, kind: str, **fields: Any) -> None:
+        await self.outbound.put(self.protocol.event(kind, **fields))
+
+    async def error(self, exc: EventError) -> None:
+        await self.outbound.put(
+            self.protocol.error(exc.message, exc.code, exc.param, exc.event_id, exc.error_type)
+        )
+
+    def _voice(self) -> str | None:
+        return (
+            self.config.voice
+            or ServingDefaults.of(self.core.config, self.core.deployment.voices).default_voice()
+        )
+
+    async def open(self) -> None:
+        await self.send(
+            "session.created", session=self.config.describe(self.protocol, self.id, self.model, self._voice())
+        )
+
+    # -- dispatch ------------------------------------------------------------------------------
+    async def handle_text(self, text: str) -> None:
+        self.last_activity = time.monotonic()
+        try:
+            event = ev.parse(text)
+            await self._dispatch(event)
+        except EventError as exc:
+            await self.error(exc)
+
+    async def handle_binary(self) -> None:
+        self.last_activity = time.monotonic()
+        await self.error(
+            EventError("binary frames are not supported: send JSON events as text", code="invalid_frame")
+        )
+
+    async def _dispatch(self, event: ev.ClientEvent) -> None:
+        eid = event.event_id
+        try:
+            match event:
+                case ev.SessionUpdate():
+                    await self._session_update(event)
+                case ev.BufferAppend():
+                    await self._append(event)
+                case ev.BufferCommit():
+                    await self._commit(None, eid)
+                case ev.BufferClear():
+                    self.buffer.clear()
+                    if self.detector is not None:
+                        self.detector.reset()
+                    self.turn_item_id = None
+                    await self.send("input_audio_buffer.cleared")
+                case ev.ItemCreate():
+                    await self._item_create(event)
+                case ev.ItemTruncate():
+                    await self._truncate(event)
+                case ev.ItemDelete():
+                    self.conversation.delete(event.item_id)
+                    await self.send("conversation.item.deleted", item_id=event.item_id)
+                case ev.ResponseCreate():
+                    await self._response_create(event)
+                case ev.ResponseCancel():
+                    await self._response_cancel(event)
+        except EventError as exc:
+            exc.event_id = exc.event_id or eid
+            raise
+
+    # -- session -------------------------------------------------------------------------------
+    async def _session_update(self, event: ev.SessionUpdate) -> None:
+        update = event.session
+        voices = self.core.deployment.voices
+        voice = update.voice or (update.audio.output.voice if update.audio and update.audio.output else None)
+        if voice is not None and voices is not None and voice.lower() not in voices:
+            raise EventError(
+                f"unknown voice {voice!r}; choose from {list(voices)}",
+                code="invalid_value",
+                param="session.audio.output.voice",
+            )
+        before = self.config.turn_detection
+        self.config.apply(update)
+        if self.config.turn_detection != before:
+            self.detector = self._detector()
+            self.turn_item_id = None
+        await self.send(
+            "session.updated", session=self.config.describe(self.protocol, self.id, self.model, self._voice())
+        )
+
+    # -- input audio ---------------------------------------------------------------------------
+    async def _append(self, event: ev.BufferAppend) -> None:
+        pcm = decode_base64_pcm(event.audio, "audio", self.buffer.max_bytes, event.event_id)
+        seconds = len(pcm) / 2 / INPUT_RATE
+        if not self.rate.take(seconds):
+            raise EventError(
+                "audio is arriving faster than real time (more than "
+                f"{self.rate.burst:g} s ahead): this append was dropped",
+                code="input_audio_buffer_rate_exceeded",
+                error_type="rate_limit_error",
+            )
+        if not self.buffer.append(pcm):
+            raise EventError(
+                f"the input audio buffer is full ({self.core.config.realtime_max_buffer_seconds:g} s): "
+                "commit or clear it",
+                code="input_audio_buffer_full",
+            )
+        if self.detector is None:
+            return
+        for found in self.detector.process(pcm):
+            if found.kind == "started":
+                await self._speech_started(found.sample)
+            else:
+                await self._speech_stopped(found.sample)
+        if not self.detector.in_speech and self.config.turn_detection is not None:
+            prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
+            self.buffer.keep_from(self.buffer.end - prefix)
+
+    async def _speech_started(self, sample: int) -> None:
+        td = self.config.turn_detection
+        assert td is not None
+        self.turn_item_id = new_id("item")
+        self.buffer.keep_from(sample - td.prefix_padding_ms * INPUT_RATE // 1000)
+        response = self.response
+        barge_in = td.interrupt_response and response is not None and response.active
+        if barge_in:
+            assert response is not None
+            self.outbound.purge(response)  # before speech_started: no audio of it after that event
+        await self.send(
+            "input_audio_buffer.speech_started", audio_start_ms=_ms(sample), item_id=self.turn_item_id
+        )
+        if barge_in:
+            assert response is not None
+            if await response.cancel("turn_detected"):
+                self.on_barge_in()
+
+    async def _speech_stopped(self, sample: int) -> None:
+        td = self.config.turn_detection
+        assert td is not None
+        item_id = self.turn_item_id or new_id("item")
+        await self.send("input_audio_buffer.speech_stopped", audio_end_ms=_ms(sample), item_id=item_id)
+        committed = await self._commit(sample, None, item_id)
+        if committed and td.create_response and not self.busy:
+            await self._start_response(None)
+
+    async def _commit(self, until: int | None, event_id: str | None, item_id: str | None = None) -> bool:
+        pcm = self.buffer.take(until)
+        if self.detector is not None and until is None:
+            self.detector.reset()
+        self.turn_item_id = None
+        if len(pcm) // 2 < MIN_COMMIT_MS * INPUT_RATE // 1000:
+            raise EventError(
+                f"the input audio buffer holds {_ms(len(pcm) // 2)} ms; "
+                f"at least {MIN_COMMIT_MS} ms are needed",
+                code="input_audio_buffer_commit_empty",
+                event_id=event_id,
+            )
+        self._check_modality("audio", "input_audio_buffer")
+        item_id = item_id or new_id("item")
+        parts: list[dict[str, Any]] = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
+        await self._decode(parts, event_id)
+        item = Item(
+            item_id,
+            "user",
+            parts,
+            [{"type": "input_audio", "transcript": None}],
+            audio_seconds=len(pcm) / 2 / INPUT_RATE,
+        )
+        previous = self.conversation.last_id()
+        await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        await self._add_item(item, previous)
+        return True
+
+    # -- conversation --------------------------------------------------------------------------
+    def _check_modality(self, kind: str, param: str) -> None:
+        modalities = self.core.deployment.input_modalities
+        if modalities is not None and kind not in modalities:
+            raise EventError(
+                f"this deployment's model takes no {kind} input", code="invalid_value", param=param
+            )
+
+    async def _decode(self, parts: list[dict[str, Any]], event_id: str | None) -> None:
+        try:
+            await self.core.media.decode([{"role": "user", "content": parts}], False)
+        except OmniError as exc:
+            raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+
+    async def _add_item(self, item: Item, previous: str | None) -> None:
+        dropped = self.conversation.add(item)
+        wire = item.wire(self.protocol)
+        await self.send("conversation.item.added", previous_item_id=previous, item=wire)
+        await self.send("conversation.item.done", previous_item_id=previous, item=wire)
+        for old in dropped:
+            await self.send("conversation.item.deleted", item_id=old)
+
+    async def _item_create(self, event: ev.ItemCreate) -> None:
+        given = event.item
+        item_id = given.id or new_id("item")
+        if item_id in self.conversation.items:
+            raise EventError(f"an item with id {item_id!r} exists", code="duplicate_item_id", param="item.id")
+        parts: list[dict[str, Any]] = []
+        content: list[dict[str, Any]] = []
+        text = ""
+        seconds = 0.0
+        for i, part in enumerate(given.content):
+            where = f"item.content.{i}"
+            if given.role != "user" and part.type in ("input_audio", "input_image"):
+                raise EventError(
+                    f"a {given.role} item takes text only", code="invalid_value", param=f"{where}.type"
+                )
+            if part.type in ("input_text", "text", "output_text"):
+                if part.text is None:
+                    raise EventError("a text part needs `text`", code="invalid_value", param=f"{where}.text")
+                parts.append({"type": "text", "text": part.text})
+                content.append(
+                    {"type": "input_text" if given.role != "assistant" else "output_text", "text": part.text}
+                )
+                text += part.text
+            elif part.type in ("output_audio", "audio") and given.role == "assistant":
+                text += part.transcript or ""
+                content.append({"type": "output_audio", "transcript": part.transcript or ""})
+            elif part.type == "input_audio":
+                if part.audio is None:
+                    raise EventError(
+                        "an input_audio part needs `audio` (base64 pcm16 24 kHz)",
+                        code="invalid_value",
+                        param=f"{where}.audio",
+                    )
+                self._check_modality("audio", f"{where}.audio")
+                pcm = decode_base64_pcm(part.audio, f"{where}.audio", self.buffer.max_bytes, event.event_id)
+                if not pcm:
+                    raise EventError("the audio is empty", code="invalid_value", param=f"{where}.audio")
+                seconds += len(pcm) / 2 / INPUT_RATE
+                parts.append({"type": "audio", "audio": encoded_turn(pcm, f"{where}.audio")})
+                content.append({"type": "input_audio", "transcript": part.transcript})
+            elif part.type == "input_image":
+                if part.image_url is None:
+                    raise EventError(
+                        "an input_image part needs `image_url` (a data URL)",
+                        code="invalid_value",
+                        param=f"{where}.image_url",
+                    )
+                self._check_modality("image", f"{where}.image_url")
+                if part.image_url[:5].lower() != "data:":
+                    raise EventError(
+                        "image_url must be a data: URL", code="invalid_value", param=f"{where}.image_url"
+                    )
+                try:
+                    parts.append(
+                        {
+                            "type": "image",
+                            "image": from_data_url(part.image_url, "image", f"{where}.image_url"),
+                        }
+                    )
+                except OmniError as exc:
+                    raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+                content.append({"type": "input_image"})
+            else:
+                raise EventError(
+                    f"a {given.role} item cannot hold a {part.type} part",
+                    code="invalid_value",
+                    param=f"{where}.type",
+                )
+        await self._decode(parts, event.event_id)
+        item = Item(item_id, given.role, parts, content, audio_seconds=seconds)
+        if given.role == "assistant":
+            item.text = text
+        await self._add_item(item, self.conversation.last_id())
+
+    async def _truncate(self, event: ev.ItemTruncate) -> None:
+        item = self.conversation.get(event.item_id)
+        if item.role != "assistant" or not any(p["type"] == "output_audio" for p in item.content):
+            raise EventError(
+                "only an assistant item with audio can be truncated", code="invalid_value", param="item_id"
+            )
+        if event.content_index != 0:
+            raise EventError(
+                "the item has one content part (index 0)", code="invalid_value", param="content_index"
+            )
+        sent_ms = _ms(item.audio_samples_sent)
+        if event.audio_end_ms > sent_ms:
+            raise EventError(
+                f"audio_end_ms {event.audio_end_ms} is past the {sent_ms} ms of audio sent",
+                code="invalid_value",
+                param="audio_end_ms",
+            )
+        if self.response is not None and self.response.active and self.response.item is item:
+            await self.response.cancel("client_cancelled")
+        item.truncate(event.audio_end_ms)
+        await self.send(
+            "conversation.item.truncated", item_id=item.id, content_index=0, audio_end_ms=event.audio_end_ms
+        )
+
+    # -- responses -----------------------------------------------------------------------------
+    async def _response_create(self, event: ev.ResponseCreate) -> None:
+        if self.busy:
+            raise EventError(
+                "a response is in progress; cancel it or wait for response.done",
+                code="conversation_already_has_active_response",
+            )
+        if event.response is not None and event.response.conversation == "none":
+            raise EventError(
+                "out-of-band responses (conversation: none) are not supported",
+                code="unsupported",
+                param="response.conversation",
+            )
+        await self._start_response(event.response)
+
+    async def _start_response(self, fields: ev.ResponseFields | None) -> None:
+        if not any(i.role == "user" for i in self.conversation.items.values()):
+            raise EventError("the conversation has no user item to respond to", code="conversation_empty")
+        settings = ResponseSettings.of(self.config, fields)
+        limit = self.core.config.max_tokens_limit
+        if settings.max_output_tokens is None or settings.max_output_tokens > limit:
+            settings.max_output_tokens = min(
+                settings.max_output_tokens or self.core.config.default_max_tokens, limit
+            )
+        serving = ServingDefaults.of(self.core.config, self.core.deployment.voices)
+        try:
+            request = build_request(self.conversation, self.config, settings, serving)
+        except OmniError as exc:
+            raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+        kind = "output_audio" if settings.speaks else "output_text"
+        item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
+        previous = self.conversation.last_id()
+        self.conversation.add(item)
+        self.response = ResponseRun(
+            self.core, self.protocol, self.outbound, request, item, previous, self._ended
+        )
+        self.response.start()
+
+    async def _ended(self, response: ResponseRun) -> None:
+        self.last_activity = time.monotonic()  # the idle timeout counts from the end of a response
+
+    async def _response_cancel(self, event: ev.ResponseCancel) -> None:
+        response = self.response
+        if response is None or not response.active:
+            raise EventError("no response is in progress", code="response_cancel_not_active")
+        if event.response_id is not None and event.response_id != response.id:
+            raise EventError(
+                f"response {event.response_id!r} is not in progress",
+                code="invalid_value",
+                param="response_id",
+            )
+        await response.cancel("client_cancelled")
+
+    async def close(self) -> None:
+        """The client went away (or the session ends): cancel what runs, so every stage is freed."""
+        if self.response is not None:
+            await self.response.cancel("client_cancelled")

@@ -1,0 +1,69 @@
+"""Server events in the connection's naming: the GA names by default, the beta ones for a client
+that sent `OpenAI-Beta: realtime=v1` (header or `openai-beta.realtime-v1` subprotocol).
+
+Code everywhere else speaks GA names; `Protocol.event` renames, and drops what beta never had
+(`conversation.item.done`). Content part types differ too (GA `output_audio`, beta `audio`).
+"""
+
+from __future__ import annotations
+
+import itertools
+import uuid
+from typing import Any
+
+BETA_NAMES = {
+    "response.output_text.delta": "response.text.delta",
+    "response.output_text.done": "response.text.done",
+    "response.output_audio.delta": "response.audio.delta",
+    "response.output_audio.done": "response.audio.done",
+    "response.output_audio_transcript.delta": "response.audio_transcript.delta",
+    "response.output_audio_transcript.done": "response.audio_transcript.done",
+    "conversation.item.added": "conversation.item.created",
+    "conversation.item.done": None,
+}
+BETA_PARTS = {"output_audio": "audio", "output_text": "text"}
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex[:20]}"
+
+
+class Protocol:
+    def __init__(self, beta: bool) -> None:
+        self.beta = beta
+        self._ids = itertools.count(1)
+        self._prefix = uuid.uuid4().hex[:12]
+
+    def event(self, kind: str, **fields: Any) -> dict[str, Any] | None:
+        """A server event named for this connection (None: beta has no such event)."""
+        if self.beta and kind in BETA_NAMES:
+            name = BETA_NAMES[kind]
+            if name is None:
+                return None
+            kind = name
+        return {"type": kind, "event_id": f"event_{self._prefix}{next(self._ids)}", **fields}
+
+    def part_type(self, kind: str) -> str:
+        return BETA_PARTS.get(kind, kind) if self.beta else kind
+
+    def error(
+        self,
+        message: str,
+        code: str,
+        param: str | None = None,
+        event_id: str | None = None,
+        error_type: str = "invalid_request_error",
+    ) -> dict[str, Any]:
+        """The `error` event; `event_id` inside `error` names the client event that caused it."""
+        event = self.event(
+            "error",
+            error={
+                "type": error_type,
+                "code": code,
+                "message": message,
+                "param": param,
+                "event_id": event_id,
+            },
+        )
+        assert event is not None
+        return event

@@ -1,0 +1,243 @@
+"""One response: its request through `GatewayCore.open` (admission, replicas, the three stages),
+its deltas to the client, its end (completed, incomplete, failed or cancelled) as response.done.
+
+Cancelling (barge-in, response.cancel, a client that went away) cancels the task: leaving the core
+session's event loop closes it, which cancels all three stage streams at once (gateway/wiring.py),
+and the deltas still queued for the socket are dropped first, so the client stops getting audio
+at once. The assistant item then keeps what was sent (its audio end and the same share of text).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.core import GatewayCore, Session
+from gateway.realtime.audio import OutputAudio
+from gateway.realtime.outbound import Outbound
+from gateway.realtime.protocol import Protocol, new_id
+from gateway.realtime.session import Item
+from gateway.realtime.vad import INPUT_RATE
+from omnistream.errors import OmniError
+from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+
+STAGES = ("thinker", "talker", "code2wav")
+
+
+def _ms(start: float, end: float | None) -> float | None:
+    return None if end is None else round((end - start) * 1000, 1)
+
+
+class ResponseRun:
+    def __init__(
+        self,
+        core: GatewayCore,
+        protocol: Protocol,
+        outbound: Outbound,
+        request: GenerationRequest,
+        item: Item,
+        previous_item_id: str | None,
+        on_end: Callable[[ResponseRun], Awaitable[None]],
+    ) -> None:
+        self.core = core
+        self.protocol = protocol
+        self.outbound = outbound
+        self.request = request
+        self.item = item
+        self.previous_item_id = previous_item_id
+        self.on_end = on_end
+        self.id = new_id("resp")
+        self.speaks = request.return_audio
+        self.status = "in_progress"
+        self.reason: str | None = None
+        self.error: OmniError | None = None
+        self.done: DoneEvent | None = None
+        self.output_tokens = 0
+        self.session: Session | None = None
+        self.replicas: dict[str, str] = {}
+        self.last_audio_sent: float | None = None
+        self.task: asyncio.Task | None = None
+        self._finishing = False
+
+    # -- called by the sender when this response's audio really leaves
+    def sent(self, samples: int) -> None:
+        self.item.audio_samples_sent += samples
+        self.last_audio_sent = time.perf_counter()
+
+    def start(self) -> None:
+        self.task = asyncio.create_task(self._run())
+
+    @property
+    def active(self) -> bool:
+        return self.task is not None and not self.task.done()
+
+    async def cancel(self, reason: str) -> bool:
+        """Stop it now (False: it had already ended). Queued deltas go before anything awaits."""
+        if self.task is None or self.task.done():
+            return False
+        if self._finishing:
+            await asyncio.shield(self.task)
+            return False
+        self.reason = reason
+        self.outbound.purge(self)
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        return True
+
+    async def _emit(self, kind: str, owner: bool = False, samples: int = 0, **fields: Any) -> None:
+        await self.outbound.put(self.protocol.event(kind, **fields), self if owner else None, samples)
+
+    def _where(self) -> dict[str, Any]:
+        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+
+    async def _run(self) -> None:
+        status = "completed"
+        try:
+            await self._begin()
+            await self._stream()
+        except asyncio.CancelledError:
+            status = "cancelled"
+        except OmniError as exc:
+            status, self.error = "failed", exc
+        else:
+            if self.done is not None and self.done.finish_reason == "length":
+                status, self.reason = "incomplete", "max_output_tokens"
+        if status == "cancelled":
+            self.outbound.purge(self)
+        self._finishing = True  # from here the response ends as decided: a cancel waits for it
+        try:
+            await self._finish(status)
+        finally:
+            await self.on_end(self)
+
+    async def _begin(self) -> None:
+        await self._emit("response.created", response=self.describe())
+        await self._emit(
+            "conversation.item.added",
+            previous_item_id=self.previous_item_id,
+            item=self.item.wire(self.protocol),
+        )
+        await self._emit(
+            "response.output_item.added",
+            response_id=self.id,
+            output_index=0,
+            item=self.item.wire(self.protocol),
+        )
+        part = self.item.wire(self.protocol)["content"][0]
+        where = self._where()
+        del where["item_id"]
+        await self._emit("response.content_part.added", item_id=self.item.id, part=part, **where)
+
+    async def _stream(self) -> None:
+        self.session = session = await self.core.open(self.request)
+        self.replicas = session.replica_addresses
+        converter = OutputAudio()
+        text_kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
+        async for event in session.events():
+            if isinstance(event, TextEvent):
+                self.output_tokens += len(event.token_ids)
+                if event.delta:
+                    self.item.text += event.delta
+                    await self._emit(text_kind, owner=True, delta=event.delta, **self._where())
+            elif isinstance(event, AudioEvent):
+                pcm = converter.convert(event.audio, event.sample_rate)
+                if not pcm:
+                    continue
+                samples = len(pcm) // 2
+                self.item.audio_samples_made += samples
+                delta = base64.b64encode(pcm).decode()
+                await self._emit(
+                    "response.output_audio.delta", owner=True, samples=samples, delta=delta, **self._where()
+                )
+            elif isinstance(event, DoneEvent):
+                self.done = event
+
+    async def _finish(self, status: str) -> None:
+        self.status = status
+        item = self.item
+        if status == "cancelled" and self.speaks and item.audio_samples_made:
+            item.truncate(item.audio_samples_sent * 1000 // INPUT_RATE)
+            await self._emit(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=0,
+                audio_end_ms=item.audio_end_ms,
+            )
+        item.status = "completed" if status == "completed" else "incomplete"
+        if self.error is not None:
+            await self.outbound.put(
+                self.protocol.error(
+                    self.error.message,
+                    self.error.kind,
+                    self.error.field,
+                    None,
+                    "server_error" if self.error.kind == "internal" else "invalid_request_error",
+                )
+            )
+        if self.speaks:
+            await self._emit("response.output_audio.done", **self._where())
+            await self._emit("response.output_audio_transcript.done", transcript=item.text, **self._where())
+        else:
+            await self._emit("response.output_text.done", text=item.text, **self._where())
+        wire = item.wire(self.protocol)
+        await self._emit("response.content_part.done", part=wire["content"][0], **self._where())
+        await self._emit("response.output_item.done", response_id=self.id, output_index=0, item=wire)
+        await self._emit("conversation.item.done", previous_item_id=self.previous_item_id, item=wire)
+        await self._emit("response.done", response=self.describe())
+
+    def usage(self) -> dict[str, Any]:
+        prompt = len(self.done.prompt_ids) if self.done else 0
+        output = len(self.done.output_ids) if self.done else self.output_tokens
+        return {
+            "total_tokens": prompt + output,
+            "input_tokens": prompt,
+            "output_tokens": output,
+            "input_token_details": {"cached_tokens": 0, "text_tokens": prompt, "audio_tokens": 0},
+            "output_token_details": {"text_tokens": output, "audio_tokens": 0},
+        }
+
+    def timings(self) -> dict[str, Any]:
+        """omnistream's per-turn numbers (the playground shows them; keep the names)."""
+        out: dict[str, Any] = {
+            "ttft_ms": None,
+            "ttfa_ms": None,
+            "rtf": None,
+            "replicas": {stage: self.replicas.get(stage) for stage in STAGES},
+        }
+        if self.session is not None:
+            t = self.session.timings
+            out["ttft_ms"] = _ms(t.started, t.first_text)
+            out["ttfa_ms"] = _ms(t.started, t.first_audio)
+            if t.audio_seconds > 0 and t.last_audio is not None:
+                out["rtf"] = round((t.last_audio - t.started) / t.audio_seconds, 4)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        modalities = ["audio"] if self.speaks else ["text"]
+        details: dict[str, Any] | None = None
+        if self.status == "cancelled":
+            details = {"type": "cancelled", "reason": self.reason or "client_cancelled"}
+        elif self.status == "incomplete":
+            details = {"type": "incomplete", "reason": self.reason}
+        elif self.status == "failed" and self.error is not None:
+            details = {
+                "type": "failed",
+                "error": {"type": self.error.kind, "code": self.error.kind, "message": self.error.message},
+            }
+        body: dict[str, Any] = {
+            "id": self.id,
+            "object": "realtime.response",
+            "status": self.status,
+            "status_details": details,
+            "output": [self.item.wire(self.protocol)] if self.status != "in_progress" else [],
+            "conversation_id": None,
+            "usage": None if self.status == "in_progress" else self.usage(),
+            "omnistream": self.timings(),
+        }
+        body["modalities" if self.protocol.beta else "output_modalities"] = modalities
+        return body

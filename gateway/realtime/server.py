@@ -1,0 +1,186 @@
+"""The `/v1/realtime` WebSocket route: authentication, the session bound, the loops of one socket.
+
+Auth follows the REST rule (`Authorization: Bearer <key>` when the gateway has a key); browsers,
+which cannot set headers on a WebSocket, may give the key as OpenAI's
+`openai-insecure-api-key.<key>` subprotocol. A refused key is an HTTP 401 at the handshake.
+
+Admission: open sessions are bounded by `realtime_max_sessions` (a session over the bound gets an
+`error` event, code `session_limit_reached`, and close code 1013, try again later); each response
+then takes an admission slot like a REST request while it runs, so realtime and REST share the
+stages' capacity and an idle session costs the stages nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.responses import JSONResponse
+from prometheus_client import Counter, Gauge
+
+from gateway.core import GatewayCore
+from gateway.realtime.connection import Connection
+from gateway.realtime.outbound import Outbound
+from gateway.realtime.protocol import Protocol
+from gateway.rest_errors import error_body
+from omnistream.security import bearer_matches
+
+KEY_PROTOCOL = "openai-insecure-api-key."
+BETA_PROTOCOL = "openai-beta.realtime-v1"
+TRY_AGAIN_LATER = 1013
+CLOSE_DRAIN_S = 2.0
+
+
+class RealtimeState:
+    def __init__(self, core: GatewayCore) -> None:
+        self.core = core
+        self.sessions = 0
+        registry = core.metrics.registry
+        self.open_sessions = Gauge(
+            "omnistream_realtime_sessions", "Open /v1/realtime sessions", registry=registry
+        )
+        self.refused = Counter(
+            "omnistream_realtime_sessions_refused_total",
+            "Realtime sessions refused, by reason",
+            ["reason"],
+            registry=registry,
+        )
+        self.barge_ins = Counter(
+            "omnistream_realtime_barge_ins_total",
+            "Responses cancelled because the user spoke",
+            registry=registry,
+        )
+
+
+def _authorized(websocket: WebSocket, api_key: str | None) -> bool:
+    if not api_key:
+        return True
+    if bearer_matches(websocket.headers.get("authorization"), api_key):
+        return True
+    return any(
+        p.startswith(KEY_PROTOCOL) and bearer_matches(f"Bearer {p[len(KEY_PROTOCOL) :]}", api_key)
+        for p in websocket.scope.get("subprotocols", [])
+    )
+
+
+def _subprotocol(offered: list[str]) -> str | None:
+    """The subprotocol to accept: `realtime` when offered (browsers fail a handshake that picks
+    none of those they offered), else one that does not echo the key back."""
+    if "realtime" in offered:
+        return "realtime"
+    plain = [p for p in offered if not p.startswith(KEY_PROTOCOL)]
+    return (plain or offered or [None])[0]
+
+
+async def _refuse(websocket: WebSocket, protocol: Protocol, message: str, code: str, close: int) -> None:
+    await websocket.send_text(json.dumps(protocol.error(message, code, error_type="server_error")))
+    await websocket.close(close, message[:120])
+
+
+def add_realtime_route(app: FastAPI, core: GatewayCore) -> None:
+    state = RealtimeState(core)
+
+    @app.websocket("/v1/realtime")
+    async def realtime(websocket: WebSocket) -> None:
+        config = core.config
+        offered = list(websocket.scope.get("subprotocols", []))
+        if not _authorized(websocket, config.api_key):
+            body = error_body(
+                401, "missing or invalid API key (Authorization: Bearer <key>)", "unauthenticated", None
+            )
+            if "websocket.http.response" in websocket.scope.get("extensions", {}):
+                await websocket.send_denial_response(
+                    JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                )
+            else:
+                await websocket.close(1008)
+            return
+        beta = "realtime=v1" in websocket.headers.get("openai-beta", "") or BETA_PROTOCOL in offered
+        await websocket.accept(subprotocol=_subprotocol(offered))
+        protocol = Protocol(beta)
+        if not core.ready:
+            state.refused.labels(reason="unavailable").inc()
+            await _refuse(
+                websocket,
+                protocol,
+                "the gateway has no healthy replica for every stage yet",
+                "unavailable",
+                TRY_AGAIN_LATER,
+            )
+            return
+        if state.sessions >= config.realtime_max_sessions:
+            state.refused.labels(reason="sessions").inc()
+            await _refuse(
+                websocket,
+                protocol,
+                f"the gateway is at its limit of {config.realtime_max_sessions} realtime sessions",
+                "session_limit_reached",
+                TRY_AGAIN_LATER,
+            )
+            return
+        state.sessions += 1
+        state.open_sessions.inc()
+        try:
+            await _serve(websocket, core, state, beta)
+        finally:
+            state.sessions -= 1
+            state.open_sessions.dec()
+
+
+async def _serve(websocket: WebSocket, core: GatewayCore, state: RealtimeState, beta: bool) -> None:
+    outbound = Outbound(websocket.send_text)
+    conn = Connection(core, outbound, beta, websocket.query_params.get("model"), state.barge_ins.inc)
+    sender = asyncio.create_task(outbound.run())
+    watchdog = asyncio.create_task(_idle_watchdog(websocket, conn, core.config.realtime_idle_timeout))
+    receiver = asyncio.create_task(_receive(websocket, conn))
+    try:
+        await conn.open()
+        # Whichever ends first ends the session: the client closed (receiver), the socket failed
+        # (sender) or the session idled out (watchdog).
+        await asyncio.wait({sender, watchdog, receiver}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        receiver.cancel()
+        watchdog.cancel()
+        await conn.close()
+        outbound.close()
+        sender.cancel()
+        for task in (sender, watchdog, receiver):
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            await websocket.close()
+
+
+async def _receive(websocket: WebSocket, conn: Connection) -> None:
+    with contextlib.suppress(WebSocketDisconnect):
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            if message.get("text") is not None:
+                await conn.handle_text(message["text"])
+            else:
+                await conn.handle_binary()
+
+
+async def _idle_watchdog(websocket: WebSocket, conn: Connection, timeout: float) -> None:
+    """End a session with no client event and no response for `timeout` seconds."""
+    while True:
+        if conn.busy:
+            conn.last_activity = time.monotonic()
+        left = conn.last_activity + timeout - time.monotonic()
+        if left <= 0:
+            break
+        await asyncio.sleep(min(left, 1.0))
+    await conn.outbound.put(
+        conn.protocol.error(
+            f"the session was idle for {timeout:g} s",
+            "session_idle_timeout",
+            error_type="invalid_request_error",
+        )
+    )
+    await conn.outbound.drain(CLOSE_DRAIN_S)
+    await websocket.close(1000, "idle timeout")
