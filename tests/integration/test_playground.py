@@ -7,8 +7,8 @@ silence). The page connects to /v1/realtime with the key typed into its field, t
 hears the spoken turn, the answer's audio is played by the page's AudioWorklet (the test counts the
 samples it rendered), both sides show in the transcript, and the next repetition of the speech,
 arriving while the answer still plays, barges in: playback stops at once, the server cancels the
-answer and truncates it. Before that, in push-to-talk mode, a typed message with an image gets an
-answer, stopped with Escape.
+answer and truncates it. Before that, in push-to-talk mode, a typed message with an image and a turn
+spoken while Space is held on the talk button get answers, each stopped with Escape.
 No console error may appear on the way. Screenshots of each state go to out/test-artifacts/playground/.
 """
 
@@ -154,19 +154,21 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
 
         # Hold GET /v1/models (the first thing Connect does) to see the connecting state.
         held = []
-        page.route("**/v1/models", held.append)
+        page.route("**/v1/models", lambda route: held.append(route))
         page.click("#connect")
         _wait(page, "window.playground.state === 'connecting'")
         _shot(page, "connecting")
         while not held:
             page.wait_for_timeout(20)
-        page.unroute("**/v1/models")
         held[0].continue_()
+        page.unroute("**/v1/models")
 
         # Push to talk first (the microphone does not feed the session): a typed message with an
         # image, answered, and stopped with Escape once it plays.
         _wait(page, "window.playground.state === 'ready'")
-        assert page.input_value("#voice")  # the voices came from /v1/models
+        assert page.locator("#voice option").count() > 1  # the voices came from /v1/models
+        page.select_option("#voice", index=1)  # a session.update, which the gateway accepts
+        _wait(page, "window.playground.eventCounts['session.updated'] >= 2")
         _shot(page, "ready")
         image = {"name": "red.png", "mimeType": "image/png", "buffer": _tiny_png()}
         page.set_input_files("#attach", files=[image])
@@ -180,6 +182,20 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
         _wait(page, "window.playground.state === 'ready'")
         assert page.evaluate("window.playground.stats.cutPlayed") == 0
 
+        # Push to talk from the keyboard: Space held on the focused button sends the microphone.
+        page.focus("#talk")
+        page.keyboard.down(" ")
+        _wait(page, "window.playground.state === 'listening'")
+        sent = page.evaluate("window.playground.stats.micPiecesSent")
+        _wait(page, f"window.playground.stats.micPiecesSent >= {sent + 50}")  # a second of speech
+        page.keyboard.up(" ")
+        _wait(page, "window.playground.state === 'speaking'")
+        page.keyboard.press("Escape")
+        _wait(page, "window.playground.metrics.length === 2")
+        _wait(page, "window.playground.state === 'ready'")
+        roles = [e["role"] for e in page.evaluate("window.playground.transcript()")]
+        assert roles == ["user", "assistant", "user", "assistant"], roles
+
         # Hands-free: the server's VAD hears the speech, commits the turn, the answer comes.
         page.check("input[name=mode][value=vad]")
         _wait(page, "window.playground.state === 'listening'")
@@ -189,32 +205,34 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
         if _state(page) == "thinking":
             _shot(page, "thinking")
         _wait(page, "window.playground.state === 'speaking' && window.playground.stats.samplesPlayed > 12000")
-        _wait(page, "window.playground.transcript().filter(e => e.role === 'assistant' && e.text).length > 1")
+        _wait(page, "window.playground.transcript().filter(e => e.role === 'assistant' && e.text).length > 2")
         _shot(page, "speaking")
         roles = [e["role"] for e in page.evaluate("window.playground.transcript()")]
-        assert roles[:4] == ["user", "assistant", "user", "assistant"], roles
-        assert page.locator("#transcript li.user").count() >= 2
+        assert roles[:6] == ["user", "assistant"] * 3, roles
+        assert page.locator("#transcript li.user").count() >= 3
 
         # The speech comes again while the answer plays: barge-in.
         played_before = page.evaluate("window.playground.stats.samplesPlayed")
-        _wait(page, "window.playground.stats.bargeIns >= 2")  # Escape was the first
+        _wait(page, "window.playground.stats.bargeIns >= 3")  # after the two Escapes
         flush = page.evaluate("window.playground.stats.lastFlush")
         assert flush["wasPlaying"] or flush["discarded"] > 0, flush
-        _wait(page, "window.playground.metrics.filter(m => m.status === 'cancelled').length >= 2")
-        _wait(page, "(window.playground.eventCounts['conversation.item.truncated'] ?? 0) >= 2")
+        _wait(page, "window.playground.metrics.filter(m => m.status === 'cancelled').length >= 3")
+        _wait(page, "(window.playground.eventCounts['conversation.item.truncated'] ?? 0) >= 3")
         stats = page.evaluate("window.playground.stats")
         assert stats["cutPlayed"] == 0, stats  # nothing of the cut answer was rendered after the flush
         assert stats["samplesPlayed"] > played_before
         marked = [e for e in page.evaluate("window.playground.transcript()") if e["status"]]
-        assert len(marked) >= 2, "cut answers are marked in the transcript"
+        assert len(marked) >= 3, "cut answers are marked in the transcript"
         _shot(page, "barge-in")
 
         # The metrics panel shows the server's per-turn numbers.
         row = page.evaluate("window.playground.metrics[0]")
         assert {"ttft_ms", "ttfa_ms", "rtf", "replicas"} <= set(row), row
         assert set(row["replicas"]) == {"thinker", "talker", "code2wav"}
-        assert page.locator("#metrics tbody tr").count() >= 2
+        assert page.locator("#metrics tbody tr").count() >= 3
 
+        errors = page.evaluate("window.playground.serverErrors")
+        assert errors == [], json.dumps(errors)
         assert page.evaluate("window.playground.error") is None
         assert console.errors == []
     finally:

@@ -75,6 +75,8 @@ const stats = {
 const transcript = new Map(); // item id -> {role, element, text}
 const metrics = [];
 const eventCounts = {};
+const serverErrors = []; // the last few error events, for the test and for debugging
+const recentEvents = []; // the types of the last events received (debugging)
 
 const audio = new AudioEngine({ onMicPiece, onPlayer });
 
@@ -85,6 +87,7 @@ window.playground = {
   stats,
   metrics,
   eventCounts,
+  serverErrors,
   transcript: () => [...transcript.values()].map(({ role, text, status }) => ({ role, text, status })),
   get error() {
     return ui.error.hidden ? null : ui.error.textContent;
@@ -180,7 +183,7 @@ async function modelCard(key) {
 
 function fillVoices(voices) {
   const previous = ui.voice.value;
-  ui.voice.replaceChildren(...voices.map((v) => new Option(v, v)));
+  ui.voice.replaceChildren(new Option("(the gateway's default)", ""), ...voices.map((v) => new Option(v, v)));
   if (voices.includes(previous)) ui.voice.value = previous;
 }
 
@@ -280,6 +283,8 @@ const GA_NAMES = {
 function onEvent(event) {
   const type = GA_NAMES[event.type] ?? event.type;
   eventCounts[type] = (eventCounts[type] ?? 0) + 1;
+  recentEvents.push(type);
+  recentEvents.splice(0, recentEvents.length - 50);
   switch (type) {
     case "session.created":
       updateSession();
@@ -339,8 +344,8 @@ function onItem(item) {
   for (const part of item.content ?? []) {
     if (part.type === "input_text" || part.type === "text" || part.type === "output_text") text += part.text ?? "";
     else if (part.transcript) text += part.transcript;
-    else if (part.type === "input_audio") text += "🎤 (spoken)";
-    else if (part.type === "input_image") text += " 🖼 (image)";
+    else if (part.type === "input_audio") text += "[spoken]";
+    else if (part.type === "input_image") text += " [image]";
   }
   const entry = transcript.get(item.id);
   if (!entry || (text && !(item.role === "assistant" && entry.text))) setText(item.id, item.role, text);
@@ -372,6 +377,10 @@ function onResponseDone(response) {
 }
 
 function onServerError(error) {
+  // Stopping an answer that had just ended is a harmless race, not something to show.
+  if (error.code === "response_cancel_not_active") return;
+  serverErrors.push({ ...error, after: recentEvents.slice(-8, -1), mode: session.mode });
+  serverErrors.splice(0, serverErrors.length - 20);
   const code = error.code ? ` (${error.code})` : "";
   showError(`${error.message ?? "error"}${code}`);
   console.warn("realtime error event", error);
