@@ -135,6 +135,18 @@ class GatewayConfig:
             raise ValueError("stage_tls_cert and stage_tls_key go together")
         if self.discovery_interval <= 0:
             raise ValueError("discovery_interval must be positive")
+        if self.realtime_max_sessions < 0:
+            raise ValueError("realtime_max_sessions must be at least 0 (0: no realtime sessions)")
+        for name in (
+            "realtime_idle_timeout",
+            "realtime_max_buffer_seconds",
+            "realtime_append_burst_seconds",
+            "realtime_history_audio_seconds",
+        ):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive")
+        if self.realtime_max_history_items < 1:
+            raise ValueError("realtime_max_history_items must be at least 1")
         self._validate_size_limits()
 
     def _validate_size_limits(self) -> None:

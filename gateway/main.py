@@ -55,6 +55,8 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "stage_tls_key",
         "stage_tls_server_name",
         "api_key",
+        "realtime_max_sessions",
+        "realtime_idle_timeout",
     ):
         value = getattr(args, name, None)
         if value is not None:

@@ -66,6 +66,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--stage-tls-cert", default=None, help="client certificate for stages that require one")
     p.add_argument("--stage-tls-key", default=None, help="private key of --stage-tls-cert")
     p.add_argument("--stage-tls-server-name", default=None, help="name on the stages' certificates")
+    rt = p.add_argument_group("realtime (README: Realtime voice)")
+    rt.add_argument("--realtime-max-sessions", type=int, default=None, help="open /v1/realtime sessions (16)")
+    rt.add_argument(
+        "--realtime-idle-timeout", type=float, default=None, help="idle seconds before a session closes (300)"
+    )
     p.add_argument(
         "--api-key", default=None, help="require `Authorization: Bearer KEY` (default: $OMNISTREAM_API_KEY)"
     )

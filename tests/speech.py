@@ -1,45 +1,16 @@
-"""Spoken test input: espeak-ng renders a sentence, kept as pcm16 mono 24 kHz (the Realtime API's
-format) under .cache/speech, so each sentence is rendered once per machine."""
+"""Spoken test input (espeak-ng, pcm16 24 kHz), cached under the repository's .cache/speech."""
 
 from __future__ import annotations
 
-import hashlib
-import subprocess
-import tempfile
 from pathlib import Path
 
-import numpy as np
-import soundfile
+from omnistream.bench import speech
+from omnistream.bench.speech import RATE, pieces, silence_pcm16
 
-RATE = 24000
 CACHE = Path(__file__).resolve().parent.parent / ".cache" / "speech"
+
+__all__ = ["RATE", "pieces", "silence_pcm16", "speech_pcm16"]
 
 
 def speech_pcm16(text: str, voice: str = "en") -> bytes:
-    """`text` spoken by espeak-ng, as pcm16 24 kHz bytes (resampled with linear interpolation)."""
-    key = hashlib.sha256(f"{voice}\0{text}".encode()).hexdigest()[:16]
-    path = CACHE / f"{key}.pcm"
-    if path.exists():
-        return path.read_bytes()
-    with tempfile.TemporaryDirectory() as tmp:
-        wav = Path(tmp) / "speech.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-w", str(wav), text], check=True, capture_output=True)
-        samples, rate = soundfile.read(wav, dtype="float32")
-    if samples.ndim > 1:
-        samples = samples.mean(axis=1)
-    n = round(samples.size * RATE / rate)
-    resampled = np.interp(np.arange(n) * rate / RATE, np.arange(samples.size), samples)
-    pcm = (np.clip(resampled, -1.0, 1.0) * 32767).round().astype("<i2").tobytes()
-    CACHE.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pcm)
-    return pcm
-
-
-def silence_pcm16(seconds: float) -> bytes:
-    return bytes(2 * round(seconds * RATE))
-
-
-def pieces(pcm: bytes, ms: int = 20) -> list[bytes]:
-    """`pcm` cut into `ms` pieces, as a microphone would send it."""
-    size = RATE * ms // 1000 * 2
-    return [pcm[i : i + size] for i in range(0, len(pcm), size)]
+    return speech.speech_pcm16(text, voice, CACHE)

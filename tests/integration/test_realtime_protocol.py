@@ -1,0 +1,292 @@
+"""/v1/realtime's protocol with a raw WebSocket client, on the real processes: every client event
+type, both namings, bad frames and events (an error naming the event, the session lives on), the
+limits (appends too large, too fast, past the buffer; sessions; idle), auth, and a client that
+closes mid-response (every stage freed)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+
+import pytest
+import websockets
+
+from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.speech import silence_pcm16, speech_pcm16
+
+API_KEY = "protocol-test-key"
+LIMITS = {
+    "api_key": API_KEY,
+    "realtime_max_sessions": 3,
+    "realtime_idle_timeout": 4.0,
+    "realtime_max_buffer_seconds": 2.0,
+    "realtime_append_burst_seconds": 3.0,
+}
+NO_VAD = {"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+
+
+@pytest.fixture(scope="module")
+def gateway(stages, tmp_path_factory):
+    with configured_gateway(stages, tmp_path_factory.mktemp("realtime-protocol"), LIMITS) as gw:
+        yield gw
+
+
+def url(gateway) -> str:
+    return f"ws://127.0.0.1:{gateway.http_port}/v1/realtime?model=omnistream"
+
+
+def connect(gateway, beta: bool = False, key: str | None = API_KEY, **kwargs):
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    if beta:
+        headers["OpenAI-Beta"] = "realtime=v1"
+    return websockets.connect(url(gateway), additional_headers=headers, max_size=None, **kwargs)
+
+
+class Client:
+    """Sends events, reads server events in order."""
+
+    def __init__(self, ws) -> None:
+        self.ws = ws
+        self.seen: list[dict] = []
+
+    async def send(self, event: dict) -> None:
+        await self.ws.send(json.dumps(event))
+
+    async def next(self, timeout: float = 60.0) -> dict:
+        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        self.seen.append(event)
+        return event
+
+    async def until(self, kind: str, timeout: float = 120.0) -> dict:
+        async with asyncio.timeout(timeout):
+            while True:
+                event = await self.next(timeout)
+                if event["type"] == kind:
+                    return event
+
+    async def error(self) -> dict:
+        event = await self.until("error")
+        return event["error"]
+
+
+def b64(pcm: bytes) -> str:
+    return base64.b64encode(pcm).decode()
+
+
+async def opened(ws) -> Client:
+    client = Client(ws)
+    created = await client.next()
+    assert created["type"] == "session.created"
+    return client
+
+
+def test_every_client_event_type(gateway, stages):
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            await c.send(
+                {"type": "session.update", "event_id": "e1", "session": {**NO_VAD, "max_output_tokens": 6}}
+            )
+            updated = await c.until("session.updated")
+            assert updated["session"]["audio"]["input"]["turn_detection"] is None
+            assert updated["session"]["max_output_tokens"] == 6
+
+            # conversation.item.create: text; input_audio buffer: append, clear, append, commit
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": "Hi!"}]}})  # fmt: skip
+            added = await c.until("conversation.item.added")
+            assert added["item"]["content"] == [{"type": "input_text", "text": "Hi!"}]
+            await c.until("conversation.item.done")
+            await c.send({"type": "input_audio_buffer.append", "audio": b64(silence_pcm16(0.2))})
+            await c.send({"type": "input_audio_buffer.clear"})
+            await c.until("input_audio_buffer.cleared")
+            await c.send({"type": "input_audio_buffer.commit", "event_id": "empty"})
+            error = await c.error()
+            assert error["code"] == "input_audio_buffer_commit_empty" and error["event_id"] == "empty"
+            await c.send({"type": "input_audio_buffer.append", "audio": b64(speech_pcm16("Hello there."))})
+            await c.send({"type": "input_audio_buffer.commit"})
+            committed = await c.until("input_audio_buffer.committed")
+            user_audio = await c.until("conversation.item.added")
+            assert user_audio["item"]["id"] == committed["item_id"]
+            assert user_audio["item"]["content"][0]["type"] == "input_audio"
+
+            # response.create, text only: output_text deltas, response.done with usage
+            await c.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
+            created = await c.until("response.created")
+            assert created["response"]["status"] == "in_progress"
+            delta = await c.until("response.output_text.delta")
+            assert delta["response_id"] == created["response"]["id"]
+            done = await c.until("response.done")
+            assert done["response"]["status"] in ("completed", "incomplete")
+            assert done["response"]["usage"]["output_tokens"] > 0
+            assert not [e for e in c.seen if e["type"] == "response.output_audio.delta"]
+
+            # response.create with audio, response.cancel mid-way, truncate and delete its item
+            await c.send({"type": "session.update", "session": {"max_output_tokens": 4000,
+                          "omnistream": {"ignore_eos": True}}})  # fmt: skip
+            await c.until("session.updated")
+            await c.send({"type": "response.create"})
+            first = await c.until("response.output_audio.delta")
+            await c.send({"type": "response.cancel", "event_id": "cancel-1"})
+            done = await c.until("response.done")
+            assert done["response"]["status"] == "cancelled"
+            assert done["response"]["status_details"]["reason"] == "client_cancelled"
+            item_id = first["item_id"]
+            assert done["response"]["output"][0]["id"] == item_id
+            assert await wait_for(lambda: gateway_idle(gateway, stages), 10)
+            await c.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                          "audio_end_ms": 0})  # fmt: skip
+            truncated = await c.until("conversation.item.truncated")
+            assert truncated["audio_end_ms"] == 0
+            await c.send({"type": "conversation.item.truncate", "event_id": "far", "item_id": item_id,
+                          "content_index": 0, "audio_end_ms": 10**7})  # fmt: skip
+            assert (await c.error())["param"] == "audio_end_ms"
+            await c.send({"type": "conversation.item.delete", "item_id": item_id})
+            assert (await c.until("conversation.item.deleted"))["item_id"] == item_id
+            await c.send({"type": "response.cancel", "event_id": "none-active"})
+            error = await c.error()
+            assert error["code"] == "response_cancel_not_active" and error["event_id"] == "none-active"
+
+    asyncio.run(run())
+
+
+def test_beta_names(gateway):
+    async def run():
+        async with connect(gateway, beta=True) as ws:
+            c = await opened(ws)
+            assert c.seen[0]["session"]["input_audio_format"] == "pcm16"
+            await c.send({"type": "session.update", "session": {"modalities": ["text", "audio"],
+                          "turn_detection": None, "max_response_output_tokens": 4,
+                          "omnistream": {"max_audio_frames": 20}}})  # fmt: skip
+            updated = await c.until("session.updated")
+            assert updated["session"]["turn_detection"] is None
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": "Hello"}]}})  # fmt: skip
+            await c.until("conversation.item.created")
+            await c.send({"type": "response.create"})
+            await c.until("response.done")
+            kinds = {e["type"] for e in c.seen}
+            assert {"response.audio.delta", "response.audio_transcript.delta", "response.audio.done"} <= kinds
+            assert (
+                not {"response.output_audio.delta", "conversation.item.added", "conversation.item.done"}
+                & kinds
+            )
+
+    asyncio.run(run())
+
+
+def test_bad_frames_and_events_get_errors_and_the_session_lives_on(gateway):
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            await ws.send("{not json")
+            assert (await c.error())["code"] == "invalid_json"
+            await ws.send(b"\x00\x01binary")
+            assert (await c.error())["code"] == "invalid_frame"
+            await ws.send("[1, 2]")
+            assert (await c.error())["code"] == "invalid_event"
+            await c.send({"type": "no.such.event", "event_id": "u1"})
+            error = await c.error()
+            assert error["code"] == "unknown_event" and error["event_id"] == "u1"
+            await c.send({"type": "session.update", "event_id": "bad", "session": {"audio": {"input": {
+                "turn_detection": {"type": "server_vad", "threshold": 7}}}}})  # fmt: skip
+            error = await c.error()
+            assert error["event_id"] == "bad" and "threshold" in error["param"]
+            await c.send({"type": "input_audio_buffer.append", "audio": "***"})
+            assert (await c.error())["param"] == "audio"
+            bad_image = {"type": "input_image", "image_url": "data:image/png;base64,AAAA"}
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [bad_image]}})  # fmt: skip
+            error = await c.error()
+            assert error["param"].startswith("item.content.0")
+            await c.send({"type": "response.create", "event_id": "r0"})
+            assert (await c.error())["code"] == "conversation_empty"
+            # still usable
+            await c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
+            assert (await c.until("session.updated"))["session"]["instructions"] == "Be brief."
+
+    asyncio.run(run())
+
+
+def test_appends_too_large_too_fast_or_past_the_buffer_are_refused(gateway):
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            await c.send({"type": "session.update", "session": NO_VAD})
+            await c.until("session.updated")
+            await c.send(
+                {"type": "input_audio_buffer.append", "event_id": "huge", "audio": b64(silence_pcm16(2.5))}
+            )
+            error = await c.error()
+            assert error["code"] == "audio_too_large" and error["event_id"] == "huge"
+            await c.send({"type": "input_audio_buffer.append", "audio": b64(silence_pcm16(1.5))})
+            await c.send(
+                {"type": "input_audio_buffer.append", "event_id": "full", "audio": b64(silence_pcm16(1.0))}
+            )
+            error = await c.error()
+            assert error["code"] == "input_audio_buffer_full" and error["event_id"] == "full"
+            await c.send({"type": "input_audio_buffer.clear"})
+            await c.until("input_audio_buffer.cleared")
+            # 2.5 s of the 3 s burst are spent: another second at once runs ahead of real time
+            await c.send(
+                {"type": "input_audio_buffer.append", "event_id": "fast", "audio": b64(silence_pcm16(1.0))}
+            )
+            error = await c.error()
+            assert error["code"] == "input_audio_buffer_rate_exceeded" and error["type"] == "rate_limit_error"
+            await c.send({"type": "session.update", "session": {"instructions": "still here"}})
+            await c.until("session.updated")
+
+    asyncio.run(run())
+
+
+def test_auth_by_header_or_browser_subprotocol(gateway):
+    async def run():
+        with pytest.raises(websockets.InvalidStatus) as refused:
+            async with connect(gateway, key=None):
+                pass
+        assert refused.value.response.status_code == 401
+        with pytest.raises(websockets.InvalidStatus):
+            async with connect(gateway, key="wrong"):
+                pass
+        protocols = ["realtime", f"openai-insecure-api-key.{API_KEY}"]
+        async with websockets.connect(url(gateway), subprotocols=protocols) as ws:
+            assert ws.subprotocol == "realtime"
+            await opened(ws)
+
+    asyncio.run(run())
+
+
+def test_session_limit_and_idle_timeout(gateway):
+    async def run():
+        async with connect(gateway) as a, connect(gateway) as b, connect(gateway) as c:
+            for ws in (a, b, c):
+                await opened(ws)
+            async with connect(gateway) as refused:
+                error = json.loads(await refused.recv())
+                assert error["type"] == "error" and error["error"]["code"] == "session_limit_reached"
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    await refused.recv()
+                assert closed.value.rcvd.code == 1013
+            # idle: no event for realtime_idle_timeout seconds ends the session
+            error = json.loads(await asyncio.wait_for(a.recv(), 30))
+            assert error["error"]["code"] == "session_idle_timeout"
+            with pytest.raises(websockets.ConnectionClosed):
+                await asyncio.wait_for(a.recv(), 10)
+
+    asyncio.run(run())
+
+
+def test_closing_mid_response_frees_every_stage(gateway, stages):
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            await c.send({"type": "session.update", "session": {**NO_VAD, "max_output_tokens": 4000,
+                          "omnistream": {"ignore_eos": True}}})  # fmt: skip
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": "Talk for a long time."}]}})  # fmt: skip
+            await c.send({"type": "response.create"})
+            await c.until("response.output_audio.delta")
+        assert await wait_for(lambda: gateway_idle(gateway, stages), 10)
+
+    asyncio.run(run())
