@@ -546,13 +546,16 @@ function addMetrics(turn, status, omni) {
   metrics.splice(MAX_METRIC_ROWS);
   const tr = document.createElement("tr");
   const ms = (v) => (typeof v === "number" ? `${Math.round(v)} ms` : "–");
-  const replicas = omni.replicas
-    ? Object.entries(omni.replicas).map(([stage, replica]) => `${stage}: ${replica}`).join(", ")
-    : "–";
+  const replicas = Object.entries(omni.replicas ?? {}).map(([stage, replica]) => `${stage} ${replica ?? "–"}`);
   const rtf = typeof omni.rtf === "number" ? omni.rtf.toFixed(2) : "–";
   for (const value of [String(turn), status, ms(omni.ttft_ms), ms(omni.ttfa_ms), rtf, replicas]) {
     const td = document.createElement("td");
-    td.textContent = value;
+    if (Array.isArray(value)) {
+      td.className = "replicas";
+      for (const line of value) td.append(Object.assign(document.createElement("div"), { textContent: line }));
+    } else {
+      td.textContent = value;
+    }
     tr.append(td);
   }
   ui.metrics.prepend(tr);
