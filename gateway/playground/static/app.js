@@ -195,7 +195,7 @@ function onClose({ code, reason, opened }) {
   const wasLive = opened;
   session.connection = null;
   resetTurn();
-  audio.flush();
+  audio.close(); // stops playback and releases the microphone (the browser's recording indicator)
   if (wasLive && code !== 1000) {
     session.failed = reason || `the connection was lost (code ${code})`;
     showError(session.failed);
