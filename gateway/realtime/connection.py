@@ -188,17 +188,15 @@ class Connection:
         self.turn_item_id = new_id("item")
         self.buffer.keep_from(sample - td.prefix_padding_ms * INPUT_RATE // 1000)
         response = self.response
-        barge_in = td.interrupt_response and response is not None and response.active
-        if barge_in:
-            assert response is not None
-            self.outbound.purge(response)  # before speech_started: no audio of it after that event
+        # Stopped before speech_started is queued: none of its audio can follow that event.
+        barge_in = td.interrupt_response and response is not None and response.stop("turn_detected")
         await self.send(
             "input_audio_buffer.speech_started", audio_start_ms=_ms(sample), item_id=self.turn_item_id
         )
         if barge_in:
             assert response is not None
-            if await response.cancel("turn_detected"):
-                self.on_barge_in()
+            self.on_barge_in()
+            await response.wait()
 
     async def _speech_stopped(self, sample: int) -> None:
         td = self.config.turn_detection
@@ -389,7 +387,8 @@ class Connection:
         kind = "output_audio" if settings.speaks else "output_text"
         item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
         previous = self.conversation.last_id()
-        self.conversation.add(item)
+        for old in self.conversation.add(item):
+            await self.send("conversation.item.deleted", item_id=old)
         self.response = ResponseRun(
             self.core, self.protocol, self.outbound, request, item, previous, self._ended
         )

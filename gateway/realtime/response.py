@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -75,19 +74,26 @@ class ResponseRun:
     def active(self) -> bool:
         return self.task is not None and not self.task.done()
 
-    async def cancel(self, reason: str) -> bool:
-        """Stop it now (False: it had already ended). Queued deltas go before anything awaits."""
-        if self.task is None or self.task.done():
-            return False
-        if self._finishing:
-            await asyncio.shield(self.task)
+    def stop(self, reason: str) -> bool:
+        """Begin cancelling, without awaiting anything: the deltas not sent yet are dropped and the
+        task is cancelled, so no new delta can follow whatever the caller sends next. False when it
+        had already ended (or is ending on its own)."""
+        if self.task is None or self.task.done() or self._finishing:
             return False
         self.reason = reason
         self.outbound.purge(self)
         self.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self.task
         return True
+
+    async def wait(self) -> None:
+        """Until it has ended: its stages closed, its response.done queued."""
+        if self.task is not None:
+            await asyncio.wait({self.task})  # never raises the task's end; the caller's cancel passes
+
+    async def cancel(self, reason: str) -> bool:
+        stopped = self.stop(reason)
+        await self.wait()
+        return stopped
 
     async def _emit(self, kind: str, owner: bool = False, samples: int = 0, **fields: Any) -> None:
         await self.outbound.put(self.protocol.event(kind, **fields), self if owner else None, samples)

@@ -133,19 +133,19 @@ def add_realtime_route(app: FastAPI, core: GatewayCore) -> None:
 async def _serve(websocket: WebSocket, core: GatewayCore, state: RealtimeState, beta: bool) -> None:
     outbound = Outbound(websocket.send_text)
     conn = Connection(core, outbound, beta, websocket.query_params.get("model"), state.barge_ins.inc)
+    await conn.open()  # session.created is the first event, before any client event is read
     sender = asyncio.create_task(outbound.run())
     watchdog = asyncio.create_task(_idle_watchdog(websocket, conn, core.config.realtime_idle_timeout))
     receiver = asyncio.create_task(_receive(websocket, conn))
     try:
-        await conn.open()
         # Whichever ends first ends the session: the client closed (receiver), the socket failed
         # (sender) or the session idled out (watchdog).
         await asyncio.wait({sender, watchdog, receiver}, return_when=asyncio.FIRST_COMPLETED)
     finally:
         receiver.cancel()
         watchdog.cancel()
+        outbound.close()  # first: a response ending now must not wait for room on a dead socket
         await conn.close()
-        outbound.close()
         sender.cancel()
         for task in (sender, watchdog, receiver):
             with contextlib.suppress(BaseException):
@@ -175,12 +175,10 @@ async def _idle_watchdog(websocket: WebSocket, conn: Connection, timeout: float)
         if left <= 0:
             break
         await asyncio.sleep(min(left, 1.0))
-    await conn.outbound.put(
-        conn.protocol.error(
-            f"the session was idle for {timeout:g} s",
-            "session_idle_timeout",
-            error_type="invalid_request_error",
-        )
+    error = conn.protocol.error(
+        f"the session was idle for {timeout:g} s", "session_idle_timeout", error_type="invalid_request_error"
     )
+    with contextlib.suppress(TimeoutError):  # a client that reads nothing gets the close alone
+        await asyncio.wait_for(conn.outbound.put(error), CLOSE_DRAIN_S)
     await conn.outbound.drain(CLOSE_DRAIN_S)
     await websocket.close(1000, "idle timeout")

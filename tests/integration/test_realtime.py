@@ -138,7 +138,7 @@ def test_barge_in_cancels_every_stage(gateway, stages):
                 session={
                     "type": "realtime",
                     "audio": {"input": {"turn_detection": VAD}},
-                    "max_output_tokens": 4000,
+                    "max_output_tokens": 1000,
                     "omnistream": {"ignore_eos": True, "seed": 2},
                 }
             )

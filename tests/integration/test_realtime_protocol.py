@@ -13,6 +13,7 @@ import pytest
 import websockets
 
 from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.media_files import image_file
 from tests.speech import silence_pcm16, speech_pcm16
 
 API_KEY = "protocol-test-key"
@@ -58,11 +59,11 @@ class Client:
         self.seen.append(event)
         return event
 
-    async def until(self, kind: str, timeout: float = 120.0) -> dict:
+    async def until(self, kind: str, timeout: float = 120.0, where=lambda event: True) -> dict:
         async with asyncio.timeout(timeout):
             while True:
                 event = await self.next(timeout)
-                if event["type"] == kind:
+                if event["type"] == kind and where(event):
                     return event
 
     async def error(self) -> dict:
@@ -111,6 +112,17 @@ def test_every_client_event_type(gateway, stages):
             assert user_audio["item"]["id"] == committed["item_id"]
             assert user_audio["item"]["content"][0]["type"] == "input_audio"
 
+            # an item with an image, audio and text (what the playground attaches)
+            png = "data:image/png;base64," + base64.b64encode(image_file()).decode()
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [{"type": "input_image", "image_url": png},
+                                      {"type": "input_audio", "audio": b64(speech_pcm16("What is this?"))},
+                                      {"type": "input_text", "text": "Describe it."}]}})  # fmt: skip
+            media = (await c.until("conversation.item.done", where=lambda e: len(e["item"]["content"]) == 3))[
+                "item"
+            ]
+            assert [p["type"] for p in media["content"]] == ["input_image", "input_audio", "input_text"]
+
             # response.create, text only: output_text deltas, response.done with usage
             await c.send({"type": "response.create", "response": {"output_modalities": ["text"]}})
             created = await c.until("response.created")
@@ -123,7 +135,7 @@ def test_every_client_event_type(gateway, stages):
             assert not [e for e in c.seen if e["type"] == "response.output_audio.delta"]
 
             # response.create with audio, response.cancel mid-way, truncate and delete its item
-            await c.send({"type": "session.update", "session": {"max_output_tokens": 4000,
+            await c.send({"type": "session.update", "session": {"max_output_tokens": 1000,
                           "omnistream": {"ignore_eos": True}}})  # fmt: skip
             await c.until("session.updated")
             await c.send({"type": "response.create"})
@@ -281,12 +293,30 @@ def test_closing_mid_response_frees_every_stage(gateway, stages):
     async def run():
         async with connect(gateway) as ws:
             c = await opened(ws)
-            await c.send({"type": "session.update", "session": {**NO_VAD, "max_output_tokens": 4000,
+            await c.send({"type": "session.update", "session": {**NO_VAD, "max_output_tokens": 1000,
                           "omnistream": {"ignore_eos": True}}})  # fmt: skip
             await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                           "content": [{"type": "input_text", "text": "Talk for a long time."}]}})  # fmt: skip
             await c.send({"type": "response.create"})
             await c.until("response.output_audio.delta")
         assert await wait_for(lambda: gateway_idle(gateway, stages), 10)
+
+    asyncio.run(run())
+
+
+def test_a_frame_over_the_websocket_limit_closes_only_that_session(gateway):
+    async def run():
+        async with connect(gateway) as other:
+            await opened(other)
+            async with connect(gateway) as ws:
+                await opened(ws)
+                await ws.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (17 * 2**20)}))
+                with pytest.raises(websockets.ConnectionClosed) as closed:
+                    while True:
+                        await asyncio.wait_for(ws.recv(), 30)
+                assert closed.value.rcvd.code == 1009  # message too big (uvicorn's 16 MiB)
+            c = Client(other)
+            await c.send({"type": "session.update", "session": {"instructions": "fine"}})
+            await c.until("session.updated")
 
     asyncio.run(run())
