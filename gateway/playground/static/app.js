@@ -159,7 +159,12 @@ async function connect() {
     const connection = new RealtimeConnection(url.href, key, { onEvent, onClose });
     session.connection = connection;
     await connection.ready;
-    await audio.startMic();
+    try {
+      await audio.startMic();
+    } catch (error) {
+      // no microphone (or no permission): typing and attachments still work
+      showError(`Microphone unavailable (${error.message}): you can still type and attach files`);
+    }
   } catch (error) {
     session.connection?.close();
     session.connection = null;
