@@ -129,12 +129,15 @@ function render() {
   ui.played.textContent = (stats.samplesPlayed / RATE).toFixed(2);
 }
 
-function showError(message) {
+/** Show `message` in the alert; `source` lets a later success clear only its own kind of error. */
+function showError(message, source = "") {
   ui.error.textContent = message;
+  ui.error.dataset.source = source;
   ui.error.hidden = false;
 }
 
-function clearError() {
+function clearError(source = null) {
+  if (source !== null && ui.error.dataset.source !== source) return;
   ui.error.hidden = true;
   ui.error.textContent = "";
 }
@@ -266,10 +269,10 @@ function updateSession() {
   try {
     config = sessionConfig();
   } catch (error) {
-    showError(error.message);
+    showError(error.message, "settings");
     return;
   }
-  clearError();
+  clearError("settings");
   session.connection.send({ type: "session.update", session: config });
 }
 
