@@ -14,10 +14,10 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
-from gateway.media_parts import from_data_url
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn
 from gateway.realtime.events import EventError
+from gateway.realtime.items import check_modality, item_parts
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.response import ResponseRun
@@ -219,7 +219,7 @@ class Connection:
                 code="input_audio_buffer_commit_empty",
                 event_id=event_id,
             )
-        self._check_modality("audio", "input_audio_buffer")
+        check_modality(self.core.deployment.input_modalities, "audio", "input_audio_buffer")
         item_id = item_id or new_id("item")
         parts: list[dict[str, Any]] = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
         await self._decode(parts, event_id)
@@ -236,13 +236,6 @@ class Connection:
         return True
 
     # -- conversation --------------------------------------------------------------------------
-    def _check_modality(self, kind: str, param: str) -> None:
-        modalities = self.core.deployment.input_modalities
-        if modalities is not None and kind not in modalities:
-            raise EventError(
-                f"this deployment's model takes no {kind} input", code="invalid_value", param=param
-            )
-
     async def _decode(self, parts: list[dict[str, Any]], event_id: str | None) -> None:
         try:
             await self.core.media.decode([{"role": "user", "content": parts}], False)
@@ -262,69 +255,8 @@ class Connection:
         item_id = given.id or new_id("item")
         if item_id in self.conversation.items:
             raise EventError(f"an item with id {item_id!r} exists", code="duplicate_item_id", param="item.id")
-        parts: list[dict[str, Any]] = []
-        content: list[dict[str, Any]] = []
-        text = ""
-        seconds = 0.0
-        for i, part in enumerate(given.content):
-            where = f"item.content.{i}"
-            if given.role != "user" and part.type in ("input_audio", "input_image"):
-                raise EventError(
-                    f"a {given.role} item takes text only", code="invalid_value", param=f"{where}.type"
-                )
-            if part.type in ("input_text", "text", "output_text"):
-                if part.text is None:
-                    raise EventError("a text part needs `text`", code="invalid_value", param=f"{where}.text")
-                parts.append({"type": "text", "text": part.text})
-                content.append(
-                    {"type": "input_text" if given.role != "assistant" else "output_text", "text": part.text}
-                )
-                text += part.text
-            elif part.type in ("output_audio", "audio") and given.role == "assistant":
-                text += part.transcript or ""
-                content.append({"type": "output_audio", "transcript": part.transcript or ""})
-            elif part.type == "input_audio":
-                if part.audio is None:
-                    raise EventError(
-                        "an input_audio part needs `audio` (base64 pcm16 24 kHz)",
-                        code="invalid_value",
-                        param=f"{where}.audio",
-                    )
-                self._check_modality("audio", f"{where}.audio")
-                pcm = decode_base64_pcm(part.audio, f"{where}.audio", self.buffer.max_bytes, event.event_id)
-                if not pcm:
-                    raise EventError("the audio is empty", code="invalid_value", param=f"{where}.audio")
-                seconds += len(pcm) / 2 / INPUT_RATE
-                parts.append({"type": "audio", "audio": encoded_turn(pcm, f"{where}.audio")})
-                content.append({"type": "input_audio", "transcript": part.transcript})
-            elif part.type == "input_image":
-                if part.image_url is None:
-                    raise EventError(
-                        "an input_image part needs `image_url` (a data URL)",
-                        code="invalid_value",
-                        param=f"{where}.image_url",
-                    )
-                self._check_modality("image", f"{where}.image_url")
-                if part.image_url[:5].lower() != "data:":
-                    raise EventError(
-                        "image_url must be a data: URL", code="invalid_value", param=f"{where}.image_url"
-                    )
-                try:
-                    parts.append(
-                        {
-                            "type": "image",
-                            "image": from_data_url(part.image_url, "image", f"{where}.image_url"),
-                        }
-                    )
-                except OmniError as exc:
-                    raise EventError(exc.message, code=exc.kind, param=exc.field) from None
-                content.append({"type": "input_image"})
-            else:
-                raise EventError(
-                    f"a {given.role} item cannot hold a {part.type} part",
-                    code="invalid_value",
-                    param=f"{where}.type",
-                )
+        modalities = self.core.deployment.input_modalities
+        parts, content, text, seconds = item_parts(given, modalities, self.buffer.max_bytes, event.event_id)
         await self._decode(parts, event.event_id)
         item = Item(item_id, given.role, parts, content, audio_seconds=seconds)
         if given.role == "assistant":

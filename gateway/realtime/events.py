@@ -75,7 +75,7 @@ class AudioConfig(BaseModel):
 
 
 Modalities = Annotated[list[Literal["text", "audio"]], Field(min_length=1, max_length=2)]
-MaxTokens = int | Literal["inf"]
+MaxTokens = Annotated[int, Field(ge=1, le=1_000_000)] | Literal["inf"]
 
 
 class Extensions(BaseModel):
@@ -216,7 +216,8 @@ _ADAPTERS = {name: TypeAdapter(model) for name, model in EVENT_TYPES.items()}
 
 
 def _param(error: dict[str, Any]) -> str:
-    return ".".join(str(p) for p in error["loc"])
+    """The field's path; pydantic's union-member tags (`constrained-int`, `literal['inf']`) left out."""
+    return ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and any(c in p for c in "-['")))
 
 
 def parse(text: str) -> ClientEvent:

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -21,10 +23,11 @@ from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.session import Item
 from gateway.realtime.vad import INPUT_RATE
-from omnistream.errors import OmniError
+from omnistream.errors import InternalError, OmniError
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
 STAGES = ("thinker", "talker", "code2wav")
+log = logging.getLogger(__name__)
 
 
 def _ms(start: float, end: float | None) -> float | None:
@@ -110,6 +113,9 @@ class ResponseRun:
             status = "cancelled"
         except OmniError as exc:
             status, self.error = "failed", exc
+        except Exception as exc:  # a bug: the response fails, the session and the stages do not
+            log.exception("realtime response %s failed", self.id)
+            status, self.error = "failed", InternalError(f"internal error ({type(exc).__name__})")
         else:
             if self.done is not None and self.done.finish_reason == "length":
                 status, self.reason = "incomplete", "max_output_tokens"
@@ -135,33 +141,44 @@ class ResponseRun:
             item=self.item.wire(self.protocol),
         )
         part = self.item.wire(self.protocol)["content"][0]
-        where = self._where()
-        del where["item_id"]
-        await self._emit("response.content_part.added", item_id=self.item.id, part=part, **where)
+        await self._emit("response.content_part.added", part=part, **self._where())
 
     async def _stream(self) -> None:
         self.session = session = await self.core.open(self.request)
+        # Closed here, not left to the generator: a cancel that lands while a delta waits for room
+        # in the send queue is raised outside `events()`, which would only close on collection.
+        try:
+            await self._deltas(session)
+        finally:
+            await session.aclose()
+
+    async def _deltas(self, session: Session) -> None:
         self.replicas = session.replica_addresses
         converter = OutputAudio()
         text_kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
-        async for event in session.events():
-            if isinstance(event, TextEvent):
-                self.output_tokens += len(event.token_ids)
-                if event.delta:
-                    self.item.text += event.delta
-                    await self._emit(text_kind, owner=True, delta=event.delta, **self._where())
-            elif isinstance(event, AudioEvent):
-                pcm = converter.convert(event.audio, event.sample_rate)
-                if not pcm:
-                    continue
-                samples = len(pcm) // 2
-                self.item.audio_samples_made += samples
-                delta = base64.b64encode(pcm).decode()
-                await self._emit(
-                    "response.output_audio.delta", owner=True, samples=samples, delta=delta, **self._where()
-                )
-            elif isinstance(event, DoneEvent):
-                self.done = event
+        async with contextlib.aclosing(session.events()) as events:
+            async for event in events:
+                if isinstance(event, TextEvent):
+                    self.output_tokens += len(event.token_ids)
+                    if event.delta:
+                        self.item.text += event.delta
+                        await self._emit(text_kind, owner=True, delta=event.delta, **self._where())
+                elif isinstance(event, AudioEvent):
+                    pcm = converter.convert(event.audio, event.sample_rate)
+                    if not pcm:
+                        continue
+                    samples = len(pcm) // 2
+                    self.item.audio_samples_made += samples
+                    delta = base64.b64encode(pcm).decode()
+                    await self._emit(
+                        "response.output_audio.delta",
+                        owner=True,
+                        samples=samples,
+                        delta=delta,
+                        **self._where(),
+                    )
+                elif isinstance(event, DoneEvent):
+                    self.done = event
 
     async def _finish(self, status: str) -> None:
         self.status = status

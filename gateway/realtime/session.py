@@ -56,12 +56,6 @@ class SessionConfig:
             else update.max_response_output_tokens
         )
         if tokens is not None:
-            if tokens != "inf" and not 1 <= tokens <= 1_000_000:
-                raise EventError(
-                    "max_output_tokens must be at least 1 or 'inf'",
-                    code="invalid_value",
-                    param="session.max_output_tokens",
-                )
             self.max_output_tokens = _tokens(tokens)
         if update.temperature is not None:
             self.temperature = update.temperature

@@ -27,7 +27,6 @@ class ResponseSettings:
     voice: str | None
     max_output_tokens: int | None
     temperature: float | None
-    use_conversation: bool = True
 
     @property
     def speaks(self) -> bool:
@@ -62,7 +61,6 @@ class ResponseSettings:
             settings.max_output_tokens = None if tokens == "inf" else int(tokens)
         if fields.temperature is not None:
             settings.temperature = fields.temperature
-        settings.use_conversation = fields.conversation != "none"
         return settings
 
 

@@ -148,14 +148,24 @@ def test_barge_in_cancels_every_stage(gateway, stages):
             await speaker
             interrupt = asyncio.create_task(speak(conn, speech_pcm16("Stop, stop please.")))
             try:
-                await events_until(conn, "input_audio_buffer.speech_started", seen)
+                started = await events_until(conn, "input_audio_buffer.speech_started", seen)
                 done = await events_until(conn, "response.done", seen)
             finally:
                 interrupt.cancel()
             assert done.response.status == "cancelled", done.response
             assert done.response.status_details.reason == "turn_detected"
+            item_id = done.response.output[0].id
+            # None of its audio follows speech_started, and the item keeps exactly the audio sent.
+            after = seen[next(i for i, e in enumerate(seen) if e is started) :]
+            assert not [e for e in after if e.type == "response.output_audio.delta"]
+            received = sum(
+                len(base64.b64decode(e.delta))
+                for e in seen
+                if e.type == "response.output_audio.delta" and e.item_id == item_id
+            )
             truncated = [e for e in seen if e.type == "conversation.item.truncated"]
-            assert truncated and truncated[0].item_id == done.response.output[0].id
+            assert truncated and truncated[0].item_id == item_id
+            assert truncated[0].audio_end_ms == received // 2 * 1000 // 24000 > 0
             # Every stage is idle while the session is still open.
             assert await wait_for(lambda: gateway_idle(gateway, stages), 10)
             assert metric_at(f"{gateway_url(gateway)}/metrics", "omnistream_realtime_barge_ins_total") >= 1

@@ -214,6 +214,16 @@ def test_bad_frames_and_events_get_errors_and_the_session_lives_on(gateway):
             assert error["param"].startswith("item.content.0")
             await c.send({"type": "response.create", "event_id": "r0"})
             assert (await c.error())["code"] == "conversation_empty"
+            await c.send({"type": "session.update", "event_id": "v", "session": {"voice": "nobody"}})
+            error = await c.error()
+            assert error["event_id"] == "v" and "voice" in error["param"]
+            # a response the stages refuse fails alone: response.done failed, then the session goes on
+            await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
+                          "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
+            await c.send({"type": "response.create", "response": {"max_output_tokens": 100000}})
+            done = await c.until("response.done")
+            assert done["response"]["status"] == "failed"
+            assert done["response"]["status_details"]["error"]["code"] == "invalid_request"
             # still usable
             await c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
             assert (await c.until("session.updated"))["session"]["instructions"] == "Be brief."

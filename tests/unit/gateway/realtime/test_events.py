@@ -10,16 +10,6 @@ from gateway.realtime import events as ev
 from gateway.realtime.events import EventError, parse
 from gateway.realtime.session import SessionConfig
 
-TRUNCATE = json.dumps(
-    {
-        "type": "conversation.item.truncate",
-        "event_id": "a",
-        "item_id": "i",
-        "content_index": 0,
-        "audio_end_ms": -1,
-    }
-)
-
 
 def event(**fields) -> str:
     return json.dumps(fields)
@@ -76,6 +66,11 @@ def test_every_client_event_type_parses():
             '"audio_end_ms": -1}',
             "invalid_value",
             "audio_end_ms",
+        ),
+        (
+            '{"type": "session.update", "event_id": "a", "session": {"max_output_tokens": 0}}',
+            "invalid_value",
+            "session.max_output_tokens",
         ),
     ],
 )

@@ -1,0 +1,94 @@
+"""A client's `conversation.item.create` as an item: its parts as the thinker takes them (media
+still encoded, for the gateway's decoder) and as the client sees them.
+
+Parts: `input_text` (any role), `input_audio` (base64 pcm16 24 kHz, user), `input_image` (a data URL,
+user; the same decoding and limits as REST images), and for an assistant item `text`/`output_text`
+or `output_audio` with its transcript (what it said is kept as text).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from gateway.media_parts import from_data_url
+from gateway.realtime.audio import decode_base64_pcm, encoded_turn
+from gateway.realtime.events import EventError
+from gateway.realtime.events import Item as GivenItem
+from gateway.realtime.vad import INPUT_RATE
+from omnistream.errors import OmniError
+
+
+def check_modality(modalities: tuple[str, ...] | None, kind: str, param: str) -> None:
+    """Refuse a media kind the deployment's thinker does not take (None: not known yet)."""
+    if modalities is not None and kind not in modalities:
+        raise EventError(f"this deployment's model takes no {kind} input", code="invalid_value", param=param)
+
+
+def item_parts(
+    given: GivenItem, modalities: tuple[str, ...] | None, max_audio_bytes: int, event_id: str | None
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str, float]:
+    """(thinker parts, client content, the item's text, seconds of audio) of a created item."""
+    parts: list[dict[str, Any]] = []
+    content: list[dict[str, Any]] = []
+    text = ""
+    seconds = 0.0
+    for i, part in enumerate(given.content):
+        where = f"item.content.{i}"
+        if given.role != "user" and part.type in ("input_audio", "input_image"):
+            raise EventError(
+                f"a {given.role} item takes text only", code="invalid_value", param=f"{where}.type"
+            )
+        if part.type in ("input_text", "text", "output_text"):
+            if part.text is None:
+                raise EventError("a text part needs `text`", code="invalid_value", param=f"{where}.text")
+            parts.append({"type": "text", "text": part.text})
+            content.append(
+                {"type": "input_text" if given.role != "assistant" else "output_text", "text": part.text}
+            )
+            text += part.text
+        elif part.type in ("output_audio", "audio") and given.role == "assistant":
+            text += part.transcript or ""
+            content.append({"type": "output_audio", "transcript": part.transcript or ""})
+        elif part.type == "input_audio":
+            if part.audio is None:
+                raise EventError(
+                    "an input_audio part needs `audio` (base64 pcm16 24 kHz)",
+                    code="invalid_value",
+                    param=f"{where}.audio",
+                )
+            check_modality(modalities, "audio", f"{where}.audio")
+            pcm = decode_base64_pcm(part.audio, f"{where}.audio", max_audio_bytes, event_id)
+            if not pcm:
+                raise EventError("the audio is empty", code="invalid_value", param=f"{where}.audio")
+            seconds += len(pcm) / 2 / INPUT_RATE
+            parts.append({"type": "audio", "audio": encoded_turn(pcm, f"{where}.audio")})
+            content.append({"type": "input_audio", "transcript": part.transcript})
+        elif part.type == "input_image":
+            if part.image_url is None:
+                raise EventError(
+                    "an input_image part needs `image_url` (a data URL)",
+                    code="invalid_value",
+                    param=f"{where}.image_url",
+                )
+            check_modality(modalities, "image", f"{where}.image_url")
+            if part.image_url[:5].lower() != "data:":
+                raise EventError(
+                    "image_url must be a data: URL", code="invalid_value", param=f"{where}.image_url"
+                )
+            try:
+                parts.append(
+                    {
+                        "type": "image",
+                        "image": from_data_url(part.image_url, "image", f"{where}.image_url"),
+                    }
+                )
+            except OmniError as exc:
+                raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+            content.append({"type": "input_image"})
+        else:
+            raise EventError(
+                f"a {given.role} item cannot hold a {part.type} part",
+                code="invalid_value",
+                param=f"{where}.type",
+            )
+    return parts, content, text, seconds

@@ -1,0 +1,64 @@
+"""conversation.item.create's content parts: what the thinker gets, what the client sees, refusals."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from gateway.media_parts import EncodedMedia
+from gateway.realtime.events import EventError, Item
+from gateway.realtime.items import item_parts
+
+PCM = base64.b64encode(bytes(4800)).decode()  # 0.1 s
+PNG = "data:image/png;base64,iVBORw0KGgo="
+
+
+def test_a_user_item_keeps_media_encoded_for_the_decoder_in_order():
+    given = Item.model_validate(
+        {
+            "role": "user",
+            "content": [
+                {"type": "input_image", "image_url": PNG},
+                {"type": "input_audio", "audio": PCM},
+                {"type": "input_text", "text": "What is it?"},
+            ],
+        }
+    )
+    parts, content, text, seconds = item_parts(given, ("text", "audio", "image"), 10**6, None)
+    assert [p["type"] for p in parts] == ["image", "audio", "text"]
+    assert all(isinstance(p[p["type"]], EncodedMedia) for p in parts[:2])
+    assert [c["type"] for c in content] == ["input_image", "input_audio", "input_text"]
+    assert (text, seconds) == ("What is it?", 0.1)
+
+
+def test_an_assistant_item_is_its_text():
+    given = Item.model_validate(
+        {"role": "assistant", "content": [{"type": "output_audio", "transcript": "Hi."}]}
+    )
+    parts, content, text, _ = item_parts(given, None, 10**6, None)
+    assert (parts, text) == ([], "Hi.")
+    assert content == [{"type": "output_audio", "transcript": "Hi."}]
+
+
+@pytest.mark.parametrize(
+    ("role", "part", "modalities", "param"),
+    [
+        ("assistant", {"type": "input_audio", "audio": PCM}, None, "item.content.0.type"),
+        ("user", {"type": "input_audio"}, None, "item.content.0.audio"),
+        ("user", {"type": "input_audio", "audio": PCM}, ("text",), "item.content.0.audio"),
+        ("user", {"type": "input_image", "image_url": "https://x/y.png"}, None, "item.content.0.image_url"),
+        (
+            "user",
+            {"type": "input_image", "image_url": "data:text/plain;base64,AA=="},
+            None,
+            "item.content.0.image_url",
+        ),
+        ("user", {"type": "output_audio", "transcript": "x"}, None, "item.content.0.type"),
+    ],
+)
+def test_bad_parts_are_refused_naming_the_part(role, part, modalities, param):
+    given = Item.model_validate({"role": role, "content": [part]})
+    with pytest.raises(EventError) as caught:
+        item_parts(given, modalities, 10**6, None)
+    assert caught.value.param == param
