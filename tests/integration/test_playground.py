@@ -115,6 +115,16 @@ def _wait(page, expression: str, timeout: int = TIMEOUT_MS) -> None:
     page.wait_for_function(f"() => {expression}", timeout=timeout)
 
 
+def _stopped_at_once(page) -> None:
+    """The last stop flushed audio that was playing or queued, and nothing of that answer was
+    rendered after the flush (its later deltas are dropped, the player's queue is empty)."""
+    _wait(page, "window.playground.stats.lastFlush !== null")
+    stats = page.evaluate("window.playground.stats")
+    flush = stats["lastFlush"]
+    assert flush["wasPlaying"] or flush["discarded"] > 0, flush
+    assert stats["cutPlayed"] == 0, stats
+
+
 def _state(page) -> str:
     return page.evaluate("window.playground.state")
 
@@ -178,9 +188,11 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
         _wait(page, "window.playground.state === 'speaking'")
         page.keyboard.press("Escape")
         _wait(page, "window.playground.metrics.length === 1")
-        assert page.evaluate("window.playground.metrics[0].status") == "cancelled"
+        # cancelled while it was generated; on a fast machine it may be complete and only playing
+        assert page.evaluate("window.playground.metrics[0].status") in ("cancelled", "completed")
+        _stopped_at_once(page)
+        _wait(page, "window.playground.eventCounts['conversation.item.truncated'] >= 1")
         _wait(page, "window.playground.state === 'ready'")
-        assert page.evaluate("window.playground.stats.cutPlayed") == 0
 
         # Push to talk from the keyboard: Space held on the focused button sends the microphone.
         page.focus("#talk")
@@ -192,6 +204,7 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
         _wait(page, "window.playground.state === 'speaking'")
         page.keyboard.press("Escape")
         _wait(page, "window.playground.metrics.length === 2")
+        _stopped_at_once(page)
         _wait(page, "window.playground.state === 'ready'")
         roles = [e["role"] for e in page.evaluate("window.playground.transcript()")]
         assert roles == ["user", "assistant", "user", "assistant"], roles
@@ -219,12 +232,10 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
 
         # The speech comes again while the answer plays: barge-in.
         _wait(page, f"window.playground.stats.bargeIns > {before['bargeIns']}")
-        flush = page.evaluate("window.playground.stats.lastFlush")
-        assert flush["wasPlaying"] or flush["discarded"] > 0, flush
-        _wait(page, "window.playground.metrics.filter(m => m.status === 'cancelled').length >= 3")
+        _stopped_at_once(page)
+        # the server cut the answer (cancelled, or truncated to what was played when it was complete)
         _wait(page, f"window.playground.eventCounts['conversation.item.truncated'] > {before['truncated']}")
-        stats = page.evaluate("window.playground.stats")
-        assert stats["cutPlayed"] == 0, stats  # nothing of the cut answer was rendered after the flush
+        _wait(page, "window.playground.metrics.length >= 3")
         marked = [e for e in page.evaluate("window.playground.transcript()") if e["status"]]
         assert len(marked) >= 3, "cut answers are marked in the transcript"
         _shot(page, "barge-in")
