@@ -18,7 +18,8 @@ class PlayerProcessor extends AudioWorkletProcessor {
     this.write = 0; // samples ever written (monotonic)
     this.read = 0; // fractional read position, in samples ever written
     this.ended = false; // the current answer has no more audio coming
-    this.playing = false;
+    this.playing = false; // rendering from the ring now
+    this.active = false; // inside an answer: from its start until drained or flushed (underruns too)
     this.played = 0; // whole 24 kHz samples rendered, ever
     this.dropped = 0; // samples refused because the ring was full
     this.step = SOURCE_RATE / sampleRate;
@@ -40,15 +41,19 @@ class PlayerProcessor extends AudioWorkletProcessor {
       }
       case "end":
         this.ended = true;
-        if (!this.playing && this.buffered() === 0) this.port.postMessage({ type: "drained", played: this.played });
+        if (!this.playing && this.buffered() === 0) {
+          this.active = false;
+          this.port.postMessage({ type: "drained", played: this.played });
+        }
         break;
       case "flush": {
         // Barge-in: forget everything not yet rendered, at once.
         const had = this.write - Math.floor(this.read);
         this.read = this.write;
         this.ended = false;
-        const wasPlaying = this.playing;
+        const wasPlaying = this.active;
         this.playing = false;
+        this.active = false;
         this.port.postMessage({ type: "flushed", played: this.played, discarded: had, wasPlaying });
         break;
       }
@@ -64,6 +69,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
     const channel = out[0];
     if (!this.playing && this.buffered() > 0 && (this.buffered() >= this.jitter || this.ended)) {
       this.playing = true;
+      this.active = true;
       this.port.postMessage({ type: "started", played: this.played });
     }
     if (this.playing) {
@@ -84,6 +90,7 @@ class PlayerProcessor extends AudioWorkletProcessor {
       if (this.played >= this.write) {
         this.read = this.write;
         this.playing = false;
+        if (this.ended) this.active = false;
         this.port.postMessage({ type: this.ended ? "drained" : "underrun", played: this.played });
       }
       this.sinceReport += this.played - before;

@@ -115,3 +115,20 @@ def test_mic_resamples_to_24khz_in_20ms_pcm16_pieces(rate):
     assert result["sizes"] == [480]
     assert 49 <= result["count"] <= 50  # one second at 24 kHz is 50 pieces (the last may be partial)
     assert 0.45 < result["minPeak"] <= result["maxPeak"] < 0.52
+
+
+PLAYER_UNDERRUN = """
+const node = new Processor({ processorOptions: { jitterMs: 80 } });
+node.port.onmessage({ data: { type: "push", pcm: new Int16Array(2000).fill(8192).buffer } });
+for (let i = 0; i < 40; i++) quantum(node);  // plays the 2000 samples, then waits for more
+node.port.onmessage({ data: { type: "flush" } });
+const types = posted.map(m => m.type);
+console.log(JSON.stringify({ types, flushed: posted.at(-1), played: node.played }));
+"""
+
+
+def test_a_flush_during_an_underrun_still_reports_an_answer_in_progress():
+    """More audio was due (no `end`): the answer was still being spoken, though nothing was queued."""
+    result = _run("player-worklet.js", 48000, PLAYER_UNDERRUN)
+    assert "underrun" in result["types"] and result["types"][-1] == "flushed"
+    assert result["flushed"] == {"type": "flushed", "played": 2000, "discarded": 0, "wasPlaying": True}
