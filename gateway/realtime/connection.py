@@ -203,7 +203,12 @@ class Connection:
         assert td is not None
         item_id = self.turn_item_id or new_id("item")
         await self.send("input_audio_buffer.speech_stopped", audio_end_ms=_ms(sample), item_id=item_id)
-        committed = await self._commit(sample, None, item_id)
+        try:
+            committed = await self._commit(sample, None, item_id)
+        except EventError as exc:
+            if exc.code != "input_audio_buffer_commit_empty":
+                raise
+            return  # a blip too short to be a turn: dropped, not the client's error
         if committed and td.create_response and not self.busy:
             await self._start_response(None)
 
