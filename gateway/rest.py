@@ -14,6 +14,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.core import GatewayCore
+from gateway.playground import routes as playground
 from gateway.realtime.server import add_realtime_route
 from gateway.request_guards import BodyLimit, BodyTooLarge, first_invalid_unicode, printable
 from gateway.rest_content import Content, to_content
@@ -323,7 +324,7 @@ def build_app(core: GatewayCore) -> FastAPI:
 
     add_speech_route(app, core)
     add_realtime_route(app, core)  # /v1/realtime (WebSocket), gateway/realtime/
-
+    playground.register(app)
     # Added last, so it runs first: an oversize body is refused before anything reads it.
     app.add_middleware(BodyLimit, limit=core.config.max_request_bytes, respond=error_response)
     return app

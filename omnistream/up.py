@@ -97,6 +97,8 @@ def usage_text(host: str, http_port: int, grpc_port: int) -> str:
     return f"""
 omnistream is serving: REST http://{host}:{http_port}  gRPC {host}:{grpc_port}
 
+  Playground: http://{host}:{http_port}/   (open it in a browser: talk, type, attach, listen)
+
   omnistream chat --gateway {host}:{grpc_port}        (type a line, hear it in answer-1.wav)
 
   curl -N http://{host}:{http_port}/v1/chat/completions -H 'Content-Type: application/json' \\

@@ -147,6 +147,8 @@ class Connection:
         self.config.apply(update)
         if self.config.turn_detection != before:
             self.detector = self._detector()
+            if self.detector is not None:  # its positions are stream samples, as the buffer's
+                self.detector.position = self.buffer.end
             self.turn_item_id = None
         await self.send(
             "session.updated", session=self.config.describe(self.protocol, self.id, self.model, self._voice())

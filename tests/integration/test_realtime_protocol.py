@@ -330,3 +330,29 @@ def test_a_frame_over_the_websocket_limit_closes_only_that_session(gateway):
             await c.until("session.updated")
 
     asyncio.run(run())
+
+
+def test_vad_turned_on_mid_session_finds_the_turn(gateway):
+    """Server VAD switched on after push-to-talk audio (as the playground does): its positions go on
+    from the stream's, so the turn it hears is committed with its audio, not refused as empty."""
+
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            await c.send({"type": "session.update", "session": NO_VAD})
+            await c.until("session.updated")
+            # longer than the turn that follows: a VAD counting from 0 would end it before the buffer
+            await c.send({"type": "input_audio_buffer.append", "audio": b64(silence_pcm16(1.0))})
+            await c.send({"type": "input_audio_buffer.commit"})
+            await c.until("input_audio_buffer.committed")
+            vad = {"type": "server_vad", "create_response": False}
+            await c.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
+            await c.until("session.updated")
+            turn = speech_pcm16("Hello.") + silence_pcm16(0.8)
+            await c.send({"type": "input_audio_buffer.append", "audio": b64(turn)})
+            await c.until("input_audio_buffer.speech_stopped")
+            committed = await c.until("input_audio_buffer.committed")
+            assert committed["item_id"]
+            assert not [e for e in c.seen if e["type"] == "error"], c.seen
+
+    asyncio.run(run())

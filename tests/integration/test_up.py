@@ -18,6 +18,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -118,6 +119,15 @@ def _curl_works(text: str) -> None:
     assert reply.stdout.rstrip().endswith("data: [DONE]")
 
 
+def _playground_served(text: str) -> None:
+    """The first address the banner gives is the playground page, and the gateway serves it."""
+    match = re.search(r"Playground: (http://\S+)", text)
+    assert match, text
+    with urllib.request.urlopen(match.group(1), timeout=30) as reply:
+        assert reply.headers["Content-Type"].startswith("text/html")
+        assert b"/playground/static/app.js" in reply.read()
+
+
 def _chat_works(grpc_port: int, http_port: int, tmp_path) -> None:
     """`omnistream chat` against the stack `up` serves: its WAV holds the client's samples and its
     transcript is the REST text, for the same seeded request."""
@@ -143,6 +153,7 @@ def test_up_serves_refuses_busy_ports_and_stops_on_sighup(tiny_model_dir, tmp_pa
     every port."""
     with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as first:
         http_port, grpc_port, text = _serving(first)
+        _playground_served(text)
         _curl_works(text)
         _chat_works(grpc_port, http_port, tmp_path)
 

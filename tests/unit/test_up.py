@@ -159,3 +159,10 @@ def test_up_refuses_stages_that_do_not_fit_their_shared_gpu_before_starting(
     assert (
         err.startswith("omnistream up: cuda:0 would hold thinker ") and "talker" in err and "code2wav" in err
     )
+
+
+def test_usage_points_to_the_playground_first():
+    text = up.usage_text("127.0.0.1", 8000, 50051)
+    pointers = [line.strip() for line in text.splitlines()[2:] if line.strip()]
+    assert pointers[0].startswith("Playground: http://127.0.0.1:8000/ ")
+    assert text.index("Playground:") < text.index("omnistream chat") < text.index("curl")
