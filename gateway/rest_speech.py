@@ -156,15 +156,22 @@ async def _encoded(session: Session, fmt: str, sample_rate: int) -> AsyncIterato
             yield event
 
 
+class SpeechStreamAborted(RuntimeError):
+    """A byte stream that failed after its headers: raised through the server so the connection
+    ends without the final chunk."""
+
+
 async def audio_stream(session: Session, fmt: str, sample_rate: int) -> AsyncIterator[bytes]:
     try:
         async for item in _encoded(session, fmt, sample_rate):
             if isinstance(item, bytes):
                 yield item
     except OmniError as exc:
-        # The status line is gone; ending the body early is all a byte stream can say (the
-        # client sees a truncated file). Logged so the operator sees why.
-        log.warning("speech %s ended early: %s (%s)", session.request_id, exc.message, exc.kind)
+        # The status line is gone, so the error cannot be a status: the body is aborted instead (the
+        # server drops the connection without the last chunk), which clients report as an
+        # incomplete response rather than take a shortened file for the whole answer.
+        log.warning("speech %s failed mid-stream: %s (%s)", session.request_id, exc.message, exc.kind)
+        raise SpeechStreamAborted(f"speech {session.request_id}: {exc.message}") from exc
     finally:
         await session.aclose()
 
