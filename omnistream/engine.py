@@ -347,7 +347,10 @@ class Engine:
             self.stats.steps += 1
             self.stats.last_step_seconds = elapsed
             for listener in self._step_listeners:
-                listener(self, elapsed)
+                try:
+                    listener(self, elapsed)
+                except Exception:  # a metrics hook must never end the engine thread
+                    log.exception("%s step listener %r failed", self.name, listener)
 
     def _poison(self, error: BaseException) -> None:
         """The device is unusable (engine thread): fail every request with an explicit error, stop

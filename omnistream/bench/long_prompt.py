@@ -139,7 +139,9 @@ async def _talker(engine, short: list[int], long: list[int], running: int, warm:
     states = [_state(engine, f"run-{i}") for i in range(running)]
     await _wait(lambda: all(s.frames >= warm for s in states), engine, states)
     long_state: list[Any] = []
-    clock = _StepClock(states, lambda s: s.frames, lambda: bool(long_state and long_state[0].code0_history))
+    clock = _StepClock(
+        states, lambda s: s.frames, lambda: bool(long_state and _talker_started(long_state[0]))
+    )
     engine.add_step_listener(clock)
     try:
         await _wait(lambda: len(clock.itls) >= warm * running, engine, states)
@@ -155,6 +157,11 @@ async def _talker(engine, short: list[int], long: list[int], running: int, warm:
             engine.abort(f"run-{i}")
         await asyncio.gather(*drains)
     return clock.summary()
+
+
+def _talker_started(state: Any) -> bool:
+    """Whether the long request's first codebook-0 was chosen (through fields every checkout has)."""
+    return state.pending_code0 is not None or state.frames > 0 or state.finished
 
 
 async def measure(

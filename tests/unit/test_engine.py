@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from omnistream.engine import OutputStream
+from omnistream.engine import Engine, OutputStream, RequestState
 
 
 def test_consumer_wakes_the_engine_without_holding_the_stream_lock():
@@ -51,3 +51,43 @@ def test_items_then_close_then_none_and_errors_surface():
         assert await closed.get() is None
 
     asyncio.run(run())
+
+
+class _Counter(Engine):
+    """Each step puts the next number for every request until it has three."""
+
+    name = "counter"
+
+    def _schedule(self, candidates):
+        work = [s for s in candidates if not s.finished and s.output.has_room()]
+        return work or None
+
+    def _run(self, work) -> None:
+        for state in work:
+            state.sent = getattr(state, "sent", 0) + 1
+            state.output.put(state.sent)
+            if state.sent == 3:
+                self._finish(state)
+
+
+def test_a_failing_step_listener_does_not_end_the_engine_thread():
+    engine = _Counter(max_requests=2)
+    calls: list[int] = []
+
+    def broken(engine_, seconds) -> None:
+        calls.append(1)
+        raise AttributeError("a metrics hook bug")
+
+    engine.add_step_listener(broken)
+
+    async def run() -> list[int]:
+        state = RequestState("r", engine.new_output())
+        engine._admit(state)
+        engine.start()
+        return [item async for item in state.output]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(run(), 30)) == [1, 2, 3]
+    finally:
+        engine.stop()
+    assert len(calls) >= 3
