@@ -211,8 +211,10 @@ def add_speech_route(app: FastAPI, core: GatewayCore) -> None:
                 "description": "Invalid request (`param` names the field): also a speed other than 1.0, "
                 "instructions, or a text over the token limit",
             },
+            413: {"model": ErrorResponse, "description": "Body over max_request_bytes"},
             429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
             503: {"model": ErrorResponse, "description": "No healthy replica"},
+            504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
         },
     )
     async def speech(body: SpeechRequest) -> Response:
