@@ -26,6 +26,29 @@ def _tokens(value: int | str | None) -> int | None:
     return None if value in (None, "inf") else int(value)  # type: ignore[arg-type]
 
 
+def apply_shared_fields(target: Any, fields: Any) -> None:
+    """The fields session.update and response.create share, in either naming scheme (GA or beta),
+    onto a session config or one response's settings: only the fields given change."""
+    if fields.instructions is not None:
+        target.instructions = fields.instructions
+    modalities = fields.output_modalities or fields.modalities
+    if modalities is not None:
+        target.output_modalities = list(dict.fromkeys(modalities))
+    audio = fields.audio
+    voice = audio.output.voice if audio and audio.output and audio.output.voice else fields.voice
+    if voice is not None:
+        target.voice = voice
+    tokens = (
+        fields.max_output_tokens
+        if fields.max_output_tokens is not None
+        else fields.max_response_output_tokens
+    )
+    if tokens is not None:
+        target.max_output_tokens = _tokens(tokens)
+    if fields.temperature is not None:
+        target.temperature = fields.temperature
+
+
 @dataclass
 class SessionConfig:
     instructions: str | None = None
@@ -38,27 +61,10 @@ class SessionConfig:
 
     def apply(self, update: SessionFields) -> None:
         """Apply a session.update (GA or beta fields); only the fields it names change."""
-        if update.instructions is not None:
-            self.instructions = update.instructions
-        modalities = update.output_modalities or update.modalities
-        if modalities is not None:
-            self.output_modalities = list(dict.fromkeys(modalities))
-        audio = update.audio
-        voice = audio.output.voice if audio and audio.output and audio.output.voice else update.voice
-        if voice is not None:
-            self.voice = voice
+        apply_shared_fields(self, update)
         given, detection = update.turn_detection_given()
         if given:
             self.turn_detection = detection
-        tokens = (
-            update.max_output_tokens
-            if update.max_output_tokens is not None
-            else update.max_response_output_tokens
-        )
-        if tokens is not None:
-            self.max_output_tokens = _tokens(tokens)
-        if update.temperature is not None:
-            self.temperature = update.temperature
         if update.omnistream is not None:
             self.extensions = update.omnistream
 

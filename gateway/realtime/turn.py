@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.realtime.events import ResponseFields
-from gateway.realtime.session import Conversation, SessionConfig
+from gateway.realtime.session import Conversation, SessionConfig, apply_shared_fields
 from omnistream.request import GenerationRequest
 from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
 
@@ -41,8 +41,9 @@ class ResponseSettings:
             config.max_output_tokens,
             config.temperature,
         )
-        if fields is None:
-            return settings
+        if fields is not None:
+            apply_shared_fields(settings, fields)
+        return settings
         if fields.instructions is not None:
             settings.instructions = fields.instructions
         modalities = fields.output_modalities or fields.modalities

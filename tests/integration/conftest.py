@@ -54,15 +54,22 @@ def replicated_stack(tiny_model_dir: str) -> Iterator[dict[str, ServiceProcess]]
 
 
 @contextlib.contextmanager
-def configured_gateway(stages: dict, directory, config: dict) -> Iterator[ServiceProcess]:
-    """A gateway of its own over `stages`, configured by a YAML file written into `directory`."""
-    path = directory / "gateway.yaml"
-    path.write_text(yaml.safe_dump(config))
-    services = start_services({"gateway": gateway_args(stages, "--config", str(path))})
+def gateway_process(stages: dict, *extra: str) -> Iterator[ServiceProcess]:
+    """A gateway of its own over `stages` (with `extra` flags), stopped however the test ends."""
+    services = start_services({"gateway": gateway_args(stages, *extra)})
     try:
         yield services["gateway"]
     finally:
         services["gateway"].stop()
+
+
+@contextlib.contextmanager
+def configured_gateway(stages: dict, directory, config: dict) -> Iterator[ServiceProcess]:
+    """A gateway of its own over `stages`, configured by a YAML file written into `directory`."""
+    path = directory / "gateway.yaml"
+    path.write_text(yaml.safe_dump(config))
+    with gateway_process(stages, "--config", str(path)) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="session")

@@ -24,10 +24,9 @@ from omnistream.client import (
     TextDelta,
     media,
 )
-from omnistream.launcher import start_services
 from omnistream.wav import float32_wav_bytes, to_pcm16
 
-from .conftest import gateway_args, gateway_idle, gateway_url, wait_for
+from .conftest import gateway_idle, gateway_process, gateway_url, wait_for
 
 PROMPT = "Tell me about rivers and the sea."
 # Sampled, not greedy: the seed must decide the answer, the same way through every client.
@@ -38,11 +37,8 @@ NODE_DIR = Path(__file__).resolve().parents[2] / "examples" / "node"
 
 @pytest.fixture(scope="module")
 def gateway(stages):
-    services = start_services({"gateway": gateway_args(stages)})
-    try:
-        yield services["gateway"]
-    finally:
-        services["gateway"].stop()
+    with gateway_process(stages) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,6 @@ import pytest
 import torch
 from openai import OpenAI
 
-from omnistream.launcher import start_services
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
@@ -27,7 +26,7 @@ from omnistream.request_defaults import RequestInput, resolve
 from omnistream.tensors import numpy_from_proto
 from omnistream.wav import read_float32_wav, to_pcm16
 
-from .conftest import gateway_args, gateway_idle, metric, wait_for
+from .conftest import gateway_idle, gateway_process, metric, wait_for
 from .stage_calls import collect_services
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
@@ -42,11 +41,8 @@ MAX_CONCURRENCY = 3
 
 @pytest.fixture(scope="module")
 def gateway(stages):
-    services = start_services({"gateway": gateway_args(stages, "--max-concurrency", str(MAX_CONCURRENCY))})
-    try:
-        yield services["gateway"]
-    finally:
-        services["gateway"].stop()
+    with gateway_process(stages, "--max-concurrency", str(MAX_CONCURRENCY)) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")

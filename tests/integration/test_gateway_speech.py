@@ -16,12 +16,11 @@ import soundfile as sf
 from openai import OpenAI
 
 from gateway.audio_encode import encode_whole
-from omnistream.launcher import start_services
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.wav import to_pcm16
 
-from .conftest import gateway_args, gateway_idle, wait_for
+from .conftest import gateway_idle, gateway_process, wait_for
 
 TEXT = "The sea was calm tonight, and the boats came home."
 EXTRA = {
@@ -35,11 +34,8 @@ RATE = 24000
 
 @pytest.fixture(scope="module")
 def gateway(stages):
-    services = start_services({"gateway": gateway_args(stages)})
-    try:
-        yield services["gateway"]
-    finally:
-        services["gateway"].stop()
+    with gateway_process(stages) as gateway:
+        yield gateway
 
 
 @pytest.fixture(scope="module")
