@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -26,7 +26,7 @@ from gateway.rest_errors import (
     from_http_exception,
     from_validation_errors,
 )
-from gateway.rest_responses import complete, sse_stream
+from gateway.rest_responses import SessionStream, complete, sse_stream
 from gateway.rest_speech import add_speech_route
 from omnistream.errors import InternalError, OmniError, Unauthenticated
 from omnistream.request import GenerationRequest
@@ -306,7 +306,8 @@ def build_app(core: GatewayCore) -> FastAPI:
                 include_usage,
                 body.transcript_in_content,
             )
-            return StreamingResponse(
+            return SessionStream(
+                session,
                 stream,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache", "X-Request-Id": session.request_id},

@@ -18,13 +18,31 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.audio_encode import wav_stream_header
+from gateway.core import Session
 from gateway.rest_errors import error_body, error_response
 from omnistream.errors import InvalidRequest, OmniError, status_of
 from omnistream.request import AudioEvent, DoneEvent, TextEvent
 from omnistream.wav import pcm16_wav_bytes, to_pcm16
+
+
+class SessionStream(StreamingResponse):
+    """A streamed answer that always ends its session: the body's generator closes it when it runs,
+    but a client that leaves before the first byte is sent cancels the response before the generator
+    ever starts, and an unstarted generator runs no `finally` (the admission permit would leak)."""
+
+    def __init__(self, session: Session, content: Any, **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self.session = session
+
+    async def __call__(self, scope, receive, send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            await self.session.aclose()
+
 
 # How long an audio answer's id stays "valid" (OpenAI's expires_at): nothing is kept server side
 # here, so this is only the field OpenAI's clients expect.

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, Literal
 
 from fastapi import FastAPI
-from fastapi.responses import Response, StreamingResponse
+from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
@@ -38,6 +38,7 @@ from gateway.audio_encode import MEDIA_TYPES, AudioEncoder, encoder
 from gateway.core import GatewayCore, Session
 from gateway.request_guards import first_invalid_unicode, printable
 from gateway.rest_errors import ErrorResponse, error_body, error_response
+from gateway.rest_responses import SessionStream
 from omnistream.errors import InvalidRequest, OmniError, Unavailable, status_of
 from omnistream.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest
@@ -228,12 +229,14 @@ def add_speech_route(app: FastAPI, core: GatewayCore) -> None:
         rate = core.deployment.sample_rate or SAMPLE_RATE
         headers = {"Cache-Control": "no-cache", "X-Request-Id": session.request_id}
         if body.stream_format == "sse":
-            return StreamingResponse(
+            return SessionStream(
+                session,
                 sse_stream(session, body.response_format, rate),
                 media_type="text/event-stream",
                 headers=headers,
             )
-        return StreamingResponse(
+        return SessionStream(
+            session,
             audio_stream(session, body.response_format, rate),
             media_type=MEDIA_TYPES[body.response_format],
             headers=headers,

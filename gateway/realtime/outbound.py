@@ -4,6 +4,8 @@ Bounded, so a client that stops reading stalls its own response (the response wa
 stages feel backpressure) instead of growing the gateway's memory. Deltas are tagged with their
 response, so a barge-in can drop the ones not yet sent (`purge`): what the client already got is
 exactly what was handed to the socket, which is what the assistant item is truncated to.
+A send that does not complete within `send_timeout` (the client stopped reading and the socket's
+buffers are full) ends the session, so such a client cannot hold a response's stage slots forever.
 """
 
 from __future__ import annotations
@@ -23,10 +25,20 @@ class DeltaOwner(Protocol):
     def sent(self, samples: int) -> None: ...
 
 
+# How long one event may take to leave: far above any live client's stall, far below "forever".
+SEND_TIMEOUT_S = 30.0
+
+
 class Outbound:
-    def __init__(self, send: Callable[[str], Awaitable[None]], capacity: int = 256) -> None:
+    def __init__(
+        self,
+        send: Callable[[str], Awaitable[None]],
+        capacity: int = 256,
+        send_timeout: float = SEND_TIMEOUT_S,
+    ) -> None:
         self._send = send
         self.capacity = capacity
+        self.send_timeout = send_timeout
         self._items: deque[tuple[dict[str, Any], DeltaOwner | None, int]] = deque()
         self._changed = asyncio.Event()
         self._room = asyncio.Event()
@@ -62,7 +74,8 @@ class Outbound:
         self._room.set()
 
     async def run(self) -> None:
-        """Send until closed (or the socket fails: the caller's receive loop then sees the close)."""
+        """Send until closed; raises when the socket fails or a send outlasts `send_timeout` (the
+        session's serve loop then ends the session: its responses and their stage streams)."""
         while not self.closed:
             while not self._items and not self.closed:
                 self._changed.clear()
@@ -73,7 +86,7 @@ class Outbound:
             self._room.set()
             if owner is not None and samples:
                 owner.sent(samples)
-            await self._send(json.dumps(event, ensure_ascii=False))
+            await asyncio.wait_for(self._send(json.dumps(event, ensure_ascii=False)), self.send_timeout)
 
     async def drain(self, timeout: float) -> None:
         """Wait (at most `timeout`) until everything queued was sent: before a deliberate close."""

@@ -64,6 +64,8 @@ class ResponseRun:
         self.last_audio_sent: float | None = None
         self.task: asyncio.Task | None = None
         self._finishing = False
+        self._running = False  # `_run` has begun (a task cancelled before that never runs its try)
+        self._stop_asked = False  # stopped before `_run` began: it cancels itself once it begins
 
     # -- called by the sender when this response's audio really leaves
     def sent(self, samples: int) -> None:
@@ -85,7 +87,10 @@ class ResponseRun:
             return False
         self.reason = reason
         self.outbound.purge(self)
-        self.task.cancel()
+        if self._running:
+            self.task.cancel()
+        else:  # cancelling now would skip `_run` entirely: no response.done, the item left open
+            self._stop_asked = True
         return True
 
     async def wait(self) -> None:
@@ -105,9 +110,12 @@ class ResponseRun:
         return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
 
     async def _run(self) -> None:
+        self._running = True
         status = "completed"
         try:
             await self._begin()
+            if self._stop_asked:
+                raise asyncio.CancelledError
             await self._stream()
         except asyncio.CancelledError:
             status = "cancelled"

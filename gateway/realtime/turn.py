@@ -44,25 +44,6 @@ class ResponseSettings:
         if fields is not None:
             apply_shared_fields(settings, fields)
         return settings
-        if fields.instructions is not None:
-            settings.instructions = fields.instructions
-        modalities = fields.output_modalities or fields.modalities
-        if modalities is not None:
-            settings.output_modalities = list(dict.fromkeys(modalities))
-        audio = fields.audio
-        voice = audio.output.voice if audio and audio.output and audio.output.voice else fields.voice
-        if voice is not None:
-            settings.voice = voice
-        tokens = (
-            fields.max_output_tokens
-            if fields.max_output_tokens is not None
-            else fields.max_response_output_tokens
-        )
-        if tokens is not None:
-            settings.max_output_tokens = None if tokens == "inf" else int(tokens)
-        if fields.temperature is not None:
-            settings.temperature = fields.temperature
-        return settings
 
 
 def messages_of(conversation: Conversation, instructions: str | None) -> list[dict[str, Any]]:

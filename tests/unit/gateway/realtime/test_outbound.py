@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+import pytest
+
 from gateway.realtime.outbound import Outbound
 
 
@@ -57,5 +59,21 @@ def test_a_full_queue_makes_the_producer_wait_and_close_releases_it():
         assert not blocked.done()
         out.close()
         await asyncio.wait_for(blocked, 1)
+
+    asyncio.run(run())
+
+
+def test_a_send_that_never_completes_ends_the_run():
+    """A client that stopped reading: the send blocks; the run gives up after `send_timeout`, so the
+    session ends and its responses free their stages."""
+
+    async def run() -> None:
+        async def stuck(_: str) -> None:
+            await asyncio.sleep(3600)
+
+        out = Outbound(stuck, send_timeout=0.05)
+        await out.put({"type": "response.output_audio.delta"})
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(out.run(), 10)
 
     asyncio.run(run())
