@@ -37,13 +37,12 @@ def poisons_device(error: BaseException) -> bool:
     current: BaseException | None = error
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if isinstance(current, torch.cuda.OutOfMemoryError):
-            return False
+        message = str(current).lower()
+        if isinstance(current, torch.cuda.OutOfMemoryError) or "out of memory" in message:
+            return False  # also an AcceleratorError "CUDA error: out of memory" (e.g. a cuBLAS workspace)
         if _ACCELERATOR_ERROR is not None and isinstance(current, _ACCELERATOR_ERROR):
             return True
-        if isinstance(current, RuntimeError):
-            message = str(current).lower()
-            if "out of memory" not in message and any(m in message for m in POISON_MARKERS):
-                return True
+        if isinstance(current, RuntimeError) and any(m in message for m in POISON_MARKERS):
+            return True
         current = current.__cause__ or current.__context__
     return False

@@ -37,6 +37,7 @@ same `forward` eagerly, so everything but the capture itself is exercised on the
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Any
@@ -208,14 +209,24 @@ class CodePredictorRunner:
         graph = self.graphs.get((bucket, group))
         if graph is None:
             return self.forward(group, static)[:batch]
-        graph.replay()
+        with self._current_device():  # the talker's GPU, not whichever is current
+            graph.replay()
         return self.outputs[(bucket, group)][:batch]
 
     def capture(self) -> None:
         """Warm up every (bucket, step) on a side stream, then capture one graph each into one pool.
 
         All static outputs stay referenced, so no capture reuses another's output memory and the
-        graphs may replay in any order (they never run concurrently: one engine thread)."""
+        graphs may replay in any order (they never run concurrently: one engine thread). Captured
+        with the talker's device current: `torch.cuda.graph` records on the current device's stream."""
+        with self._current_device():
+            self._capture()
+
+    def _current_device(self) -> contextlib.AbstractContextManager:
+        on_cuda = torch.device(self.device).type == "cuda"
+        return torch.cuda.device(self.device) if on_cuda else contextlib.nullcontext()
+
+    def _capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
         side = torch.cuda.Stream(device=self.device)
         with torch.inference_mode():

@@ -115,7 +115,9 @@ class Code2WavEngine(Engine):
             if codes is not None and codes.numel():
                 if state.available + codes.shape[1] > self.max_frames:
                     raise InvalidRequest(f"more than {self.max_frames} frames for one request", field="codes")
-                state.frames.append(codes.to(self.device, torch.long))  # once, at admission
+                # Kept on the host: a step's codes cross to the device in one (pinned) copy, on the
+                # engine thread, not here on the event loop under the engine's lock.
+                state.frames.append(codes.to(torch.long))
                 state.available += codes.shape[1]
             state.done = state.done or last
             self._cond.notify_all()

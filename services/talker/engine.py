@@ -301,9 +301,15 @@ class TalkerEngine(Engine):
         return predict + decode
 
     def _talker_forward(
-        self, states: list[_TalkerState], embeds: torch.Tensor, positions: torch.Tensor | None = None
+        self,
+        states: list[_TalkerState],
+        embeds: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        commit: bool = True,
     ) -> torch.Tensor:
-        """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H]."""
+        """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H].
+        `commit=False`: the caller advances the lengths once codebook 0 is chosen (a batched step
+        retried alone after a failed choice must find the lengths as they were)."""
         self.cache.plan([s.slot for s in states], embeds.shape[1])
         if positions is None:
             positions = self.cache.positions()
@@ -319,10 +325,13 @@ class TalkerEngine(Engine):
             cache=self.cache,
             use_cache=True,
         )
-        self.cache.commit()
+        if commit:
+            self.cache.commit()
         return out.last_hidden_state[:, -1:]
 
-    def _take_code0(self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False) -> None:
+    def _take_code0(
+        self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False, commit: bool = False
+    ) -> None:
         """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
         ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
         presence mask, which its first frame starts afresh."""
@@ -333,6 +342,8 @@ class TalkerEngine(Engine):
                     self.sampler.reset(state.slot)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
+        if commit:  # the forward's lengths advance only once its codes are chosen
+            self.cache.commit()
         for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
             if not state.finished:
                 with self._row(state):
@@ -368,7 +379,8 @@ class TalkerEngine(Engine):
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
-            self._take_code0(decode, self._talker_forward(decode, self._next_inputs(decode)))
+            hidden = self._talker_forward(decode, self._next_inputs(decode), commit=False)
+            self._take_code0(decode, hidden, commit=True)
 
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
         """The next `take` prompt rows into the KV cache (the rows are built on the first piece).

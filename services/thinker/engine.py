@@ -284,7 +284,7 @@ class ThinkerEngine(Engine):
         # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
         # not run because the encode raised first takes that piece again next step.
         seen = {id(s): s for s, _ in work.encode}
-        seen.update((id(s), s) for s in work.decode + work.spoken)
+        seen.update((id(s), s) for s in work.decode)  # given answers run alone in `_row`: never suspects
         return list(seen.values())
 
     def _step_failed(self, work: _Step, error: Exception) -> None:
@@ -300,9 +300,12 @@ class ThinkerEngine(Engine):
         ids: torch.Tensor | None,
         embedding: Any = None,
         positions: torch.Tensor | None = None,
+        commit: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run the text model on `ids` [B, q] (or a prompt embedding) at each row's own position;
-        return last-position logits and the last hidden states."""
+        return last-position logits and the last hidden states. `commit=False`: the caller advances
+        the lengths once the step's tokens are chosen (a batched step retried alone after a failed
+        choice must find the lengths as they were)."""
         q = ids.shape[1] if ids is not None else embedding.embeds.shape[1]
         self.cache.plan([s.slot for s in states], q)
         if positions is None:
@@ -331,7 +334,8 @@ class ThinkerEngine(Engine):
             **extra,
         )
         logits = self.thinker.lm_head(out.last_hidden_state[:, -1])
-        self.cache.commit()  # last: a step that raised left the lengths as they were (retry-safe)
+        if commit:  # last: a step that raised left the lengths as they were (retry-safe)
+            self.cache.commit()
         return logits, out.last_hidden_state
 
     def _run(self, work: _Step) -> None:
@@ -360,8 +364,9 @@ class ThinkerEngine(Engine):
         if decode:
             self.stats.last_batch_size = len(decode)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
-            logits, _ = self._forward(decode, ids)
+            logits, _ = self._forward(decode, ids, commit=False)
             tokens = self._choose(decode, logits, first=False)
+            self.cache.commit()
             for state, token in zip(decode, tokens, strict=True):
                 with self._row(state):
                     self._accept(state, token, first=False)

@@ -25,6 +25,7 @@ def test_accelerator_error_poisons_and_is_found_behind_a_wrapper():
     accelerator = getattr(torch, "AcceleratorError", None)
     if accelerator is not None:
         assert poisons_device(accelerator("whatever the runtime says"))
+        assert not poisons_device(accelerator("CUDA error: out of memory"))  # per allocation: not sticky
     try:
         try:
             raise RuntimeError("CUDA error: misaligned address")

@@ -188,12 +188,12 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
         forward = talker._talker_forward
         at_failure: list[tuple[int, int]] = []
 
-        def faulty_forward(states, embeds, positions=None):
+        def faulty_forward(states, embeds, positions=None, **kwargs):
             state = states[0]
             if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
                 at_failure.append((state.prefilled, talker.cache.lengths[state.slot]))
                 raise RuntimeError("injected fault")
-            return forward(states, embeds, positions)
+            return forward(states, embeds, positions, **kwargs)
 
         talker._talker_forward = faulty_forward
 

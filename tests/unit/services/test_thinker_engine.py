@@ -119,12 +119,12 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
         forward = engine._forward
         batch_sizes_failed: list[int] = []
 
-        def faulty_forward(states, ids):
+        def faulty_forward(states, ids, **kwargs):
             # Decode steps only: the prefill succeeds, then the request poisons every batch it joins.
             if ids.shape[1] == 1 and any(s.request_id == "poison" for s in states):
                 batch_sizes_failed.append(len(states))
                 raise RuntimeError("injected fault")
-            return forward(states, ids)
+            return forward(states, ids, **kwargs)
 
         engine._forward = faulty_forward
 
@@ -146,6 +146,43 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
     assert all(tokens == solo for tokens in by_id.values()), by_id
     assert max(batch_sizes_failed) > 1 and batch_sizes_failed[-1] == 1  # failed batched, then alone
     assert engine.num_requests == 0
+
+
+
+def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny_model_dir):
+    """The choice comes after the forward: when it raises for a batch, the members are retried alone
+    from the same KV lengths (nothing written twice), so the innocent ones keep their exact output."""
+    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    params = ThinkerParams(12, True)
+    prompt = _prompt(engine)
+    engine.start()
+    try:
+        solo = asyncio.run(_run(engine, "solo", params))
+        choose = engine._choose
+
+        def faulty_choose(states, logits, first):
+            if not first and any(s.request_id == "poison" for s in states):
+                raise RuntimeError("injected fault in the sampler")
+            return choose(states, logits, first)
+
+        engine._choose = faulty_choose
+
+        async def together():
+            async def run(rid):
+                out = engine.add_request(rid, prompt, params)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            return await asyncio.gather(*(run(r) for r in ("a", "poison", "b")))
+
+        results = asyncio.run(together())
+    finally:
+        engine.stop()
+    by_id = dict(zip(("a", "poison", "b"), results, strict=True))
+    assert isinstance(by_id.pop("poison"), Exception)
+    assert all(tokens == solo for tokens in by_id.values()), by_id
 
 
 LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
@@ -251,12 +288,12 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
         forward = engine._forward
         at_failure: list[tuple[int, int]] = []
 
-        def faulty_forward(states, ids):
+        def faulty_forward(states, ids, **kwargs):
             state = states[0]
             if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
                 at_failure.append((state.prefilled, engine.cache.lengths[state.slot]))
                 raise RuntimeError("injected fault")
-            return forward(states, ids)
+            return forward(states, ids, **kwargs)
 
         engine._forward = faulty_forward
 
