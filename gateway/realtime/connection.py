@@ -8,6 +8,7 @@ gateway's decoder threads, so a response never waits on a decode and a bad file 
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable
 from typing import Any
@@ -26,6 +27,8 @@ from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from omnistream.errors import OmniError
 from omnistream.request_defaults import ServingDefaults
+
+log = logging.getLogger(__name__)
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 
@@ -89,11 +92,25 @@ class Connection:
     # -- dispatch ------------------------------------------------------------------------------
     async def handle_text(self, text: str) -> None:
         self.last_activity = time.monotonic()
+        event = None
         try:
             event = ev.parse(text)
             await self._dispatch(event)
         except EventError as exc:
             await self.error(exc)
+        except OmniError as exc:  # what an event brought was refused further down (e.g. its media)
+            event_id = getattr(event, "event_id", None)
+            await self.error(EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id))
+        except Exception as exc:  # a bug: this event fails with an error event, the session lives on
+            log.exception("realtime session %s: handling an event failed", self.id)
+            await self.error(
+                EventError(
+                    f"internal error ({type(exc).__name__})",
+                    code="server_error",
+                    event_id=getattr(event, "event_id", None),
+                    error_type="server_error",
+                )
+            )
 
     async def handle_binary(self) -> None:
         self.last_activity = time.monotonic()
