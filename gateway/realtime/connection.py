@@ -60,6 +60,7 @@ class Connection:
         self.response: ResponseRun | None = None
         self.turn_item_id: str | None = None  # the user item a detected turn will become
         self.last_activity = time.monotonic()
+        self._handling = False  # a client event is being handled
         self.on_barge_in = on_barge_in
 
     def _detector(self) -> SpeechDetector | None:
@@ -68,7 +69,9 @@ class Connection:
 
     @property
     def busy(self) -> bool:
-        return self.response is not None and self.response.active
+        """A response runs or a client event is being handled (e.g. its media decoded): neither
+        counts as idle."""
+        return self._handling or (self.response is not None and self.response.active)
 
     async def send(self, kind: str, **fields: Any) -> None:
         await self.outbound.put(self.protocol.event(kind, **fields))
@@ -92,6 +95,7 @@ class Connection:
     # -- dispatch ------------------------------------------------------------------------------
     async def handle_text(self, text: str) -> None:
         self.last_activity = time.monotonic()
+        self._handling = True
         event = None
         try:
             event = ev.parse(text)
@@ -111,6 +115,9 @@ class Connection:
                     error_type="server_error",
                 )
             )
+        finally:
+            self._handling = False
+            self.last_activity = time.monotonic()  # idle counts from the end of the client's last event
 
     async def handle_binary(self) -> None:
         self.last_activity = time.monotonic()

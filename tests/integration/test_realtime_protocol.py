@@ -87,7 +87,17 @@ def test_every_client_event_type(gateway, stages):
         async with connect(gateway) as ws:
             c = await opened(ws)
             await c.send(
-                {"type": "session.update", "event_id": "e1", "session": {**NO_VAD, "max_output_tokens": 6}}
+                {
+                    "type": "session.update",
+                    "event_id": "e1",
+                    # seeded and past EOS: a sampled first token that ends the answer (or bytes the
+                    # detokenizer holds) must not leave the text response below without a delta
+                    "session": {
+                        **NO_VAD,
+                        "max_output_tokens": 6,
+                        "omnistream": {"ignore_eos": True, "seed": 3},
+                    },
+                }
             )
             updated = await c.until("session.updated")
             assert updated["session"]["audio"]["input"]["turn_detection"] is None
