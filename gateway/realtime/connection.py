@@ -69,9 +69,12 @@ class Connection:
 
     @property
     def busy(self) -> bool:
-        """A response runs or a client event is being handled (e.g. its media decoded): neither
-        counts as idle."""
-        return self._handling or (self.response is not None and self.response.active)
+        return self.response is not None and self.response.active
+
+    @property
+    def idle(self) -> bool:
+        """No response runs and no client event is being handled (e.g. its media decoded)."""
+        return not (self._handling or self.busy)
 
     async def send(self, kind: str, **fields: Any) -> None:
         await self.outbound.put(self.protocol.event(kind, **fields))

@@ -169,7 +169,7 @@ async def _receive(websocket: WebSocket, conn: Connection) -> None:
 async def _idle_watchdog(websocket: WebSocket, conn: Connection, timeout: float) -> None:
     """End a session with no client event and no response for `timeout` seconds."""
     while True:
-        if conn.busy:
+        if not conn.idle:
             conn.last_activity = time.monotonic()
         left = conn.last_activity + timeout - time.monotonic()
         if left <= 0:
