@@ -193,11 +193,14 @@ class Connection:
                 error_type="rate_limit_error",
             )
         if not self.buffer.append(pcm):
-            raise EventError(
-                f"the input audio buffer is full ({self.core.config.realtime_max_buffer_seconds:g} s): "
-                "commit or clear it",
-                code="input_audio_buffer_full",
-            )
+            if self.detector is None or not self.detector.in_speech:
+                raise self._buffer_full()
+            # A turn as long as the buffer (continuous speech, or a noise the VAD takes for it)
+            # ends here: a server-VAD client never commits or clears, so refusing would wedge it.
+            self.detector.reset()
+            await self._speech_stopped(self.buffer.end)
+            if not self.buffer.append(pcm):
+                raise self._buffer_full()
         if self.detector is None:
             return
         for found in self.detector.process(pcm):
@@ -208,6 +211,13 @@ class Connection:
         if not self.detector.in_speech and self.config.turn_detection is not None:
             prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
             self.buffer.keep_from(self.buffer.end - prefix)
+
+    def _buffer_full(self) -> EventError:
+        return EventError(
+            f"the input audio buffer is full ({self.core.config.realtime_max_buffer_seconds:g} s): "
+            "commit or clear it",
+            code="input_audio_buffer_full",
+        )
 
     async def _speech_started(self, sample: int) -> None:
         td = self.config.turn_detection

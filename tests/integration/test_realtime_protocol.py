@@ -366,3 +366,31 @@ def test_vad_turned_on_mid_session_finds_the_turn(gateway):
             assert not [e for e in c.seen if e["type"] == "error"], c.seen
 
     asyncio.run(run())
+
+
+def test_a_server_vad_turn_longer_than_the_buffer_is_committed_not_refused(gateway):
+    """Speech (or a noise the VAD takes for speech) that goes on past the buffer bound ends the turn
+    there: a server-VAD client never commits or clears, so refusing its appends would wedge it."""
+
+    async def run():
+        async with connect(gateway) as ws:
+            c = await opened(ws)
+            vad = {"type": "server_vad", "create_response": False, "silence_duration_ms": 3000}
+            await c.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": vad}}}})
+            await c.until("session.updated")
+            speech = speech_pcm16("The quick brown fox jumps over the lazy dog beside the river bank.")
+            assert len(speech) / 2 / 24000 > LIMITS["realtime_max_buffer_seconds"] + 0.5
+            piece = 24000 * 2 // 2  # 0.5 s
+            for i, start in enumerate(range(0, len(speech), piece)):
+                if i >= 4:  # past the burst the gateway allows ahead of real time: pace it
+                    await asyncio.sleep(0.5)
+                chunk = b64(speech[start : start + piece])
+                await c.send({"type": "input_audio_buffer.append", "audio": chunk})
+            await c.until("input_audio_buffer.speech_started")
+            stopped = await c.until("input_audio_buffer.speech_stopped")
+            committed = await c.until("input_audio_buffer.committed")
+            assert committed["item_id"] == stopped["item_id"]
+            assert stopped["audio_end_ms"] <= 1000 * (len(speech) / 2 / 24000)
+            assert not [e for e in c.seen if e["type"] == "error"], c.seen
+
+    asyncio.run(run())
