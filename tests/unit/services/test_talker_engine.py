@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 
@@ -12,10 +11,11 @@ import torch
 from transformers import DynamicCache
 
 from omnistream.errors import InternalError, InvalidRequest
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.load_options import LoadOptions
 from omnistream.sampling import SamplingParams
 from services.talker.engine import TalkerEngine, TalkerParams
 from services.thinker.engine import ThinkerEngine
+from tests.unit.services.prefill_helpers import long_prompt, prefill_chunk
 
 
 @pytest.fixture(scope="module")
@@ -71,12 +71,7 @@ def test_unknown_speaker_and_bad_input(engines):
     assert talker.num_requests == 0
 
 
-LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
 STREAM = [5, 6, 7, 8, 9, 10, 11, 12]  # thinker tokens after the prompt
-
-
-def _long_prompt(thinker) -> list[int]:
-    return thinker.encode_chat([{"role": "user", "content": LONG_TEXT}])
 
 
 def _rows(talker, prompt) -> int:
@@ -91,20 +86,11 @@ async def _codes(talker, rid, prompt, params) -> list[list[int]]:
     return [step.codes for step in [s async for s in out] if step.codes is not None]
 
 
-@contextlib.contextmanager
-def _prefill_chunk(talker, chunk: int):
-    talker.prefill_chunk = chunk  # read by the scheduler each step; set between requests
-    try:
-        yield
-    finally:
-        talker.prefill_chunk = DEFAULT_PREFILL_CHUNK
-
-
 def test_a_chunked_prompt_gives_the_unchunked_codes(engines):
     """Chunk sizes 1, 7, rows-1 and rows: the same greedy and seeded-sampled codes, also with two
     prompts sharing each step's prefill budget and decoding next to each other."""
     talker, thinker = engines
-    prompt = _long_prompt(thinker)
+    prompt = long_prompt(thinker)
     rows = _rows(talker, prompt)
     greedy = TalkerParams(max_frames=12)
     sampled = TalkerParams(max_frames=12, sampling=SamplingParams(temperature=0.9, top_k=50, seed=5))
@@ -114,13 +100,13 @@ def test_a_chunked_prompt_gives_the_unchunked_codes(engines):
             _codes(talker, f"g-{tag}", prompt, greedy), _codes(talker, f"s-{tag}", prompt, sampled)
         )
 
-    with _prefill_chunk(talker, rows):
+    with prefill_chunk(talker, rows):
         solo = [
             asyncio.run(_codes(talker, "g", prompt, greedy)),
             asyncio.run(_codes(talker, "s", prompt, sampled)),
         ]
     for chunk in (1, 7, rows - 1, rows):
-        with _prefill_chunk(talker, chunk):
+        with prefill_chunk(talker, chunk):
             assert asyncio.run(pair(str(chunk))) == solo, chunk
     assert len(solo[0]) == 12 and solo[0] != solo[1]
 
@@ -131,7 +117,7 @@ def test_running_request_gets_frames_between_the_pieces_of_a_long_prefill(engine
     those of a solo run."""
     talker, thinker = engines
     chunk = 16
-    short, long_ids = thinker.encode_chat([{"role": "user", "content": "hi"}]), _long_prompt(thinker)
+    short, long_ids = thinker.encode_chat([{"role": "user", "content": "hi"}]), long_prompt(thinker)
     rows = _rows(talker, long_ids)
     running_params = TalkerParams(max_frames=60)
     solo = asyncio.run(_codes(talker, "solo", short, running_params))
@@ -162,7 +148,7 @@ def test_running_request_gets_frames_between_the_pieces_of_a_long_prefill(engine
             talker._step_listeners.remove(listener)
         return codes
 
-    with _prefill_chunk(talker, chunk):
+    with prefill_chunk(talker, chunk):
         codes = asyncio.run(run())
     assert codes == solo
     pieces = [(p, n) for i, (p, n) in enumerate(steps) if p != (steps[i - 1][0] if i else 0)]
@@ -179,7 +165,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
     talker = TalkerEngine(
         tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512, prefill_chunk=8
     )
-    prompt, short = _long_prompt(thinker), thinker.encode_chat([{"role": "user", "content": "hi"}])
+    prompt, short = long_prompt(thinker), thinker.encode_chat([{"role": "user", "content": "hi"}])
     params, running_params = TalkerParams(max_frames=10), TalkerParams(max_frames=40)
     talker.start()
     try:

@@ -3,16 +3,16 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
 import time
 
 import pytest
 
 from omnistream.errors import InternalError, InvalidRequest, Overloaded
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.load_options import LoadOptions
 from omnistream.sampling import SamplingParams
 from services.thinker.engine import ThinkerEngine, ThinkerParams
+from tests.unit.services.prefill_helpers import long_prompt, prefill_chunk
 
 
 @pytest.fixture(scope="module")
@@ -148,7 +148,6 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
     assert engine.num_requests == 0
 
 
-
 def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny_model_dir):
     """The choice comes after the forward: when it raises for a batch, the members are retried alone
     from the same KV lengths (nothing written twice), so the innocent ones keep their exact output."""
@@ -185,26 +184,10 @@ def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny
     assert all(tokens == solo for tokens in by_id.values()), by_id
 
 
-LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
-
-
-def _long_prompt(engine) -> list[int]:
-    return engine.encode_chat([{"role": "user", "content": LONG_TEXT}])
-
-
-@contextlib.contextmanager
-def _prefill_chunk(engine, chunk: int):
-    engine.prefill_chunk = chunk  # read by the scheduler each step; set between requests
-    try:
-        yield
-    finally:
-        engine.prefill_chunk = DEFAULT_PREFILL_CHUNK
-
-
 def test_a_chunked_prompt_gives_the_unchunked_result(engine):
     """Chunk sizes 1, 7, len-1 and len: the same greedy and seeded-sampled tokens, also with two
     prompts sharing each step's prefill budget and decoding next to each other."""
-    prompt = _long_prompt(engine)
+    prompt = long_prompt(engine)
     greedy = ThinkerParams(16, True)
     sampled = ThinkerParams(16, True, SamplingParams(temperature=1.1, top_k=40, seed=77))
 
@@ -215,13 +198,13 @@ def test_a_chunked_prompt_gives_the_unchunked_result(engine):
 
         return await asyncio.gather(one(f"g-{tag}", greedy), one(f"s-{tag}", sampled))
 
-    with _prefill_chunk(engine, len(prompt)):
+    with prefill_chunk(engine, len(prompt)):
         solo = [
             asyncio.run(_run_ids(engine, "g", prompt, greedy)),
             asyncio.run(_run_ids(engine, "s", prompt, sampled)),
         ]
     for chunk in (1, 7, len(prompt) - 1, len(prompt)):
-        with _prefill_chunk(engine, chunk):
+        with prefill_chunk(engine, chunk):
             assert asyncio.run(pair(str(chunk))) == solo, chunk
     assert len(solo[0]) == 16 and solo[0] != solo[1]
 
@@ -238,7 +221,7 @@ def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
     chunk = 16
     running_params = ThinkerParams(120, True)
     solo = asyncio.run(_run_ids(engine, "solo", _prompt(engine), running_params))
-    long_ids = _long_prompt(engine)
+    long_ids = long_prompt(engine)
     steps: list[tuple[int, int]] = []  # per step after the long request came: (its prefilled, running tokens)
 
     async def run():
@@ -263,7 +246,7 @@ def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
             engine._step_listeners.remove(listener)
         return tokens
 
-    with _prefill_chunk(engine, chunk):
+    with prefill_chunk(engine, chunk):
         tokens = asyncio.run(run())
     assert tokens == solo
     pieces = [(p, n) for i, (p, n) in enumerate(steps) if p != (steps[i - 1][0] if i else 0)]
@@ -280,7 +263,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
         tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, prefill_chunk=8
     )
     params = ThinkerParams(10, True)
-    prompt = _long_prompt(engine)
+    prompt = long_prompt(engine)
     engine.start()
     try:
         solo_short = asyncio.run(_run_ids(engine, "solo-short", _prompt(engine), ThinkerParams(40, True)))
