@@ -322,7 +322,12 @@ class GatewayCore:
             initial = dynamic_initial_frames(
                 self.admission.active, self.config.max_concurrency, request.codec_chunk_frames
             )
-        return ChunkPlan(initial, request.codec_chunk_frames, request.codec_left_context_frames).validate()
+        return ChunkPlan(
+            initial,
+            request.codec_chunk_frames,
+            request.codec_left_context_frames,
+            request.codec_chunk_schedule,
+        ).validate()
 
     async def open(
         self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None

@@ -14,6 +14,8 @@ from omnistream.qwen3_omni.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
     DEFAULT_INITIAL_FRAMES,
     DEFAULT_LEFT_CONTEXT_FRAMES,
+    SCHEDULE_FIXED,
+    SCHEDULE_GROW,
     ChunkPlan,
 )
 from omnistream.sampling_params import SamplingParams
@@ -57,12 +59,34 @@ def sampling_to_proto(params: SamplingParams) -> common_pb2.Sampling:
     return msg
 
 
-def plan_from_fields(initial: int, chunk: int, left_context: int) -> ChunkPlan:
-    """Zero means "the default" for each field (proto3 has no presence for scalars)."""
+SCHEDULE_TO_PROTO = {
+    SCHEDULE_FIXED: stage_pb2.CHUNK_SCHEDULE_FIXED,
+    SCHEDULE_GROW: stage_pb2.CHUNK_SCHEDULE_GROWING,
+}
+SCHEDULE_FROM_PROTO = {number: name for name, number in SCHEDULE_TO_PROTO.items()}
+
+
+def schedule_from_proto(value: int, unspecified: str | None, field: str = "chunk_schedule") -> str | None:
+    """A ChunkSchedule number as the plan's name; UNSPECIFIED is `unspecified` (which differs by API:
+    a stage reads an older gateway's plan as fixed, the public API reads "not given")."""
+    if value == stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED:
+        return unspecified
+    name = SCHEDULE_FROM_PROTO.get(value)
+    if name is None:
+        raise InvalidRequest(f"unknown chunk schedule {value}", field=field)
+    return name
+
+
+def plan_from_fields(
+    initial: int, chunk: int, left_context: int, schedule: int = stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED
+) -> ChunkPlan:
+    """Zero means "the default" for each frame count (proto3 has no presence for scalars); an
+    unspecified schedule means fixed, what an older gateway (which never sent one) asked for."""
     return ChunkPlan(
         initial or DEFAULT_INITIAL_FRAMES,
         chunk or DEFAULT_CHUNK_FRAMES,
         left_context if left_context else DEFAULT_LEFT_CONTEXT_FRAMES,
+        schedule_from_proto(schedule, SCHEDULE_FIXED),
     ).validate()
 
 
@@ -218,6 +242,7 @@ def talker_open_proto(rid: str, opens: StageOpens) -> stage_pb2.TalkerOpen:
         initial_chunk_frames=opens.plan.initial,
         chunk_frames=opens.plan.chunk,
         left_context_frames=opens.plan.left_context,
+        chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
     )
 
 
@@ -229,6 +254,7 @@ def code2wav_open_proto(rid: str, opens: StageOpens) -> stage_pb2.Code2WavOpen:
         initial_chunk_frames=opens.plan.initial,
         chunk_frames=opens.plan.chunk,
         left_context_frames=opens.plan.left_context,
+        chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
     )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from omnistream.errors import InvalidRequest
+from omnistream.qwen3_omni.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
 from omnistream.sampling_params import SamplingParams
 
@@ -36,6 +37,9 @@ class GenerationRequest:
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
     codec_chunk_frames: int = 25
     codec_left_context_frames: int = 25
+    # How codec windows after the first grow: "grow" (doubling up to codec_chunk_frames) or "fixed"
+    # (all codec_chunk_frames); see omnistream/qwen3_omni/chunk_plan.py.
+    codec_chunk_schedule: str = DEFAULT_SCHEDULE
     mode: str = "async"
     # Video parts: also hear their sound track (placed with the frames, as the reference processor
     # does with use_audio_in_video / load_audio_from_video).
@@ -49,6 +53,10 @@ class GenerationRequest:
             raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
         if (self.messages is None) == (self.prompt_ids is None):
             raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
+        if self.codec_chunk_schedule not in SCHEDULES:
+            raise InvalidRequest(
+                f"codec_chunk_schedule must be one of {', '.join(SCHEDULES)}", field="codec_chunk_schedule"
+            )
         if self.assistant_text is not None and not self.assistant_text:
             raise InvalidRequest("the text to speak is empty", field="input")
 

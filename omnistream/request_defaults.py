@@ -16,6 +16,11 @@ Why these defaults (`DEFAULTS`; README has the same table):
 * The talker's seed is the request's seed unless a talker seed is given, so one `seed` makes text
   and speech reproducible together.
 * Voice "ethan" (the reference's default speaker), or the deployment's first voice if it lacks one.
+* Codec chunk schedule "grow": after the first (small) codec window each window doubles up to the
+  chunk size, so the next audio chunk is ready before what was sent has played out; "fixed" (all
+  later windows full size, what peers did before) stalled most answers after the first syllable.
+  It is a per-request knob so the two can be compared; the exact streaming Code2Wav makes the same
+  audio either way.
 * Token and frame limits, the codec chunking and async_chunk belong to the deployment (`ServingDefaults`:
   the gateway's flags, or the built-in values for the in-process CLI).
 
@@ -29,7 +34,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from omnistream.errors import InvalidRequest
-from omnistream.qwen3_omni.chunk_plan import DEFAULT_CHUNK_FRAMES, DEFAULT_LEFT_CONTEXT_FRAMES
+from omnistream.qwen3_omni.chunk_plan import (
+    DEFAULT_CHUNK_FRAMES,
+    DEFAULT_LEFT_CONTEXT_FRAMES,
+    DEFAULT_SCHEDULE,
+)
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request import GenerationRequest
 from omnistream.sampling_params import SamplingParams
@@ -53,6 +62,7 @@ class Defaults:
     voice: str = DEFAULT_SPEAKER
     return_audio: bool = True
     ignore_eos: bool = False
+    codec_chunk_schedule: str = DEFAULT_SCHEDULE  # "grow" or "fixed" (qwen3_omni/chunk_plan.py)
     # The deployment's built-in values (`ServingDefaults` overrides them, e.g. from gateway flags).
     max_tokens: int = 256
     max_audio_frames: int = 2048
@@ -126,6 +136,7 @@ class RequestInput:
     talker_repetition_penalty: float | None = None
     talker_seed: int | None = None
     initial_codec_chunk_frames: int | None = None  # None: chosen from load at run time
+    codec_chunk_schedule: str | None = None  # "grow" or "fixed"
     async_chunk: bool | None = None
     use_audio_in_video: bool | None = None
     assistant_text: str | None = None  # speech: the answer to speak, not generated
@@ -199,6 +210,7 @@ def resolve(
         initial_codec_chunk_frames=given.initial_codec_chunk_frames,
         codec_chunk_frames=deployment.codec_chunk_frames,
         codec_left_context_frames=deployment.codec_left_context_frames,
+        codec_chunk_schedule=_given(given.codec_chunk_schedule, defaults.codec_chunk_schedule),
         mode="async" if async_chunk else "sequential",
         use_audio_in_video=_given(given.use_audio_in_video, defaults.use_audio_in_video),
         assistant_text=given.assistant_text,

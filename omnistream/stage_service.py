@@ -212,7 +212,9 @@ class StageServicer:
         mode = MODES.get(open_.mode)
         if mode is None:
             raise InvalidRequest("unknown mode", field="mode")
-        plan = plan_from_fields(open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames)
+        plan = plan_from_fields(
+            open_.initial_chunk_frames, open_.chunk_frames, open_.left_context_frames, open_.chunk_schedule
+        )
         return rid, checker, mode, plan
 
     def _checker(self, request_id: str, key: common_pb2.ChunkKey) -> SequenceChecker:

@@ -2,6 +2,18 @@
 
 See `codec_chunks` for how the two ends use it. `left_context` only serves the recompute baseline;
 the exact streaming Code2Wav ignores it (it stays on the wire so old and new peers interoperate).
+
+Schedules (`ChunkPlan.schedule`), i.e. how long each window after the first one is:
+
+* ``"grow"`` (the default): window lengths double, ``initial, 2*initial, 4*initial, ...`` capped at
+  ``chunk`` (2, 4, 8, 16, 25, 25, ... for initial 2, chunk 25). Each window is about as long as all
+  the audio sent before it, so with audio made faster than real time the next chunk is ready before
+  what the client already has has played out. With a fixed schedule the 2-frame first chunk (137 ms
+  of audio after the decoder's trim) plays out long before the 25-frame second one exists, so nearly
+  every answer stalled ~100 ms after its first syllable. The exact streaming Code2Wav decodes any
+  window length exactly, so the schedule changes when audio arrives, never what it is.
+* ``"fixed"``: ``initial``, then ``chunk`` frames per window: what every peer did before schedules
+  existed (and what an open without a schedule on the wire still means), kept for comparison.
 """
 
 from __future__ import annotations
@@ -13,6 +25,10 @@ from omnistream.errors import InvalidRequest
 DEFAULT_CHUNK_FRAMES = 25
 DEFAULT_LEFT_CONTEXT_FRAMES = 25
 DEFAULT_INITIAL_FRAMES = 4
+SCHEDULE_GROW = "grow"
+SCHEDULE_FIXED = "fixed"
+SCHEDULES = (SCHEDULE_GROW, SCHEDULE_FIXED)
+DEFAULT_SCHEDULE = SCHEDULE_GROW
 
 
 @dataclass(frozen=True)
@@ -20,8 +36,14 @@ class ChunkPlan:
     initial: int = DEFAULT_INITIAL_FRAMES
     chunk: int = DEFAULT_CHUNK_FRAMES
     left_context: int = DEFAULT_LEFT_CONTEXT_FRAMES
+    schedule: str = DEFAULT_SCHEDULE  # see the module docstring; fixed per request at the open
 
     def validate(self) -> ChunkPlan:
+        if self.schedule not in SCHEDULES:
+            raise InvalidRequest(
+                f"codec chunk schedule must be one of {', '.join(SCHEDULES)}, not {self.schedule!r}",
+                field="codec_chunk_schedule",
+            )
         if not 1 <= self.chunk <= 1024:
             raise InvalidRequest("codec chunk frames must be in [1, 1024]", field="chunk_frames")
         if not 1 <= self.initial <= self.chunk:
@@ -33,7 +55,28 @@ class ChunkPlan:
         return self
 
     def window_end(self, start: int) -> int:
-        return self.initial if start == 0 else start + self.chunk
+        """The end frame of the window that starts at frame `start` (a window end, or 0).
+
+        Grow: walk the doubling windows until the one that holds `start` (at most log2(chunk)
+        steps); once they reach `chunk` every later window is `chunk` long, as in the fixed
+        schedule. A `start` inside a window (no caller makes one) gets that window's length.
+        """
+        if self.schedule == SCHEDULE_FIXED:
+            return self.initial if start == 0 else start + self.chunk
+        begin, length = 0, min(self.initial, self.chunk)
+        while length < self.chunk and begin + length <= start:
+            begin += length
+            length = min(2 * length, self.chunk)
+        return start + length
+
+    def window_lengths(self, count: int) -> list[int]:
+        """The first `count` window lengths (for logs, docs and tests)."""
+        lengths, start = [], 0
+        for _ in range(count):
+            end = self.window_end(start)
+            lengths.append(end - start)
+            start = end
+        return lengths
 
     def ready(self, start: int, available: int, done: bool) -> bool:
         """Recompute baseline: can window [start, end) be decoded with `available` frames so far?

@@ -1,11 +1,13 @@
 """Talker -> Code2Wav edge of Qwen3-Omni: how codec frames become audio windows.
 
 Both ends use one plan so they agree on boundaries: the first window has `initial` frames, then
-windows of `chunk` frames. Code2Wav streams exactly (`code2wav_stream`): a window is decoded once,
-as soon as its last frame is in, so the talker ships at each window end. `left_context` is unused
-by that decode; it stays in the plan and on the wire for the recompute baseline (the engine's
-`decode="recompute"`, which re-decodes up to `left_context` frames before each window and needs one
-lookahead frame after it: its shipper is built with `lookahead=1`).
+windows that double up to `chunk` frames (schedule "grow") or are `chunk` frames each ("fixed"; see
+`chunk_plan`). Whatever the schedule, `ChunkPlan.window_end` is the only boundary rule. Code2Wav
+streams exactly (`code2wav_stream`): a window is decoded once, as soon as its last frame is in, so
+the talker ships at each window end. `left_context` is unused by that decode; it stays in the plan
+and on the wire for the recompute baseline (the engine's `decode="recompute"`, which re-decodes up
+to `left_context` frames before each window and needs one lookahead frame after it: its shipper is
+built with `lookahead=1`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ from omnistream.qwen3_omni.chunk_plan import (  # re-exported: the plan is this 
     DEFAULT_CHUNK_FRAMES,
     DEFAULT_INITIAL_FRAMES,
     DEFAULT_LEFT_CONTEXT_FRAMES,
+    DEFAULT_SCHEDULE,
+    SCHEDULES,
     ChunkPlan,
     dynamic_initial_frames,
 )
@@ -27,6 +31,8 @@ __all__ = [
     "DEFAULT_CHUNK_FRAMES",
     "DEFAULT_INITIAL_FRAMES",
     "DEFAULT_LEFT_CONTEXT_FRAMES",
+    "DEFAULT_SCHEDULE",
+    "SCHEDULES",
     "ChunkPlan",
     "FrameShipper",
     "dynamic_initial_frames",
