@@ -36,6 +36,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    p.add_argument(
+        "--chunk-schedules",
+        default="",
+        help="comma list of codec chunk schedules (grow, fixed), each run as its own target, "
+        "interleaved A B B A with the others: rows <target>[grow], <target>[fixed] (default: none "
+        "given, the request table's)",
+    )
+    p.add_argument(
+        "--continuity-threshold-ms",
+        type=float,
+        default=100.0,
+        help="a request keeps continuity when its underrun (omnistream/listener.py) is at most this",
+    )
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")
     p.add_argument("--repeats", type=int, default=2, help="runs per target and cell, in A B B A order")
     p.add_argument("--chunk-cost", action="store_true", help="also measure CPU time per inter-stage chunk")

@@ -24,11 +24,15 @@ class Workload:
     ignore_eos: bool = True
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
     audio_input_seconds: float = 0.0  # > 0: the spoken-input workload (bench/audio_input.py)
+    codec_chunk_schedule: str | None = None  # None: the table's default ("grow")
 
     @property
     def label(self) -> str:
-        """The suffix of this workload's target names in the report ("" for the text workload)."""
-        return f"+audio-in-{self.audio_input_seconds:g}s" if self.audio_input_seconds else ""
+        """The suffix of this workload's target names in the report ("" for the text workload with
+        the default schedule): `[fixed]`, `+audio-in-5s`, `[grow]+audio-in-5s`."""
+        schedule = f"[{self.codec_chunk_schedule}]" if self.codec_chunk_schedule else ""
+        spoken = f"+audio-in-{self.audio_input_seconds:g}s" if self.audio_input_seconds else ""
+        return schedule + spoken
 
     def request_input(self, prompt_ids: list[int], async_chunk: bool, encoded: bool = False) -> RequestInput:
         """One benchmark request as given, for every target alike (each resolves it through the one
@@ -53,6 +57,7 @@ class Workload:
             talker_temperature=0.0,
             talker_repetition_penalty=1.0,
             initial_codec_chunk_frames=self.initial_codec_chunk_frames,
+            codec_chunk_schedule=self.codec_chunk_schedule,
             async_chunk=async_chunk,
         )
 
@@ -95,6 +100,10 @@ def grpc_request(given: RequestInput, timeout: float | None = None):
             getattr(request, field).CopyFrom(msg)
     if given.initial_codec_chunk_frames is not None:
         request.initial_codec_chunk_frames = given.initial_codec_chunk_frames
+    if given.codec_chunk_schedule is not None:
+        from omnistream.convert import SCHEDULE_TO_PROTO
+
+        request.codec_chunk_schedule = SCHEDULE_TO_PROTO[given.codec_chunk_schedule]
     if given.async_chunk is not None:
         request.async_chunk = given.async_chunk
     if timeout is not None:
@@ -105,7 +114,7 @@ def grpc_request(given: RequestInput, timeout: float | None = None):
 REST_FIELDS = (
     "max_tokens", "ignore_eos", "temperature", "top_p", "seed", "max_audio_frames", "talker_temperature",
     "talker_top_p", "talker_top_k", "talker_repetition_penalty", "talker_seed",
-    "initial_codec_chunk_frames", "async_chunk",
+    "initial_codec_chunk_frames", "codec_chunk_schedule", "async_chunk",
 )  # fmt: skip
 
 
@@ -151,9 +160,7 @@ class InProcessClient:
                 result.token_times.append(now)
                 result.tokens += len(event.token_ids)
             elif isinstance(event, AudioEvent):
-                result.first_audio = result.first_audio or now
-                result.last_audio = now
-                result.audio_seconds += event.audio.size / event.sample_rate
+                result.add_audio(now, event.audio.size, event.sample_rate)
             elif isinstance(event, DoneEvent):
                 return
         raise RuntimeError("the stream ended without its done event")
@@ -186,9 +193,8 @@ class GrpcGatewayClient:
                     result.token_times.append(now)
                     result.tokens += len(event.text.token_ids)
                 elif kind == "audio":
-                    result.first_audio = result.first_audio or now
-                    result.last_audio = now
-                    result.audio_seconds += numpy_from_proto(event.audio.pcm).size / event.audio.sample_rate
+                    samples = numpy_from_proto(event.audio.pcm).size
+                    result.add_audio(now, samples, event.audio.sample_rate)
                 elif kind == "end":
                     result.ok = True
         except grpc.aio.AioRpcError as exc:
@@ -208,7 +214,20 @@ class RestGatewayClient:
 
         self.client = httpx.AsyncClient(base_url=base_url, timeout=600)
         self.tokenizer = tokenizer
-        self.sample_rate = sample_rate  # pcm16 deltas carry no rate: the model's own (family.describe)
+        # pcm16 deltas carry no rate: the gateway's (its /v1/models card), read once; the model's
+        # own (family.describe) until then or if the card has none.
+        self.sample_rate = sample_rate
+        self._rate_read = False
+
+    async def _gateway_rate(self) -> int:
+        if not self._rate_read:
+            self._rate_read = True
+            reply = await self.client.get("/v1/models")
+            cards = (reply.json().get("data") or []) if reply.status_code == 200 else []
+            reported = cards[0].get("omnistream", {}).get("sample_rate") if cards else None
+            if reported:
+                self.sample_rate = int(reported)
+        return self.sample_rate
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         if workload.audio_input_seconds:
@@ -222,6 +241,7 @@ class RestGatewayClient:
         )
         body = rest_body(given) | {"stream": True, "timeout": REQUEST_TIMEOUT}
         body["audio"] = {**body.get("audio", {}), "format": "pcm16"}
+        rate = await self._gateway_rate()
         result = RequestResult(start=time.perf_counter())
         try:
             async with self.client.stream("POST", "/v1/chat/completions", json=body) as reply:
@@ -245,9 +265,8 @@ class RestGatewayClient:
                         result.token_times.append(now)
                         result.tokens += 1
                     if audio.get("data"):
-                        result.first_audio = result.first_audio or now
-                        result.last_audio = now
-                        result.audio_seconds += len(base64.b64decode(audio["data"])) / 2 / self.sample_rate
+                        samples = len(base64.b64decode(audio["data"])) // 2  # pcm16 mono
+                        result.add_audio(now, samples, rate)
                     if chunk.get("usage"):
                         result.tokens = chunk["usage"]["completion_tokens"]
         except Exception as exc:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 from omnistream.bench.stats import METRIC_KEYS
@@ -39,10 +40,36 @@ def _cell(row: dict, key: str) -> str:
     return str(value)
 
 
+# What the listener heard (omnistream/listener.py), over the requests with audio.
+LISTENER_COLUMNS = ("stalled", "continuity", "underrun p50 ms", "underrun p99 ms", "stall ms")
+
+
+def _percent(share: float | None) -> str:
+    return "n/a" if share is None else f"{100 * share:.0f}%"
+
+
+def _number(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
+def listener_cells(row: dict) -> list[str]:
+    """Stalled share and continuity rate (pooled over the runs), the underrun's p50 and p99 (mean
+    of the runs' medians, worst run's p99) and the mean total stall per request."""
+    return [
+        _percent(row["stalled_share"]),
+        _percent(row["continuity_rate"]),
+        _number(row["underrun_ms"]["median"]),
+        _number(row["underrun_ms"]["p99"]),
+        _cell(row, "stall_ms"),
+    ]
+
+
 def table(rows: list[dict]) -> str:
-    """Markdown table in the seed's shape (means; ± half the spread between repeated runs)."""
-    head = "| " + " | ".join(title for _, title in COLUMNS) + " | req/s | tok/s | audio s/s |"
-    sep = "|" + "---|" * (len(COLUMNS) + 3)
+    """Markdown table in the seed's shape (means; ± half the spread between repeated runs), then
+    the listener's columns."""
+    titles = [title for _, title in COLUMNS] + ["req/s", "tok/s", "audio s/s", *LISTENER_COLUMNS]
+    head = "| " + " | ".join(titles) + " |"
+    sep = "|" + "---|" * len(titles)
     lines = [head, sep]
     for row in rows:
         cells = [_cell(row, key) for key, _ in COLUMNS]
@@ -51,6 +78,7 @@ def table(rows: list[dict]) -> str:
             f"{row['output_token_throughput']:.1f}",
             f"{row['audio_throughput']:.2f}",
         ]
+        cells += listener_cells(row)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -70,6 +98,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         "request_throughput",
         "output_token_throughput",
         "audio_throughput",
+        "continuity_threshold_ms",
+        "listened",
+        "stalled_requests",
+        "continuous_requests",
+        "stalled_share",
+        "continuity_rate",
     ]
     metric_fields = [
         f"{m}_{s}" for m in METRIC_KEYS for s in ("samples", "mean", "median", "p99", "std", "run_spread")
@@ -78,7 +112,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         writer = csv.DictWriter(f, fieldnames=fields + metric_fields)
         writer.writeheader()
         for row in rows:
-            out = {k: row[k] for k in fields}
+            out = {k: "" if row[k] is None else row[k] for k in fields}  # empty: no request had audio
             for m in METRIC_KEYS:
                 for s in ("samples", "mean", "median", "p99", "std", "run_spread"):
                     value = row[m].get(s)
@@ -86,22 +120,36 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             writer.writerow(out)
 
 
+def _percent_of(key: str) -> Callable[[dict], float | None]:
+    return lambda row: None if row[key] is None else 100 * row[key]
+
+
+# (file suffix, y label, the value of a row; None: no sample, no point)
+PLOTS: tuple[tuple[str, str, Callable[[dict], float | None]], ...] = (
+    ("ttfp", "mean TTFP (ms)", lambda row: row["ttfp_ms"]["mean"]),
+    ("rtf", "mean RTF", lambda row: row["rtf"]["mean"]),
+    ("e2e", "mean E2E (ms)", lambda row: row["e2e_ms"]["mean"]),
+    ("stalled", "requests that stalled (%)", _percent_of("stalled_share")),
+    ("continuity", "continuity OK rate (%)", _percent_of("continuity_rate")),
+    ("underrun", "underrun p99 (ms)", lambda row: row["underrun_ms"]["p99"]),
+)
+
+
 def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
-    """TTFP, RTF and E2E against concurrency, one line per target and async setting (as the seed)."""
+    """TTFP, RTF and E2E against concurrency, one line per target and async setting (as the seed),
+    and the listener's stalled share, continuity rate and underrun p99 the same way."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     written = []
-    for metric, label in (("ttfp_ms", "mean TTFP (ms)"), ("rtf", "mean RTF"), ("e2e_ms", "mean E2E (ms)")):
+    for name, label, value in PLOTS:
         fig, ax = plt.subplots(figsize=(6, 4))
         series: dict[tuple[str, bool], list[tuple[int, float]]] = {}
         for row in rows:
-            if row[metric]["mean"] is not None:
-                series.setdefault((row["target"], row["async"]), []).append(
-                    (row["concurrency"], row[metric]["mean"])
-                )
+            if value(row) is not None:
+                series.setdefault((row["target"], row["async"]), []).append((row["concurrency"], value(row)))
         for (target, async_chunk), points in sorted(series.items()):
             points.sort()
             ax.plot(
@@ -116,7 +164,7 @@ def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=8)
         fig.tight_layout()
-        out = path_prefix.parent / f"{path_prefix.name}_{metric.split('_')[0]}.png"
+        out = path_prefix.parent / f"{path_prefix.name}_{name}.png"
         fig.savefig(out, dpi=110)
         plt.close(fig)
         written.append(out)

@@ -102,6 +102,30 @@ async def chunk_cost(
     return results
 
 
+def chunk_schedules(given: str) -> list[str | None]:
+    """`--chunk-schedules` as the schedules to run, each its own target; [None] (the request table's
+    default, no suffix on the target names) when none is given."""
+    from omnistream.qwen3_omni.chunk_plan import SCHEDULES
+
+    names = [s.strip() for s in given.split(",") if s.strip()]
+    unknown = [n for n in names if n not in SCHEDULES]
+    if unknown:
+        raise ValueError(f"unknown chunk schedule {unknown}; choose from {', '.join(SCHEDULES)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"a chunk schedule is given twice: {given}")
+    chosen: list[str | None] = list(names)
+    return chosen or [None]
+
+
+def interleave(units: list, repeats: int) -> list:
+    """`repeats` passes over `units`, every other one reversed (A B B A ...): slow drift of the
+    machine then weighs on each unit alike."""
+    sequence = []
+    for i in range(repeats):
+        sequence += units if i % 2 == 0 else units[::-1]
+    return sequence
+
+
 def _ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None (JSON null) where either side has no sample or b is 0."""
     return a / b if a is not None and b else None
@@ -172,8 +196,18 @@ async def run_bench(args: argparse.Namespace) -> int:
         return 2
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
+    try:
+        schedules = chunk_schedules(args.chunk_schedules)
+    except ValueError as exc:
+        print(f"omnistream bench: {exc}", file=sys.stderr)
+        return 2
+    threshold_s = args.continuity_threshold_ms / 1000.0
     workload = Workload(
-        args.output_len, args.audio_frames, not args.no_ignore_eos, args.initial_codec_chunk_frames
+        args.output_len,
+        args.audio_frames,
+        not args.no_ignore_eos,
+        args.initial_codec_chunk_frames,
+        codec_chunk_schedule=schedules[0],
     )
     prefill = {} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}
     services: dict = {}
@@ -209,14 +243,16 @@ async def run_bench(args: argparse.Namespace) -> int:
             for prompt in warm[: args.warmup]:
                 await clients[name].run(prompt, workload, True)
         runs: dict[tuple[str, bool, int], list[dict]] = {}
-        workloads = [workload]
+        # One group per workload; within a group each schedule is a target of its own, interleaved
+        # with the others A B B A like the targets, so a before/after of the schedule is one run.
+        groups = [[dataclasses.replace(workload, codec_chunk_schedule=s) for s in schedules]]
         if args.audio_input_seconds:  # spoken input, next to the text workload (gRPC targets)
             spoken = dataclasses.replace(workload, audio_input_seconds=args.audio_input_seconds)
-            workloads.append(spoken)
+            groups.append([dataclasses.replace(spoken, codec_chunk_schedule=s) for s in schedules])
             for name in order:
                 await clients[name].run([], spoken, True)  # warm the audio encoder path
         total = sum(
-            len(order) * len(workloads) * args.repeats * (args.num_prompts or max(3, c))
+            len(order) * sum(map(len, groups)) * args.repeats * (args.num_prompts or max(3, c))
             for c in concurrencies
             for _ in modes
         )
@@ -225,11 +261,8 @@ async def run_bench(args: argparse.Namespace) -> int:
             count = args.num_prompts or max(3, conc)
             for async_chunk in modes:
                 prompts = make_prompts(count, args.input_len, args.seed + conc)
-                sequence = []
-                for i in range(args.repeats):  # A B B A ...
-                    sequence += order if i % 2 == 0 else order[::-1]
-                for load in workloads:
-                    for name in sequence:
+                for group in groups:
+                    for name, load in interleave([(n, w) for n in order for w in group], args.repeats):
                         label = name + load.label
                         progress.set_postfix_str(f"{label} c{conc} async={'on' if async_chunk else 'off'}")
                         results, duration = await run_cell(
@@ -242,7 +275,8 @@ async def run_bench(args: argparse.Namespace) -> int:
                             progress,
                             args.seed,
                         )
-                        runs.setdefault((label, async_chunk, conc), []).append(summarize(results, duration))
+                        summary = summarize(results, duration, threshold_s)
+                        runs.setdefault((label, async_chunk, conc), []).append(summary)
         progress.close()
         rows = []
         for (name, async_chunk, conc), cell_runs in runs.items():

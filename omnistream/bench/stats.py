@@ -7,8 +7,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from omnistream.listener import CONTINUITY_THRESHOLD_S, AudioArrival, Listening, listen
+
 METRICS = ("ttft", "tpot", "itl", "ttfp", "e2e", "rtf")
-METRIC_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf")
+# underrun_ms: vLLM-Omni's audio_underrun per request (= total stall); stall_ms the same per-request
+# numbers, reported by their mean; longest_stall_ms: each request's longest single wait.
+LISTENER_KEYS = ("underrun_ms", "stall_ms", "longest_stall_ms")
+METRIC_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "ttfp_ms", "e2e_ms", "rtf", *LISTENER_KEYS)
 
 
 @dataclass
@@ -21,7 +26,21 @@ class RequestResult:
     first_audio: float | None = None
     last_audio: float | None = None
     audio_seconds: float = 0.0
+    audio_chunks: list[AudioArrival] = field(default_factory=list)  # every non-empty audio chunk
     end: float = 0.0
+
+    def add_audio(self, now: float, samples: int, sample_rate: int) -> None:
+        """One audio chunk arrived at `now`: TTFP, RTF and the listener all read from here. An empty
+        chunk is not audio (the listener's rule), so it neither starts TTFP nor counts."""
+        if samples <= 0:
+            return
+        self.first_audio = self.first_audio if self.first_audio is not None else now
+        self.last_audio = now
+        self.audio_seconds += samples / sample_rate
+        self.audio_chunks.append(AudioArrival(now, samples, sample_rate))
+
+    def listening(self, threshold_s: float = CONTINUITY_THRESHOLD_S) -> Listening:
+        return listen(self.audio_chunks, threshold_s)
 
     @property
     def ttft(self) -> float | None:
@@ -71,9 +90,35 @@ def _describe(values: list[float], scale: float) -> dict[str, float | int | None
     }
 
 
-def summarize(results: list[RequestResult], duration: float) -> dict:
+def _share(part: int, whole: int) -> float | None:
+    return part / whole if whole else None
+
+
+def listener_summary(heard: list[Listening]) -> dict:
+    """The cell's listener numbers over the requests that had audio: how many stalled at least once,
+    how many kept continuity (vLLM-Omni's "streaming continuity OK rate"), and the per-request
+    underrun, total and longest stall distributions (ms). Counts are kept so runs pool exactly."""
+    ms = 1000.0
+    stalled = sum(1 for h in heard if h.stalls)
+    continuous = sum(1 for h in heard if h.continuity_ok)
+    return {
+        "listened": len(heard),
+        "stalled_requests": stalled,
+        "continuous_requests": continuous,
+        "stalled_share": _share(stalled, len(heard)),
+        "continuity_rate": _share(continuous, len(heard)),
+        "underrun_ms": _describe([h.underrun_s for h in heard], ms),
+        "stall_ms": _describe([h.stall_s for h in heard], ms),
+        "longest_stall_ms": _describe([h.longest_stall_s for h in heard], ms),
+    }
+
+
+def summarize(
+    results: list[RequestResult], duration: float, threshold_s: float = CONTINUITY_THRESHOLD_S
+) -> dict:
     ok = [r for r in results if r.ok]
     ms = 1000.0
+    heard = [h for h in (r.listening(threshold_s) for r in ok) if h.heard]
     summary = {
         "completed": len(ok),
         "failed": len(results) - len(ok),
@@ -89,6 +134,8 @@ def summarize(results: list[RequestResult], duration: float) -> dict:
         "e2e_ms": _describe([r.e2e for r in ok], ms),
         "rtf": _describe([r.rtf for r in ok if r.rtf is not None], 1.0),
         "audio_seconds_per_request": statistics.mean([r.audio_seconds for r in ok]) if ok else 0.0,
+        "continuity_threshold_ms": threshold_s * ms,
+        **listener_summary(heard),
     }
     return summary
 
@@ -114,6 +161,11 @@ def merge_runs(runs: list[dict]) -> dict:
         }
     for key in ("request_throughput", "output_token_throughput", "audio_throughput"):
         merged[key] = float(np.mean([r[key] for r in runs]))
+    # The shares pool the runs' requests (a run with fewer requests with audio weighs less).
+    for count in ("listened", "stalled_requests", "continuous_requests"):
+        merged[count] = sum(r[count] for r in runs)
+    merged["stalled_share"] = _share(merged["stalled_requests"], merged["listened"])
+    merged["continuity_rate"] = _share(merged["continuous_requests"], merged["listened"])
     merged["completed"] = sum(r["completed"] for r in runs)
     merged["failed"] = sum(r["failed"] for r in runs)
     merged["errors"] = sorted({e for r in runs for e in r["errors"]})[:5]

@@ -65,3 +65,63 @@ def test_ratios_put_the_exact_stream_beside_the_recompute_baseline():
 
     out = ratios([row("in-process", 500.0), row("in-process-recompute", 625.0)])
     assert out["in-process stream/recompute Code2Wav TTFP @c10"] == 0.8
+
+
+def _heard(*arrivals: tuple[float, float]) -> RequestResult:
+    """A request whose audio came as (arrival time, seconds at 24 kHz) chunks."""
+    result = RequestResult(ok=True, start=0.0, end=5.0)
+    for time, seconds in arrivals:
+        result.add_audio(time, round(seconds * 24_000), 24_000)
+    return result
+
+
+def test_every_audio_chunk_is_recorded_and_empty_ones_are_not_audio():
+    result = RequestResult(start=0.0)
+    result.add_audio(0.2, 0, 24_000)  # an empty chunk neither starts TTFP nor counts
+    result.add_audio(0.5, 2400, 24_000)
+    result.add_audio(0.9, 1600, 16_000)
+    assert result.ttfp == 0.5 and result.last_audio == 0.9
+    assert abs(result.audio_seconds - 0.2) < 1e-12
+    assert [tuple(a) for a in result.audio_chunks] == [(0.5, 2400, 24_000), (0.9, 1600, 16_000)]
+    heard = result.listening()
+    assert heard.stalls == 1 and abs(heard.stall_s - 0.3) < 1e-9
+
+
+def test_summary_counts_stalled_and_continuous_requests_among_those_with_audio():
+    smooth = _heard((1.0, 0.5), (1.4, 0.5))
+    short_gap = _heard((1.0, 0.1), (1.15, 0.5))  # waits 0.05 s: a stall, continuity kept
+    stalled = _heard((1.0, 0.16), (1.5, 2.0))  # waits 0.34 s
+    silent = RequestResult(ok=True, start=0.0, end=1.0)  # text only: not judged
+    failed = _heard((1.0, 0.1), (3.0, 0.1))
+    failed.ok = False
+    summary = summarize([smooth, short_gap, stalled, silent, failed], 5.0)
+    assert summary["listened"] == 3
+    assert (summary["stalled_requests"], summary["continuous_requests"]) == (2, 2)
+    assert abs(summary["stalled_share"] - 2 / 3) < 1e-12
+    assert abs(summary["continuity_rate"] - 2 / 3) < 1e-12
+    underrun = summary["underrun_ms"]
+    assert underrun["samples"] == 3 and abs(underrun["median"] - 50.0) < 1e-6
+    assert 300.0 < underrun["p99"] <= 340.0 + 1e-6
+    assert abs(summary["stall_ms"]["mean"] - (0 + 50 + 340) / 3) < 1e-6
+    assert abs(summary["longest_stall_ms"]["p99"] - underrun["p99"]) < 1e-6
+    assert summary["continuity_threshold_ms"] == 100.0
+    strict = summarize([smooth, short_gap, stalled], 5.0, threshold_s=0.01)
+    assert strict["continuous_requests"] == 1
+
+
+def test_a_cell_without_audio_has_no_listener_numbers():
+    summary = summarize([_result([0.1], 4, audio=False)], 1.0)
+    assert summary["listened"] == 0
+    assert summary["stalled_share"] is None and summary["continuity_rate"] is None
+    assert summary["underrun_ms"]["samples"] == 0 and summary["underrun_ms"]["p99"] is None
+
+
+def test_merge_pools_the_listener_counts_of_the_runs():
+    one = summarize([_heard((1.0, 0.16), (1.5, 2.0))], 2.0)  # 1 of 1 stalled
+    three = summarize([_heard((1.0, 0.5), (1.4, 0.5))] * 3, 2.0)  # 0 of 3
+    merged = merge_runs([one, three])
+    assert merged["listened"] == 4 and merged["stalled_requests"] == 1
+    assert merged["stalled_share"] == 0.25 and merged["continuity_rate"] == 0.75
+    assert merged["underrun_ms"]["samples"] == 4
+    assert abs(merged["underrun_ms"]["p99"] - 340.0) < 1e-6  # the worse run's p99
+    assert merged["stall_ms"]["run_spread"] > 300.0
