@@ -15,7 +15,7 @@ import time
 import uuid
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from gateway.admission import Admission, Permit, Rejected
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
@@ -27,6 +27,7 @@ from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
 from omnistream.chunk_key import validate_request_id
 from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
+from omnistream.listener import AudioArrival, Listening, listen
 from omnistream.media import text_of
 from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.relay import Emit
@@ -85,6 +86,8 @@ class Timings:
     first_audio: float | None = None
     last_audio: float | None = None
     audio_seconds: float = 0.0
+    # Each audio chunk as the client was handed it (the listener model, omnistream/listener.py)
+    audio_chunks: list[AudioArrival] = field(default_factory=list)
 
 
 class Session:
@@ -153,13 +156,22 @@ class Session:
                 m.ttfp.observe(now - t.started)
             t.last_audio = now
             t.audio_seconds += item.audio.size / item.sample_rate
+            t.audio_chunks.append(AudioArrival(now, item.audio.size, item.sample_rate))
         elif isinstance(item, DoneEvent):
             self.done = item
             m.e2e.observe(now - t.started)
             if t.audio_seconds > 0 and t.last_audio is not None:
                 m.rtf.observe((t.last_audio - t.started) / t.audio_seconds)
+            heard = self.listening()
+            if heard.heard:
+                m.observe_listening(heard)
             self._status = "ok"
         return item
+
+    def listening(self) -> Listening:
+        """What a listener playing this request's audio as the gateway handed it out heard so far
+        (all of it once the request is done): stalls, underrun, continuity."""
+        return listen(self.timings.audio_chunks)
 
     async def prime(self) -> None:
         """Wait for the first event, so that a stage refusing the request surfaces as an error of

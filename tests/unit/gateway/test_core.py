@@ -1,0 +1,103 @@
+"""The core's Session judges each request's audio with the listener model, from the times it hands
+the events out, and exports the result: a real Session and real metrics, a scripted stage body and
+a fake clock (the stalls are exact, whatever the machine's load)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+import gateway.core
+from gateway.core import Session
+from gateway.metrics import GatewayMetrics
+from omnistream.request import AudioEvent, DoneEvent, TextEvent
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Permit:
+    def release(self) -> None:
+        pass
+
+
+def _audio(seconds: float, rate: int = 24_000) -> AudioEvent:
+    return AudioEvent(np.zeros(round(seconds * rate), np.float32), 0, rate)
+
+
+async def _play(monkeypatch, timeline: list[tuple[float, object]]) -> tuple[Session, GatewayMetrics]:
+    """Hand out the events of `timeline` at its times, as a client reading them would be."""
+    clock = Clock()
+    monkeypatch.setattr(gateway.core.time, "perf_counter", clock)
+    events = [event for _, event in timeline]
+
+    async def body(emit):
+        for event in events[:-1]:
+            await emit(event)
+        return events[-1]
+
+    metrics = GatewayMetrics()
+    core = SimpleNamespace(metrics=metrics)
+    loop = asyncio.get_running_loop()
+    session = Session(core, "r", Permit(), [], body, loop.time() + 30)  # type: ignore[arg-type]
+    metrics.in_flight.inc()
+    session.start()
+    for at, _ in timeline:
+        clock.now = at
+        await session.next_event()
+    await session.aclose()
+    return session, metrics
+
+
+def _done() -> DoneEvent:
+    return DoneEvent([1], [2], "stop", 0, 0, None, None, 0.0)
+
+
+def _sample(metrics: GatewayMetrics, name: str, **labels: str) -> float | None:
+    return metrics.registry.get_sample_value(name, labels)
+
+
+async def test_a_stall_after_the_first_chunk_is_measured_and_exported(monkeypatch):
+    # 0.16 s of audio handed out at 1.0 ends at 1.16; the next comes at 1.5: a 0.34 s stall.
+    session, metrics = await _play(
+        monkeypatch,
+        [
+            (0.5, TextEvent([1], "a")),
+            (1.0, _audio(0.16)),
+            (1.5, _audio(1.0)),
+            (1.8, _audio(1.0)),
+            (3.0, _done()),
+        ],
+    )
+    heard = session.listening()
+    assert heard.stalls == 1 and heard.underrun_s == pytest.approx(0.34)
+    assert not heard.continuity_ok
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_count") == 1
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_sum") == pytest.approx(0.34)
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_bucket", le="0.1") == 0
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_bucket", le="0.5") == 1
+    assert _sample(metrics, "omnistream_audio_stalled_requests_total") == 1
+    assert _sample(metrics, "omnistream_audio_stall_seconds_total") == pytest.approx(0.34)
+
+
+async def test_audio_that_keeps_ahead_of_the_player_keeps_continuity(monkeypatch):
+    session, metrics = await _play(
+        monkeypatch, [(1.0, _audio(0.5)), (1.3, _audio(0.5, 16_000)), (1.9, _audio(0.5)), (2.0, _done())]
+    )
+    assert session.listening().stalls == 0 and session.listening().continuity_ok
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_bucket", le="0.1") == 1
+    assert _sample(metrics, "omnistream_audio_stalled_requests_total") == 0
+
+
+async def test_a_request_without_audio_is_not_judged(monkeypatch):
+    session, metrics = await _play(monkeypatch, [(0.2, TextEvent([1], "a")), (0.4, _done())])
+    assert not session.listening().heard
+    assert _sample(metrics, "omnistream_audio_underrun_seconds_count") == 0
