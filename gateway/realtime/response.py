@@ -27,6 +27,7 @@ from omnistream.errors import InternalError, OmniError
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
 STAGES = ("thinker", "talker", "code2wav")
+LISTENER_FIELDS = ("stalls", "stall_ms", "underrun_ms", "longest_stall_ms", "continuity_ok")
 log = logging.getLogger(__name__)
 
 
@@ -233,12 +234,16 @@ class ResponseRun:
         }
 
     def timings(self) -> dict[str, Any]:
-        """omnistream's per-turn numbers (the playground shows them; keep the names)."""
+        """omnistream's per-turn numbers (the playground shows them; keep the names). The listener's
+        (omnistream/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
+        longest stall, continuity) are of the audio as the gateway handed it out, None without
+        audio."""
         out: dict[str, Any] = {
             "ttft_ms": None,
             "ttfa_ms": None,
             "rtf": None,
             "replicas": {stage: self.replicas.get(stage) for stage in STAGES},
+            **dict.fromkeys(LISTENER_FIELDS),
         }
         if self.session is not None:
             t = self.session.timings
@@ -246,6 +251,13 @@ class ResponseRun:
             out["ttfa_ms"] = _ms(t.started, t.first_audio)
             if t.audio_seconds > 0 and t.last_audio is not None:
                 out["rtf"] = round((t.last_audio - t.started) / t.audio_seconds, 4)
+            heard = self.session.listening()
+            if heard.heard:
+                out["stalls"] = heard.stalls
+                out["stall_ms"] = _ms(0.0, heard.stall_s)
+                out["underrun_ms"] = _ms(0.0, heard.underrun_s)
+                out["longest_stall_ms"] = _ms(0.0, heard.longest_stall_s)
+                out["continuity_ok"] = heard.continuity_ok
         return out
 
     def describe(self) -> dict[str, Any]:

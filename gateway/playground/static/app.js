@@ -7,6 +7,7 @@
 import { AudioEngine, fromBase64, RATE, toBase64 } from "./audio.js";
 import { toContentPart } from "./media.js";
 import { RealtimeConnection } from "./realtime.js";
+import { stallTitle, turnCells } from "./turn-metrics.js";
 
 const $ = (id) => document.getElementById(id);
 const ui = {
@@ -548,17 +549,21 @@ function markItem(itemId, status) {
   entry.element.dataset.status = status;
 }
 
+const STALL_CELL = 5; // turnCells' stall column: its tooltip and a mark when continuity was lost
+
 function addMetrics(turn, status, omni) {
   const row = { turn, status, ...omni };
   metrics.unshift(row);
   metrics.splice(MAX_METRIC_ROWS);
   const tr = document.createElement("tr");
-  const ms = (v) => (typeof v === "number" ? `${Math.round(v)} ms` : "–");
-  const replicas = Object.entries(omni.replicas ?? {}).map(([stage, replica]) => `${stage} ${replica ?? "–"}`);
-  const rtf = typeof omni.rtf === "number" ? omni.rtf.toFixed(2) : "–";
-  for (const value of [String(turn), status, ms(omni.ttft_ms), ms(omni.ttfa_ms), rtf, replicas]) {
+  const cells = turnCells(turn, status, omni);
+  for (const [index, value] of cells.entries()) {
     const td = document.createElement("td");
-    if (Array.isArray(value)) {
+    if (index === STALL_CELL) {
+      td.textContent = value;
+      td.title = stallTitle(omni);
+      if (omni.continuity_ok === false) td.className = "stalled";
+    } else if (Array.isArray(value)) {
       td.className = "replicas";
       for (const line of value) td.append(Object.assign(document.createElement("div"), { textContent: line }));
     } else {

@@ -33,7 +33,16 @@ def test_the_page_is_served_at_root_and_playground(client, path):
 
 
 @pytest.mark.parametrize(
-    "name", ["app.js", "audio.js", "realtime.js", "media.js", "player-worklet.js", "mic-worklet.js"]
+    "name",
+    [
+        "app.js",
+        "audio.js",
+        "realtime.js",
+        "media.js",
+        "turn-metrics.js",
+        "player-worklet.js",
+        "mic-worklet.js",
+    ],
 )
 def test_modules_are_served_as_javascript(client, name):
     reply = client.get(f"{routes.STATIC_PREFIX}/{name}")

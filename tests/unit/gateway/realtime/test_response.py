@@ -1,14 +1,18 @@
-"""A response stopped before its task first ran still ends with response.done (status cancelled)."""
+"""A response stopped before its task first ran still ends with response.done (status cancelled);
+response.done's omnistream fields carry what the listener heard of the turn."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 
+from gateway.core import Session, Timings
+from gateway.metrics import GatewayMetrics
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import Item
+from omnistream.listener import AudioArrival
 from omnistream.request import GenerationRequest
 
 
@@ -46,3 +50,48 @@ def test_a_response_cancelled_before_its_task_ran_still_sends_response_done():
     assert kinds[0] == "response.created" and kinds[-1] == "response.done", kinds
     assert events[-1]["response"]["status"] == "cancelled"
     assert ended == ["cancelled"]
+
+
+def _response(session: Session | None) -> ResponseRun:
+    async def send(text: str) -> None:
+        pass
+
+    async def on_end(response: ResponseRun) -> None:
+        pass
+
+    item = Item("item_1", "assistant", [], [{"type": "output_audio"}], status="in_progress")
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], return_audio=True)
+    response = ResponseRun(_NoCore(), Protocol(beta=False), Outbound(send), request, item, None, on_end)
+    response.session = session
+    return response
+
+
+def _session(timings: Timings) -> Session:
+    async def body(emit):
+        raise AssertionError("not run")
+
+    core = type("Core", (), {"metrics": GatewayMetrics()})()
+    session = Session(core, "r", None, [], body, 0.0)  # type: ignore[arg-type]
+    session.timings = timings
+    return session
+
+
+def test_response_done_carries_the_listeners_stalls():
+    # 0.1 s at 24 kHz handed out at 1.0, then 0.2 s at 16 kHz at 1.25 (0.15 s stall), 0.1 s at 1.5
+    # (0.05 s stall): 2 stalls, 200 ms in all, the longest 150 ms, continuity lost.
+    chunks = [
+        AudioArrival(1.0, 2400, 24_000),
+        AudioArrival(1.25, 3200, 16_000),
+        AudioArrival(1.5, 2400, 24_000),
+    ]
+    t = Timings(0.0, first_text=0.5, first_audio=1.0, last_audio=1.5, audio_seconds=0.4, audio_chunks=chunks)
+    extra = _response(_session(t)).describe()["omnistream"]
+    assert extra["stalls"] == 2 and extra["stall_ms"] == 200.0 and extra["underrun_ms"] == 200.0
+    assert extra["longest_stall_ms"] == 150.0 and extra["continuity_ok"] is False
+    assert extra["ttfa_ms"] == 1000.0
+
+
+def test_a_turn_without_audio_has_no_listener_numbers():
+    for session in (None, _session(Timings(0.0, first_text=0.5))):
+        extra = _response(session).timings()
+        assert all(extra[k] is None for k in ("stalls", "stall_ms", "underrun_ms", "continuity_ok"))
