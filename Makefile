@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench bench-engine clean
+.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine clean
 
 setup: $(STAMP) proto
 
@@ -51,8 +51,16 @@ sysdeps:
 test: setup sysdeps
 	$(PY) -m pytest -q
 
-# The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
+# Audio continuity (issue 27): the services through the gateway (gRPC) at concurrency 1/4/10/16,
+# today's codec chunk schedule and the new one as two targets, services[fixed] and services[grow],
+# A B B A in one run; TTFP, RTF, E2E, audio s/s, stalled share, continuity rate, underrun p50/p99.
 bench: tiny-model
+	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --modes async \
+		--max-concurrency 1,4,10,16 --chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
+		--audio-frames 100 --output-dir bench-results
+
+# The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
+bench-seed: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets in-process,in-process-recompute,services \
 		--audio-input-seconds 5 --chunk-cost --stage-timings --output-dir bench-results
 

@@ -166,6 +166,18 @@ def ratios(rows: list[dict]) -> dict[str, float | None]:
             out[f"in-process stream/recompute Code2Wav TTFP @c{conc}"] = _ratio(
                 local["ttfp_ms"]["mean"], old["ttfp_ms"]["mean"]
             )
+    # The new chunk schedule against today's, where both ran (--chunk-schedules fixed,grow).
+    for target in sorted({row["target"] for row in rows}):
+        if "[grow]" not in target:
+            continue
+        fixed_target = target.replace("[grow]", "[fixed]")
+        for conc in concs:
+            grow, fixed = get(target, True, conc), get(fixed_target, True, conc)
+            if grow and fixed:
+                for key, name in (("ttfp_ms", "TTFP"), ("e2e_ms", "E2E")):
+                    out[f"{target} vs [fixed]: {name} grow/fixed @c{conc}"] = _ratio(
+                        grow[key]["mean"], fixed[key]["mean"]
+                    )
     return out
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistream.bench.run import chunk_schedules, interleave
+from omnistream.bench.run import chunk_schedules, interleave, ratios
 
 
 def test_chunk_schedules_are_parsed_and_checked():
@@ -22,3 +22,13 @@ def test_schedules_and_targets_interleave_a_b_b_a():
     assert interleave(units, 2) == [units[0], units[1], units[1], units[0]]
     assert interleave(units, 3) == [*units, *units[::-1], *units]
     assert interleave(["a"], 2) == ["a", "a"]
+
+
+def test_ratios_put_the_new_schedule_beside_todays():
+    def row(target: str, ttfp: float) -> dict:
+        metric = {"samples": 1, "mean": ttfp, "median": ttfp, "p99": ttfp, "std": 0.0}
+        return {"target": target, "async": True, "concurrency": 4, "ttfp_ms": metric, "e2e_ms": metric,
+                "rtf": metric}  # fmt: skip
+
+    out = ratios([row("services[fixed]", 400.0), row("services[grow]", 300.0)])
+    assert out["services[grow] vs [fixed]: TTFP grow/fixed @c4"] == 0.75
