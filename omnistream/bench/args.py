@@ -36,6 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    p.add_argument(
+        "--codec-chunk-schedule", choices=("grow", "fixed"), default=None, help="default: the table's (grow)"
+    )
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")
     p.add_argument("--repeats", type=int, default=2, help="runs per target and cell, in A B B A order")
     p.add_argument("--chunk-cost", action="store_true", help="also measure CPU time per inter-stage chunk")

@@ -24,6 +24,7 @@ class Workload:
     ignore_eos: bool = True
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
     audio_input_seconds: float = 0.0  # > 0: the spoken-input workload (bench/audio_input.py)
+    codec_chunk_schedule: str | None = None  # None: the table's default ("grow")
 
     @property
     def label(self) -> str:
@@ -53,6 +54,7 @@ class Workload:
             talker_temperature=0.0,
             talker_repetition_penalty=1.0,
             initial_codec_chunk_frames=self.initial_codec_chunk_frames,
+            codec_chunk_schedule=self.codec_chunk_schedule,
             async_chunk=async_chunk,
         )
 
@@ -95,6 +97,10 @@ def grpc_request(given: RequestInput, timeout: float | None = None):
             getattr(request, field).CopyFrom(msg)
     if given.initial_codec_chunk_frames is not None:
         request.initial_codec_chunk_frames = given.initial_codec_chunk_frames
+    if given.codec_chunk_schedule is not None:
+        from omnistream.convert import SCHEDULE_TO_PROTO
+
+        request.codec_chunk_schedule = SCHEDULE_TO_PROTO[given.codec_chunk_schedule]
     if given.async_chunk is not None:
         request.async_chunk = given.async_chunk
     if timeout is not None:
@@ -105,7 +111,7 @@ def grpc_request(given: RequestInput, timeout: float | None = None):
 REST_FIELDS = (
     "max_tokens", "ignore_eos", "temperature", "top_p", "seed", "max_audio_frames", "talker_temperature",
     "talker_top_p", "talker_top_k", "talker_repetition_penalty", "talker_seed",
-    "initial_codec_chunk_frames", "async_chunk",
+    "initial_codec_chunk_frames", "codec_chunk_schedule", "async_chunk",
 )  # fmt: skip
 
 

@@ -173,7 +173,11 @@ async def run_bench(args: argparse.Namespace) -> int:
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
     workload = Workload(
-        args.output_len, args.audio_frames, not args.no_ignore_eos, args.initial_codec_chunk_frames
+        args.output_len,
+        args.audio_frames,
+        not args.no_ignore_eos,
+        args.initial_codec_chunk_frames,
+        codec_chunk_schedule=args.codec_chunk_schedule,
     )
     prefill = {} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}
     services: dict = {}
