@@ -56,7 +56,7 @@ test: setup sysdeps
 # A B B A in one run; TTFP, RTF, E2E, audio s/s, stalled share, continuity rate, underrun p50/p99.
 bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --modes async \
-		--max-concurrency 1,4,10,16 --chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
+		--max-concurrency 1,4,10,16 --codec-chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
 		--audio-frames 100 --output-dir bench-results
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).

@@ -33,7 +33,7 @@ from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
 
 ensure_generated()
 
-from omnistream.convert import wire_float  # noqa: E402  (generated just above)
+from omnistream.convert import schedule_from_proto, wire_float  # noqa: E402  (generated just above)
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
 from omnistream.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
 from omnistream.tensors import to_proto  # noqa: E402
@@ -119,6 +119,9 @@ def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
         talker_seed=talker.get("seed"),
         initial_codec_chunk_frames=(
             request.initial_codec_chunk_frames if request.HasField("initial_codec_chunk_frames") else None
+        ),
+        codec_chunk_schedule=schedule_from_proto(
+            request.codec_chunk_schedule, None, field="codec_chunk_schedule"
         ),
         async_chunk=request.async_chunk if request.HasField("async_chunk") else None,
         use_audio_in_video=(request.use_audio_in_video if request.HasField("use_audio_in_video") else None),

@@ -97,6 +97,12 @@ class ChatCompletionRequest(BaseModel):
         le=25,
         description="Extension: frames in the first audio chunk (default: chosen from load).",
     )
+    codec_chunk_schedule: Literal["grow", "fixed"] | None = Field(
+        None,
+        description=f"Extension: how audio chunks after the first are sized (default "
+        f"{DEFAULTS.codec_chunk_schedule}: each twice the last, up to the codec chunk frames, so the "
+        "next one arrives before the audio sent has played; fixed: all the codec chunk frames).",
+    )
     ignore_eos: bool = Field(False, description="Extension: generate exactly max_tokens (benchmarks).")
     transcript_in_content: bool = Field(
         False,
@@ -179,6 +185,7 @@ def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] 
         talker_repetition_penalty=body.talker_repetition_penalty,
         talker_seed=body.talker_seed,
         initial_codec_chunk_frames=body.initial_codec_chunk_frames,
+        codec_chunk_schedule=body.codec_chunk_schedule,
         async_chunk=body.async_chunk,
         use_audio_in_video=body.use_audio_in_video,
     )

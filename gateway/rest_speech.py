@@ -17,7 +17,8 @@ What differs from OpenAI, and why:
 * `usage` on `speech.audio.done` counts `input_tokens` as the prompt's tokens and `output_tokens`
   as the 80 ms codec frames spoken.
 * Extensions (not OpenAI's): `seed`, `talker_temperature`, `talker_top_k`, `talker_top_p`,
-  `talker_repetition_penalty`, `max_audio_frames`, `initial_codec_chunk_frames`, `timeout`.
+  `talker_repetition_penalty`, `max_audio_frames`, `initial_codec_chunk_frames`,
+  `codec_chunk_schedule`, `timeout`.
 """
 
 from __future__ import annotations
@@ -85,6 +86,9 @@ class SpeechRequest(BaseModel):
     talker_repetition_penalty: float | None = Field(None, gt=0.0, le=10.0, description="Extension.")
     max_audio_frames: int | None = Field(None, ge=1, description="Extension: at most this many 80 ms frames.")
     initial_codec_chunk_frames: int | None = Field(None, ge=1, le=25, description="Extension.")
+    codec_chunk_schedule: Literal["grow", "fixed"] | None = Field(
+        None, description=f"Extension: default {DEFAULTS.codec_chunk_schedule} (as for chat completions)."
+    )
     timeout: float | None = Field(None, gt=0.0, description="Extension: seconds before a 504.")
 
     @model_validator(mode="before")
@@ -125,6 +129,7 @@ def to_generation_request(body: SpeechRequest, core: GatewayCore) -> GenerationR
         talker_top_k=body.talker_top_k,
         talker_repetition_penalty=body.talker_repetition_penalty,
         initial_codec_chunk_frames=body.initial_codec_chunk_frames,
+        codec_chunk_schedule=body.codec_chunk_schedule,
     )
     return resolve(given, ServingDefaults.of(core.config, core.deployment.voices))
 

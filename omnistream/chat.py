@@ -38,6 +38,7 @@ def add_chat_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-audio-frames", type=int, default=None)
     p.add_argument("--talker-temperature", type=float, default=None)
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
+    p.add_argument("--codec-chunk-schedule", choices=("grow", "fixed"), default=None, help="default: grow")
     for kind in ("audio", "image", "video"):
         p.add_argument(f"--{kind}", action="append", default=[], help=f"attach a {kind} file (repeatable)")
     p.set_defaults(func=run_chat)
@@ -96,6 +97,7 @@ def run_chat(args: argparse.Namespace) -> int:
         "max_audio_frames": args.max_audio_frames,
         "talker_temperature": args.talker_temperature,
         "initial_codec_chunk_frames": args.initial_codec_chunk_frames,
+        "codec_chunk_schedule": args.codec_chunk_schedule,
     }
     history: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
     single = args.prompt is not None

@@ -15,6 +15,7 @@ from omnistream.cli_common import add_model_args, ensure_default_model
 def _add_request_args(p: argparse.ArgumentParser) -> None:
     """The request's flags. Every default is None ("not given"), so the one table of defaults
     (omnistream/request_defaults.py, shared with the gateway) decides; the help names its value."""
+    from omnistream.qwen3_omni.chunk_plan import SCHEDULES
     from omnistream.request_defaults import DEFAULTS as D
 
     p.add_argument("--system", default=None, help="system prompt, sent as a system message (default: none)")
@@ -62,6 +63,12 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ignore-eos", action="store_true", default=None)
     p.add_argument("--no-audio", action="store_true", default=None)
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None, help="default: chosen from load")
+    p.add_argument(
+        "--codec-chunk-schedule",
+        choices=SCHEDULES,
+        default=None,
+        help=f"how audio chunks after the first grow (default: {D.codec_chunk_schedule})",
+    )
 
 
 def cmd_make_tiny_model(args: argparse.Namespace) -> int:

@@ -47,6 +47,7 @@ def request_input_from_args(args: argparse.Namespace) -> RequestInput:
         talker_repetition_penalty=args.talker_repetition_penalty,
         talker_seed=args.talker_seed,
         initial_codec_chunk_frames=args.initial_codec_chunk_frames,
+        codec_chunk_schedule=args.codec_chunk_schedule,
         async_chunk=None if args.mode is None else args.mode == "async",
     )
 

@@ -37,11 +37,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--request-rate", type=float, default=float("inf"))
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
     p.add_argument(
-        "--chunk-schedules",
+        "--codec-chunk-schedules",
         default="",
         help="comma list of codec chunk schedules (grow, fixed), each run as its own target, "
         "interleaved A B B A with the others: rows <target>[grow], <target>[fixed] (default: none "
-        "given, the request table's)",
+        "given, the request table's, grow)",
     )
     p.add_argument(
         "--continuity-threshold-ms",

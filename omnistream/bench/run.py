@@ -103,7 +103,7 @@ async def chunk_cost(
 
 
 def chunk_schedules(given: str) -> list[str | None]:
-    """`--chunk-schedules` as the schedules to run, each its own target; [None] (the request table's
+    """`--codec-chunk-schedules` as the schedules to run, each its own target; [None] (the request table's
     default, no suffix on the target names) when none is given."""
     from omnistream.qwen3_omni.chunk_plan import SCHEDULES
 
@@ -166,7 +166,7 @@ def ratios(rows: list[dict]) -> dict[str, float | None]:
             out[f"in-process stream/recompute Code2Wav TTFP @c{conc}"] = _ratio(
                 local["ttfp_ms"]["mean"], old["ttfp_ms"]["mean"]
             )
-    # The new chunk schedule against today's, where both ran (--chunk-schedules fixed,grow).
+    # The new chunk schedule against today's, where both ran (--codec-chunk-schedules fixed,grow).
     for target in sorted({row["target"] for row in rows}):
         if "[grow]" not in target:
             continue
@@ -209,7 +209,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     modes = [m.strip() == "async" for m in args.modes.split(",") if m.strip()]
     concurrencies = [int(c) for c in args.max_concurrency.split(",")]
     try:
-        schedules = chunk_schedules(args.chunk_schedules)
+        schedules = chunk_schedules(args.codec_chunk_schedules)
     except ValueError as exc:
         print(f"omnistream bench: {exc}", file=sys.stderr)
         return 2

@@ -13,6 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from omnistream.convert import SCHEDULE_TO_PROTO
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 from omnistream.request_defaults import DEFAULTS
 
@@ -56,6 +57,15 @@ def gateway_message(turn: Mapping[str, Any]) -> common_pb2.Message:
         else:
             raise ValueError(f"unknown content part type {part['type']!r}")
     return common_pb2.Message(role=turn["role"], parts=parts)
+
+
+def _schedule(name: str) -> int:
+    """A chunk schedule's name ("grow", "fixed") as the wire enum; the gateway cannot be sent a
+    name it would not know, so a typo fails here, naming the field."""
+    number = SCHEDULE_TO_PROTO.get(name)
+    if number is None:
+        raise ValueError(f"codec_chunk_schedule must be one of {', '.join(SCHEDULE_TO_PROTO)}, not {name!r}")
+    return number
 
 
 def _sampling(
@@ -102,6 +112,7 @@ def build_request(
     talker_repetition_penalty: float | None = None,
     talker_seed: int | None = None,
     initial_codec_chunk_frames: int | None = None,
+    codec_chunk_schedule: str | None = None,
     async_chunk: bool | None = None,
     ignore_eos: bool = False,
     timeout: float | None = None,
@@ -132,6 +143,8 @@ def build_request(
         request.talker_sampling.CopyFrom(talker)
     if initial_codec_chunk_frames is not None:
         request.initial_codec_chunk_frames = initial_codec_chunk_frames
+    if codec_chunk_schedule is not None:
+        request.codec_chunk_schedule = _schedule(codec_chunk_schedule)
     if async_chunk is not None:
         request.async_chunk = async_chunk
     if timeout is not None:

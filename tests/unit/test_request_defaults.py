@@ -19,7 +19,7 @@ from omnistream.bench.clients import Workload, grpc_request, rest_body
 from omnistream.cli import build_parser
 from omnistream.errors import InvalidRequest
 from omnistream.generate import request_from_args
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, stage_pb2
 from omnistream.request import GenerationRequest
 from omnistream.request_defaults import DEFAULTS, Defaults, RequestInput, ServingDefaults, resolve
 from omnistream.sampling_params import SamplingParams
@@ -90,6 +90,7 @@ EQUIVALENT = {
             "talker_repetition_penalty": 1.1,
             "talker_seed": 12,
             "initial_codec_chunk_frames": 3,
+            "codec_chunk_schedule": "fixed",
             "async_chunk": False,
             "ignore_eos": True,
         },
@@ -103,6 +104,7 @@ EQUIVALENT = {
                 temperature=0.6, top_k=20, top_p=0.8, repetition_penalty=1.1, seed=12
             ),
             "initial_codec_chunk_frames": 3,
+            "codec_chunk_schedule": stage_pb2.CHUNK_SCHEDULE_FIXED,
             "async_chunk": False,
             "ignore_eos": True,
         },
@@ -133,12 +135,19 @@ EQUIVALENT = {
             "12",
             "--initial-codec-chunk-frames",
             "3",
+            "--codec-chunk-schedule",
+            "fixed",
             "--mode",
             "sequential",
             "--ignore-eos",
         ],
     ),
     "text only": ({"modalities": ["text"]}, {"text_only": True}, ["--no-audio"]),
+    "growing chunks, said explicitly": (
+        {"codec_chunk_schedule": "grow"},
+        {"codec_chunk_schedule": stage_pb2.CHUNK_SCHEDULE_GROWING},
+        ["--codec-chunk-schedule", "grow"],
+    ),
 }
 
 
@@ -162,6 +171,9 @@ def test_nothing_given_gets_the_table() -> None:
     # The deployment's values, not the table's built-in ones.
     assert (request.max_tokens, request.max_audio_frames, request.codec_chunk_frames) == (100, 500, 20)
     assert request.initial_codec_chunk_frames is None and request.mode == "async"
+    assert request.codec_chunk_schedule == DEFAULTS.codec_chunk_schedule == "grow"
+    # gRPC's UNSPECIFIED is "not given" there (on the stage API it means an older gateway: fixed).
+    assert via_grpc(config).codec_chunk_schedule == "grow"
     assert via_rest({}, GatewayConfig(async_chunk=False)).mode == "sequential"
 
 
@@ -229,6 +241,7 @@ def test_the_default_voice_falls_back_to_the_deployments_first(voices: tuple, ex
         (RequestInput(messages=HI, talker_seed=2**63), "talker_seed"),
         (RequestInput(messages=HI, max_tokens=0), "max_tokens"),
         (RequestInput(messages=HI, max_audio_frames=0), "max_audio_frames"),
+        (RequestInput(messages=HI, codec_chunk_schedule="doubling"), "codec_chunk_schedule"),
     ],
 )
 def test_invalid_input_names_its_field(given: RequestInput, field: str) -> None:
@@ -243,17 +256,24 @@ def test_the_cli_passes_nothing_it_was_not_given() -> None:
         "system", "mode", "max_tokens", "max_audio_frames", "temperature", "top_p", "top_k",
         "repetition_penalty", "seed", "talker_temperature", "talker_top_k", "talker_top_p",
         "talker_repetition_penalty", "talker_seed", "speaker", "ignore_eos", "no_audio",
-        "initial_codec_chunk_frames",
+        "initial_codec_chunk_frames", "codec_chunk_schedule",
     }  # fmt: skip
     assert {name: getattr(args, name) for name in request_flags} == dict.fromkeys(request_flags)
 
 
 def test_the_benchmark_sends_its_workload_alike_to_every_target() -> None:
-    workload = Workload(output_len=12, audio_frames=30, ignore_eos=True, initial_codec_chunk_frames=2)
+    workload = Workload(
+        output_len=12,
+        audio_frames=30,
+        ignore_eos=True,
+        initial_codec_chunk_frames=2,
+        codec_chunk_schedule="fixed",
+    )
     config = GatewayConfig()
     given = workload.request_input([5, 6, 7], async_chunk=False)
     in_process = resolve(given, ServingDefaults.of(config))
     assert in_process.sampling.greedy and in_process.talker_sampling.greedy  # on purpose: same work
+    assert in_process.codec_chunk_schedule == "fixed"
     assert grpc_to_request(grpc_request(given), config) == in_process
     as_text = dataclasses.replace(given, prompt_ids=None, messages=HI)
     assert via_rest(rest_body(as_text), config) == resolve(as_text, ServingDefaults.of(config))

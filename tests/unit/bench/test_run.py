@@ -1,4 +1,4 @@
-"""`--chunk-schedules` and the A B B A order the schedules run in."""
+"""`--codec-chunk-schedules` and the A B B A order the schedules run in."""
 
 from __future__ import annotations
 

@@ -1,4 +1,7 @@
+import pytest
+
 from omnistream.client import build_request, media
+from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request_defaults import DEFAULTS
 
 
@@ -31,6 +34,7 @@ def test_options_map_to_their_fields():
         max_tokens=7,
         max_audio_frames=9,
         initial_codec_chunk_frames=2,
+        codec_chunk_schedule="fixed",
         async_chunk=False,
         timeout=3.5,
         use_audio_in_video=True,
@@ -39,6 +43,17 @@ def test_options_map_to_their_fields():
     assert request.text_only and request.speaker == "chelsie" and request.request_id == "r-1"
     assert (request.max_tokens, request.max_audio_frames, request.initial_codec_chunk_frames) == (7, 9, 2)
     assert request.async_chunk is False and request.timeout_seconds == 3.5 and request.use_audio_in_video
+    assert request.codec_chunk_schedule == stage_pb2.CHUNK_SCHEDULE_FIXED
+
+
+def test_the_chunk_schedule_is_sent_only_when_given_and_must_be_known():
+    assert build_request("hi").codec_chunk_schedule == stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED
+    assert (
+        build_request("hi", codec_chunk_schedule="grow").codec_chunk_schedule
+        == stage_pb2.CHUNK_SCHEDULE_GROWING
+    )
+    with pytest.raises(ValueError, match="codec_chunk_schedule"):
+        build_request("hi", codec_chunk_schedule="doubling")
 
 
 def test_media_parts_travel_encoded_with_their_kind_and_type(tmp_path):

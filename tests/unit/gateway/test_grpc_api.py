@@ -16,7 +16,7 @@ from gateway.deployment import Deployment
 from gateway.grpc_api import RETRY_AFTER_METADATA_KEY, SERVICE_NAME, add_gateway_api
 from omnistream.errors import InvalidRequest, Unavailable
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
 from omnistream.request_defaults import DEFAULTS
 from omnistream.sampling import SamplingParams
 from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
@@ -214,6 +214,7 @@ async def test_explicit_fields_are_mapped(serve: Serve) -> None:
         max_audio_frames=100,
         talker_sampling=common_pb2.Sampling(temperature=0.75, top_k=5, repetition_penalty=1.125),
         initial_codec_chunk_frames=3,
+        codec_chunk_schedule=stage_pb2.CHUNK_SCHEDULE_FIXED,
         ignore_eos=True,
         timeout_seconds=12.5,
     )
@@ -224,6 +225,7 @@ async def test_explicit_fields_are_mapped(serve: Serve) -> None:
     assert (got.max_tokens, got.max_audio_frames, got.initial_codec_chunk_frames) == (7, 100, 3)
     assert not got.return_audio and got.speaker == "Chelsie" and got.ignore_eos
     assert got.mode == "sequential"  # unset async_chunk follows the config
+    assert got.codec_chunk_schedule == "fixed"
     assert got.sampling == SamplingParams(temperature=0.5, top_p=0.875, seed=3)  # float32-exact
     # A set talker_sampling is taken as given; without a seed of its own it takes the request's.
     assert got.talker_sampling == SamplingParams(0.75, 1.0, 5, 1.125, 3)
@@ -232,6 +234,7 @@ async def test_explicit_fields_are_mapped(serve: Serve) -> None:
     await collect(stub.Generate(chat(async_chunk=True, timeout_seconds=100), timeout=5))
     got, _, timeout = core.opened[1]
     assert got.mode == "async"
+    assert got.codec_chunk_schedule == "grow"  # UNSPECIFIED: the table's default
     assert 0 < timeout < 6  # the RPC deadline (5 s, give or take clock skew) caps timeout_seconds
 
 
@@ -259,6 +262,7 @@ async def test_rejected_is_resource_exhausted_with_retry_after(serve: Serve) -> 
         (chat(max_tokens=1_000_000), "max_tokens"),  # checked by the real GatewayCore.validate
         (chat(max_audio_frames=1_000_000), "max_audio_frames"),
         (chat(speaker="nobody"), "voice"),
+        (chat(codec_chunk_schedule=7), "codec_chunk_schedule"),  # a number this gateway does not know
     ],
 )
 async def test_invalid_request_is_invalid_argument_naming_the_field(

@@ -244,12 +244,22 @@ def test_unparsable_bodies_are_422_json(content, headers, message):
         ({"stream": "yes"}, "stream"),
         ({"max_tokens": "12"}, "max_tokens"),
         ({"model": "m" * 257}, "model"),
+        ({"codec_chunk_schedule": "doubling"}, "codec_chunk_schedule"),
+        ({"codec_chunk_schedule": 2}, "codec_chunk_schedule"),
     ],
 )
 def test_wrong_types_name_the_field_without_union_tags(fields, param):
     client, _ = make_client()
     reply = client.post(CHAT, json={"messages": MESSAGES, **fields})
     assert reply.status_code == 422 and error_of(reply)["param"] == param
+
+
+@pytest.mark.parametrize(("fields", "schedule"), [({}, "grow"), ({"codec_chunk_schedule": "fixed"}, "fixed")])
+def test_the_codec_chunk_schedule_reaches_the_request(fields, schedule):
+    client, core = make_client()
+    reply = client.post(CHAT, json={"messages": MESSAGES, **fields})
+    assert reply.status_code == 503  # the fake core's answer, after validation
+    assert [r.codec_chunk_schedule for r in core.opened] == [schedule]
 
 
 def test_not_ready_is_503_json_on_ready_and_on_the_api():

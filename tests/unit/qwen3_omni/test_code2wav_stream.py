@@ -1,5 +1,8 @@
 """Exact streaming Code2Wav: any chunking, batched with other requests, equals the one-shot decode.
 
+Chunkings are the chunk plan's (`ChunkPlan.window_end`), under both schedules: fixed windows after
+the first, and the growing ones (doubling up to the chunk size) the talker ships by default.
+
 The reference is always the module's own forward, `code2wav(codes)`. Weights are re-randomised to
 a realistic scale (random init leaves the audio at ~1e-6, where any error looks small).
 """
@@ -16,6 +19,7 @@ from transformers import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
+from omnistream.qwen3_omni.chunk_plan import SCHEDULES, ChunkPlan
 from omnistream.qwen3_omni.code2wav_stream import StreamingCode2Wav
 
 TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-5}
@@ -53,11 +57,14 @@ class Request:
     initial: int
     chunk: int
     joins: int  # the batched step at which it joins
+    schedule: str = "fixed"
 
     def chunks(self) -> list[torch.Tensor]:
+        """The windows of the plan (`initial` may exceed `chunk` here: fixed still starts with it)."""
+        plan = ChunkPlan(self.initial, self.chunk, 0, self.schedule)
         bounds, at = [], 0
         while at < self.codes.shape[1]:
-            end = min(at + (self.initial if at == 0 else self.chunk), self.codes.shape[1])
+            end = min(plan.window_end(at), self.codes.shape[1])
             bounds.append(self.codes[:, at:end])
             at = end
         return bounds
@@ -80,13 +87,14 @@ def stream(decoder: StreamingCode2Wav, requests: list[Request]) -> list[torch.Te
     return [torch.cat(a) for a in audio]
 
 
-def requests_strategy(max_frames: int):
+def requests_strategy(max_frames: int, schedule: str = "fixed"):
     one = st.builds(
         lambda length, initial, chunk, joins, seed: Request(
             torch.randint(0, 2048, (16, length), generator=torch.Generator().manual_seed(seed)),
             initial,
             chunk,
             joins,
+            schedule,
         ),
         st.integers(1, max_frames),
         st.integers(1, 25),
@@ -152,13 +160,14 @@ def test_realistic_weights_make_audible_unclipped_audio(models):
     assert float((audio.abs() >= 1).float().mean()) < 0.01
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("name", ["tiny", "real-structure"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_stream_equals_one_shot_decode(models, name, dtype):
+def test_stream_equals_one_shot_decode(models, name, dtype, schedule):
     model = models[(name, dtype)]
 
     @hypothesis_settings(examples=4)
-    @given(requests=requests_strategy(400))
+    @given(requests=requests_strategy(400, schedule))
     def run(requests):
         check(model, requests, dtype)
 
@@ -170,6 +179,15 @@ def test_past_the_sliding_window_one_frame_at_a_time(models, dtype):
     """Single frames across the window edge: the KV cache keeps exactly `window - 1` frames."""
     codes = torch.randint(0, 2048, (16, 150), generator=torch.Generator().manual_seed(5))
     requests = [Request(codes, 1, 1, 0), Request(codes[:, :80], 3, 2, 1)]
+    check(models[("real-structure", dtype)], requests, dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
+def test_the_default_growing_plan_past_the_sliding_window(models, dtype):
+    """The talker's default plan (2, 4, 8, 16, 25, ...) beside a fixed one, across the window edge."""
+    codes = torch.randint(0, 2048, (16, 150), generator=torch.Generator().manual_seed(6))
+    assert Request(codes, 2, 25, 0, "grow").chunks()[4].shape[1] == 25  # it did grow to the cap
+    requests = [Request(codes, 2, 25, 0, "grow"), Request(codes[:, :97], 4, 25, 1, "fixed")]
     check(models[("real-structure", dtype)], requests, dtype)
 
 
@@ -218,11 +236,12 @@ def test_real_sizes(dtype):
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tiny", "real-structure"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["float64", "float32"])
-def test_stream_equals_one_shot_decode_long(models, name, dtype):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_stream_equals_one_shot_decode_long(models, name, dtype, schedule):
     model = models[(name, dtype)]
 
     @hypothesis_settings(examples=25)
-    @given(requests=requests_strategy(400))
+    @given(requests=requests_strategy(400, schedule))
     def run(requests):
         check(model, requests, dtype)
 

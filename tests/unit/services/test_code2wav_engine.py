@@ -1,4 +1,5 @@
-"""Code2Wav engine: streamed audio equals the one-shot decode, and batching changes nothing."""
+"""Code2Wav engine: streamed audio equals the one-shot decode whatever the chunk schedule, and
+batching changes nothing."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import pytest
 import torch
 
 from omnistream.load_options import LoadOptions
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
 from services.code2wav.engine import Code2WavEngine
 
 
@@ -39,13 +40,33 @@ def _full(engine, codes: torch.Tensor) -> np.ndarray:
         return engine.code2wav(codes[None]).reshape(-1).float().numpy()
 
 
-@pytest.mark.parametrize("frames", [1, 3, 4, 5, 29, 30, 54, 97, 230])
-def test_streamed_audio_equals_full_decode(engine, frames):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("frames", [1, 3, 4, 5, 12, 28, 29, 30, 54, 97, 230])
+def test_streamed_audio_equals_full_decode(engine, frames, schedule):
     codes = _codes(frames, seed=frames)
-    audio = asyncio.run(_stream(engine, f"len{frames}", codes, ChunkPlan(4, 25, 25)))
+    plan = ChunkPlan(4, 25, 25, schedule)
+    audio = asyncio.run(_stream(engine, f"len{frames}{schedule}", codes, plan))
     full = _full(engine, codes)
     assert audio.shape == full.shape
     np.testing.assert_allclose(audio, full, rtol=0, atol=1e-9)
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_audio_chunks_follow_the_schedule(engine, schedule):
+    """One frame fed at a time: each audio chunk is one window of the plan, out as soon as its last
+    frame is in (the decoder's 555-sample trim comes off the first)."""
+
+    async def run():
+        plan = ChunkPlan(2, 25, 25, schedule)
+        out = engine.add_request(f"windows-{schedule}", plan)
+        codes = _codes(70, seed=4)
+        for frame in range(70):
+            engine.feed(f"windows-{schedule}", codes[:, frame : frame + 1], last=frame == 69)
+        return [c.audio.size async for c in out]
+
+    sizes = asyncio.run(run())
+    windows = {"grow": [2, 4, 8, 16, 25, 15], "fixed": [2, 25, 25, 18]}[schedule]
+    assert sizes == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
 
 
 def test_recompute_baseline_is_approximate_and_improves_with_left_context(engine):
@@ -56,23 +77,31 @@ def test_recompute_baseline_is_approximate_and_improves_with_left_context(engine
     engine.set_decode("recompute")
     try:
         for context in (25, 72, 150):
-            audio = asyncio.run(_stream(engine, f"ctx{context}", codes, ChunkPlan(4, 25, context), piece=25))
+            plan = ChunkPlan(4, 25, context, "fixed")
+            audio = asyncio.run(_stream(engine, f"ctx{context}", codes, plan, piece=25))
             assert audio.shape == full.shape
             errors[context] = float(np.abs(audio - full).max())
+        # The growing schedule's windows through the recompute path: the right length, close.
+        audio = asyncio.run(_stream(engine, "ctx-grow", codes, ChunkPlan(4, 25, 150, "grow"), piece=25))
+        assert audio.shape == full.shape
+        errors["grow, 150"] = float(np.abs(audio - full).max())
     finally:
         engine.set_decode("stream")
     print(f"\nrecompute max abs error vs full decode (400 frames), by left context: {errors}")
     assert errors[150] <= errors[25]
     assert errors[25] > 1e-9  # the error the exact stream removes
+    assert errors["grow, 150"] <= errors[25]
 
 
-def test_batched_windows_equal_solo_windows(engine):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_batched_windows_equal_solo_windows(engine, schedule):
     codes = [_codes(60 + 9 * i, seed=100 + i) for i in range(4)]
-    plan = ChunkPlan(2, 25, 25)
-    solo = [asyncio.run(_stream(engine, f"solo{i}", c, plan)) for i, c in enumerate(codes)]
+    # Rows at different points of their schedules share steps (a growing plan next to a fixed one).
+    plans = [ChunkPlan(2, 25, 25, schedule), ChunkPlan(4, 25, 25, "fixed"), ChunkPlan(1, 25, 25, "grow")] * 2
+    solo = [asyncio.run(_stream(engine, f"solo{i}", c, plans[i])) for i, c in enumerate(codes)]
 
     async def together():
-        return await asyncio.gather(*(_stream(engine, f"b{i}", c, plan) for i, c in enumerate(codes)))
+        return await asyncio.gather(*(_stream(engine, f"b{i}", c, plans[i]) for i, c in enumerate(codes)))
 
     batched = asyncio.run(together())
     for a, b, c in zip(solo, batched, codes, strict=True):
