@@ -104,6 +104,7 @@ def write_csv(path: Path, rows: list[dict]) -> None:
         "continuous_requests",
         "stalled_share",
         "continuity_rate",
+        "audio_chunks_per_request",
     ]
     metric_fields = [
         f"{m}_{s}" for m in METRIC_KEYS for s in ("samples", "mean", "median", "p99", "std", "run_spread")

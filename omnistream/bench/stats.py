@@ -107,6 +107,8 @@ def listener_summary(heard: list[Listening]) -> dict:
         "continuous_requests": continuous,
         "stalled_share": _share(stalled, len(heard)),
         "continuity_rate": _share(continuous, len(heard)),
+        # how the audio was cut (the chunk schedule's effect): non-empty chunks per request
+        "audio_chunks_per_request": statistics.mean([h.chunks for h in heard]) if heard else None,
         "underrun_ms": _describe([h.underrun_s for h in heard], ms),
         "stall_ms": _describe([h.stall_s for h in heard], ms),
         "longest_stall_ms": _describe([h.longest_stall_s for h in heard], ms),
@@ -166,6 +168,10 @@ def merge_runs(runs: list[dict]) -> dict:
         merged[count] = sum(r[count] for r in runs)
     merged["stalled_share"] = _share(merged["stalled_requests"], merged["listened"])
     merged["continuity_rate"] = _share(merged["continuous_requests"], merged["listened"])
+    chunks = [(r["audio_chunks_per_request"], r["listened"]) for r in runs if r["listened"]]
+    merged["audio_chunks_per_request"] = (
+        sum(c * n for c, n in chunks) / sum(n for _, n in chunks) if chunks else None
+    )
     merged["completed"] = sum(r["completed"] for r in runs)
     merged["failed"] = sum(r["failed"] for r in runs)
     merged["errors"] = sorted({e for r in runs for e in r["errors"]})[:5]

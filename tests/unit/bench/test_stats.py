@@ -105,6 +105,7 @@ def test_summary_counts_stalled_and_continuous_requests_among_those_with_audio()
     assert abs(summary["stall_ms"]["mean"] - (0 + 50 + 340) / 3) < 1e-6
     assert abs(summary["longest_stall_ms"]["p99"] - underrun["p99"]) < 1e-6
     assert summary["continuity_threshold_ms"] == 100.0
+    assert summary["audio_chunks_per_request"] == 2
     strict = summarize([smooth, short_gap, stalled], 5.0, threshold_s=0.01)
     assert strict["continuous_requests"] == 1
 
@@ -122,6 +123,7 @@ def test_merge_pools_the_listener_counts_of_the_runs():
     merged = merge_runs([one, three])
     assert merged["listened"] == 4 and merged["stalled_requests"] == 1
     assert merged["stalled_share"] == 0.25 and merged["continuity_rate"] == 0.75
+    assert merged["audio_chunks_per_request"] == 2.0
     assert merged["underrun_ms"]["samples"] == 4
     assert abs(merged["underrun_ms"]["p99"] - 340.0) < 1e-6  # the worse run's p99
     assert merged["stall_ms"]["run_spread"] > 300.0
