@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import json
 import time
@@ -220,13 +221,17 @@ class RestGatewayClient:
         self._rate_read = False
 
     async def _gateway_rate(self) -> int:
+        import httpx
+
         if not self._rate_read:
             self._rate_read = True
-            reply = await self.client.get("/v1/models")
-            cards = (reply.json().get("data") or []) if reply.status_code == 200 else []
-            reported = cards[0].get("omnistream", {}).get("sample_rate") if cards else None
-            if reported:
-                self.sample_rate = int(reported)
+            # A gateway that cannot say keeps the model's rate; its requests then fail on their own.
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                reply = await self.client.get("/v1/models")
+                cards = (reply.json().get("data") or []) if reply.status_code == 200 else []
+                reported = cards[0].get("omnistream", {}).get("sample_rate") if cards else None
+                if reported:
+                    self.sample_rate = int(reported)
         return self.sample_rate
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:

@@ -139,3 +139,25 @@ def test_rest_client_decodes_pcm16_at_the_rate_the_gateway_reports():
     assert started <= result.audio_chunks[0].time <= result.audio_chunks[1].time
     assert abs(result.audio_seconds - 0.1) < 1e-12
     assert seen[0]["codec_chunk_schedule"] == "fixed"
+
+
+def test_rest_client_keeps_the_models_rate_when_the_gateway_does_not_say():
+    pcm = base64.b64encode(np.zeros(480, np.int16).tobytes()).decode()
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/v1/models":
+            return httpx.Response(503, json={"error": {"message": "not ready"}})
+        body = _sse({"choices": [{"delta": {"audio": {"data": pcm}}}]})
+        return httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+
+    async def go():
+        client = RestGatewayClient("http://gateway", _Tokenizer(), sample_rate=24_000)
+        client.client = httpx.AsyncClient(base_url="http://gateway", transport=httpx.MockTransport(handler))
+        try:
+            return await client.run(list(range(12)), Workload(), True)
+        finally:
+            await client.close()
+
+    result = asyncio.run(go())
+    assert result.ok, result.error
+    assert [(a.samples, a.sample_rate) for a in result.audio_chunks] == [(480, 24_000)]
