@@ -36,6 +36,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
         serve_args.add_arguments(sp)
         if stage == "talker":
             serve_args.add_talker_arguments(sp)
+        elif stage == "code2wav":
+            serve_args.add_code2wav_arguments(sp)
         sp.set_defaults(func=_serve, stage=stage)
     gp = kinds.add_parser("gateway", help="the gateway: REST/SSE + gRPC API, admission, fan-out")
     from gateway import main_args

@@ -139,6 +139,12 @@ class EngineStats:
     aborted: int = 0
     errors: int = 0
     finished: int = 0
+    # Scheduling under a per-step budget (the talker and Code2Wav): requests that could have
+    # stepped but were left for more urgent ones, in all and in the last step, and the buffered
+    # audio seconds (omnistream/playout.py) of the requests the last step ran.
+    deferred: int = 0
+    last_deferred: int = 0
+    last_buffered: tuple[float, ...] = ()
 
 
 class Engine:
@@ -252,7 +258,8 @@ class Engine:
         """Free the model-side resources of a finished or aborted request (engine thread)."""
 
     def _schedule(self, candidates: list[RequestState]) -> Any | None:
-        """Under the lock: the work for one step among `candidates`, or None when none can progress."""
+        """Under the lock: the work for one step among `candidates` (in arrival order), or None
+        when none can progress."""
         raise NotImplementedError
 
     @contextlib.contextmanager
@@ -277,6 +284,12 @@ class Engine:
     def _work_states(self, work: Any) -> list[RequestState]:
         return list(work)
 
+    def _deferred(self, count: int) -> None:
+        """Under the lock, from `_schedule`: `count` requests that could have stepped wait for this
+        step's more urgent ones (the stage's deferred-steps metric)."""
+        self.stats.last_deferred = count
+        self.stats.deferred += count
+
     def counts(self) -> tuple[int, int]:
         """(running, waiting) right now: running holds model state, waiting waits for a slot or input."""
         with self._cond:
@@ -285,6 +298,8 @@ class Engine:
 
     def _next_work(self) -> Any | None:
         """Under the lock: a suspect alone while there are any, else the normal batch."""
+        self.stats.last_deferred = 0  # what `_schedule` reports is about the step it returns
+        self.stats.last_buffered = ()
         while self._suspects:
             state = self._suspects.popleft()
             if state.finished or self._requests.get(state.request_id) is not state:

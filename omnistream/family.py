@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from omnistream.errors import InvalidRequest
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 
 if TYPE_CHECKING:
     from omnistream.engine import Engine
@@ -85,10 +86,17 @@ class ModelFamily(Protocol):
         max_requests: int | None = None,
         max_model_len: int = 4096,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        max_step_frames: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> Engine:
         """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
         family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
-        prefill prompts (thinker, talker) take per step, so running requests keep decoding."""
+        prefill prompts (thinker, talker) take per step, so running requests keep decoding.
+        The audio stages serve the stream closest to running dry first (omnistream/playout.py):
+        `max_step_batch` caps the talker's frame rows per step (None: `max_batch`),
+        `max_step_frames` Code2Wav's frames per step (None: no cap beyond `max_batch` windows), and
+        `first_audio_target` (seconds after arrival) is when a request's first audio is due."""
         ...
 
     async def warm_up(self, stage: str, engine: Engine) -> None:

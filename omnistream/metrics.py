@@ -14,6 +14,10 @@ from prometheus_client import (
 
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+# Seconds of audio a request's listener holds when the stage steps it (omnistream/playout.py). A
+# late one (the listener already waits) is observed as 0: bucket le=0 counts them, and the sum
+# stays a counter (a histogram with negative buckets would not expose its sum).
+BUFFERED_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 
 
 class StageMetrics:
@@ -72,6 +76,21 @@ class StageMetrics:
             buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2),
             registry=r,
         )
+        self.deferred = Counter(
+            "omnistream_stage_deferred_steps_total",
+            "Request-steps a ready request waited because the step was full of requests with less "
+            "buffered audio (talker, code2wav; always 0 on the thinker)",
+            ["stage"],
+            registry=r,
+        ).labels(**labels)
+        self.buffered = Histogram(
+            "omnistream_stage_buffered_audio_seconds",
+            "Audio its listener still holds (before its first audio: time left to the first-audio "
+            "target; 0: dry or late) of each request a step runs (talker, code2wav)",
+            ["stage"],
+            buckets=BUFFERED_BUCKETS,
+            registry=r,
+        ).labels(**labels)
         self.requests = Counter(
             "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
         ).labels(**labels)
@@ -98,6 +117,10 @@ class StageMetrics:
         self.step_seconds.observe(seconds)
         if engine.stats.last_batch_size:
             self.batch_size.observe(engine.stats.last_batch_size)
+        if engine.stats.last_deferred:
+            self.deferred.inc(engine.stats.last_deferred)
+        for seconds in engine.stats.last_buffered:
+            self.buffered.observe(max(0.0, seconds))
 
     def error(self, kind: str) -> None:
         self.errors.labels(stage=self.stage, kind=kind).inc()

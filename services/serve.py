@@ -37,6 +37,7 @@ async def serve(args: argparse.Namespace) -> int:
         max_requests=args.max_requests,
         max_model_len=args.max_model_len,
         prefill_chunk=args.prefill_chunk,
+        **serve_args.schedule_options(args),
     )
     if args.stage == "thinker":
         from services.thinker.servicer import ThinkerServicer

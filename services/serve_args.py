@@ -6,6 +6,7 @@ import argparse
 import os
 
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
+from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 
 MODEL_ENV = "OMNISTREAM_MODEL"
 
@@ -63,8 +64,37 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def non_negative_seconds(text: str) -> float:
+    """argparse type of a duration in seconds that may be zero but not negative."""
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of seconds >= 0, got {text}")
+    return value
+
+
+def _add_first_audio_target(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--first-audio-target",
+        type=non_negative_seconds,
+        default=DEFAULT_FIRST_AUDIO_TARGET_S,
+        help="seconds after a request arrives by which its first audio is due: when a step cannot "
+        "take every request, those closest to running out of audio go first, and a request "
+        "without audio yet counts as running out at this time "
+        f"(default: {DEFAULT_FIRST_AUDIO_TARGET_S})",
+    )
+
+
 def add_talker_arguments(p: argparse.ArgumentParser) -> None:
     """Flags only the talker takes: the other stages reject them instead of ignoring them."""
+    p.add_argument(
+        "--max-step-batch",
+        type=positive_int,
+        default=None,
+        help="requests that take a codec frame per step, at most --max-batch; when more are ready, "
+        "those with the least buffered audio go first and the rest wait a step "
+        "(default: --max-batch, every request with a KV slot)",
+    )
+    _add_first_audio_target(p)
     p.add_argument(
         "--cuda-graphs",
         action="store_true",
@@ -73,8 +103,31 @@ def add_talker_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only Code2Wav takes: the other stages reject them instead of ignoring them."""
+    p.add_argument(
+        "--max-step-frames",
+        type=positive_int,
+        default=None,
+        help="codec frames decoded per step, all its windows together (the most urgent window "
+        "always goes); with --max-batch windows per step, the windows of the requests with the "
+        "least buffered audio go first and the rest wait a step (default: no frame budget)",
+    )
+    _add_first_audio_target(p)
+
+
 def load_options_refusal(args: argparse.Namespace) -> str | None:
     """Why these serve arguments cannot load, said before any weight is read; None if they can."""
     if getattr(args, "cuda_graphs", False) and args.device.split(":")[0] != "cuda":
         return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {args.device!r}"
+    step_batch = getattr(args, "max_step_batch", None)
+    if step_batch is not None and step_batch > args.max_batch:
+        return f"--max-step-batch {step_batch} exceeds --max-batch {args.max_batch}"
     return None
+
+
+def schedule_options(args: argparse.Namespace) -> dict:
+    """The per-step scheduling options of the stage's flags, as the family's `engine(...)` takes
+    them (a stage without a flag gets the factory's default)."""
+    names = ("max_step_batch", "max_step_frames", "first_audio_target")
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnistream.family import STAGES, ModelFamily, ModelInfo
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.qwen3_omni.constants import (
     CODEBOOK_SIZE,
     DEFAULT_SPEAKER,
@@ -82,6 +83,9 @@ class Qwen3OmniFamily:
         max_requests: int | None = None,
         max_model_len: int = 4096,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        max_step_frames: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> Engine:
         limits = {"max_batch": max_batch, "max_requests": max_requests}
         if stage not in STAGES:
@@ -104,12 +108,24 @@ class Qwen3OmniFamily:
 
             length = max_model_len * TALKER_LENGTH_FACTOR
             return TalkerEngine(
-                str(model_dir), options, max_model_len=length, prefill_chunk=prefill_chunk, **limits
+                str(model_dir),
+                options,
+                max_model_len=length,
+                prefill_chunk=prefill_chunk,
+                max_step_batch=max_step_batch,
+                first_audio_target=first_audio_target,
+                **limits,
             )
         if stage == "code2wav":
             from services.code2wav.engine import Code2WavEngine
 
-            return Code2WavEngine(str(model_dir), options, **limits)
+            return Code2WavEngine(
+                str(model_dir),
+                options,
+                max_step_frames=max_step_frames,
+                first_audio_target=first_audio_target,
+                **limits,
+            )
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
 
     async def warm_up(self, stage: str, engine: Engine) -> None:

@@ -5,6 +5,11 @@ request carries its decoder state, a window is decoded once, as soon as its last
 the concatenated audio equals `code2wav(all codes)`. Ready windows of several requests, at any
 positions, are decoded in one batched step; requests join and leave between steps.
 
+A step takes at most `max_batch` windows (and, with `max_step_frames`, about that many frames),
+most urgent first: by deadline (omnistream/playout.py: when the request's listener runs dry, from
+the samples this stage emitted since its first audio; before it, arrival + the first-audio
+target). A ready window left for a more urgent one is counted in `stats.deferred`.
+
 `decode="recompute"` keeps the previous path, only as the benchmark's baseline: each window is
 re-decoded with up to `left_context` frames before it and one lookahead frame after it and the
 middle kept (twice the compute, and only approximate once the history passes the context).
@@ -14,6 +19,7 @@ Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which ca
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -22,6 +28,13 @@ import torch
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.load_options import LoadOptions
+from omnistream.playout import (
+    DEFAULT_FIRST_AUDIO_TARGET_S,
+    Playout,
+    buffered_seconds,
+    by_deadline,
+    check_step_budget,
+)
 from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.code2wav_stream import Code2WavStreamState, StreamingCode2Wav
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
@@ -47,6 +60,7 @@ class _Code2WavState(RequestState):
     window: int = 0
     samples: int = 0
     stream: Code2WavStreamState | None = None  # exact streaming: the decoder's state so far
+    playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission
 
 
 DECODES = ("stream", "recompute")
@@ -64,8 +78,15 @@ class Code2WavEngine(Engine):
         output_capacity: int = 64,
         max_frames: int = 16384,
         decode: str = "stream",
+        max_step_frames: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        check_step_budget("max_step_frames", max_step_frames)
+        # Frames one step decodes, all its windows together (None: only `max_batch` bounds a step).
+        # The most urgent window always goes, however long: a budget never stalls the stage.
+        self.max_step_frames = max_step_frames
+        self.first_audio_target = first_audio_target
         holder = load_stage("code2wav", model_dir, options)
         self.config = holder.config
         self.code2wav = holder.code2wav
@@ -94,6 +115,7 @@ class Code2WavEngine(Engine):
     def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream:
         plan.validate()
         state = _Code2WavState(request_id=request_id, output=self.new_output(), plan=plan)
+        state.playout = Playout(state.arrived, self.first_audio_target)
         self._admit(state)
         return state.output
 
@@ -124,18 +146,27 @@ class Code2WavEngine(Engine):
 
     # --- engine thread ------------------------------------------------------------------------------
     def _schedule(self, candidates):
+        now = time.monotonic()
         ready = []
-        for state in candidates:
+        frames = self.max_step_frames  # what is left of the step's frame budget (None: no budget)
+        deferred = 0
+        for state in by_deadline(candidates):
             if state.finished or not state.output.has_room():
                 continue
-            if state.done and state.available == state.start:
-                ready.append(state)  # only the end marker is left to send
-            elif self._window_ready(state):
-                ready.append(state)
-            if len(ready) >= self.max_batch:
-                break
+            end_only = state.done and state.available == state.start  # only the end marker is left
+            if not (end_only or self._window_ready(state)):
+                continue
+            size = 0 if end_only else self._window_frames(state)
+            if len(ready) >= self.max_batch or (frames is not None and ready and size > frames):
+                deferred += 1  # the step is full of more urgent windows: this one waits a step
+                continue
+            if frames is not None:
+                frames = max(0, frames - size)
+            ready.append(state)
         if not ready:
             return None
+        self._deferred(deferred)
+        self.stats.last_buffered = buffered_seconds(ready, now)
         for state in ready:
             if state.frames:
                 pieces = ([state.codes] if state.codes is not None else []) + state.frames
@@ -146,6 +177,13 @@ class Code2WavEngine(Engine):
 
     def _work_states(self, work):
         return [s for s, _, _ in work]
+
+    def _window_frames(self, state: _Code2WavState) -> int:
+        """Frames the decode of the request's next window runs over (what a step's budget counts)."""
+        if self.decode == "recompute":
+            begin, _, stop, _ = state.plan.span(state.start, state.available, state.done)
+            return stop - begin
+        return min(state.plan.window_end(state.start), state.available) - state.start
 
     def _window_ready(self, state: _Code2WavState) -> bool:
         if self.decode == "recompute":
@@ -194,6 +232,7 @@ class Code2WavEngine(Engine):
                 state.stream = new
                 final = done and end >= available
                 piece = wav[:n].copy()  # its own buffer: the batch's may be large
+                self._played(state, piece.shape[0])
                 state.output.put(AudioOutput(piece, state.samples, state.window, finished=final))
                 state.samples += piece.shape[0]
                 state.window += 1
@@ -236,6 +275,7 @@ class Code2WavEngine(Engine):
         else:  # the true end: everything this window yields
             keep_to = (stop - begin) * self.upsample - self.trailing_loss
         audio = wav[keep_from:keep_to].to(torch.float32).cpu().numpy()
+        self._played(state, audio.shape[0])
         final = done and end >= state.available
         state.output.put(AudioOutput(audio, state.samples, state.window, finished=final))
         state.samples += audio.shape[0]
@@ -243,6 +283,12 @@ class Code2WavEngine(Engine):
         state.start = end
         if final:
             self._finish(state)
+
+    def _played(self, state: _Code2WavState, samples: int) -> None:
+        """The playout clock of a request whose `samples` are about to leave (its first audio starts
+        it; an empty piece is no audio)."""
+        if samples:
+            state.playout.emitted(samples / self.sample_rate, time.monotonic())
 
     @property
     def trailing_loss(self) -> int:

@@ -9,11 +9,19 @@ A request's prompt rows are prefilled in pieces: all prefills of a step together
 one piece at a time. A piece advances the KV length only once its forward has run; a failing piece
 fails its request alone (prefill forwards are one request each).
 
+When not every request fits one step, the most urgent go first: candidates are taken by deadline
+(omnistream/playout.py: when the request's listener runs dry, from the frames this stage emitted
+since its first one, 80 ms each; before the first frame, arrival + the first-audio target), for the
+prefill budget, the free KV slots and the frame rows alike. `max_step_batch` caps the requests that
+take a frame step (default: every slotted one, `max_batch`); a request left out for a more urgent
+one is counted in `stats.deferred`.
+
 Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -21,9 +29,17 @@ import torch
 from omnistream.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
+from omnistream.family import describe_loaded
 from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import MediaLayout
+from omnistream.playout import (
+    DEFAULT_FIRST_AUDIO_TARGET_S,
+    Playout,
+    buffered_seconds,
+    by_deadline,
+    check_step_budget,
+)
 from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.code_predictor import CodePredictorRunner
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
@@ -75,6 +91,7 @@ class _TalkerState(RequestState):
     prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
     prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
     prefilled: int = 0  # prompt rows already in the KV cache
+    playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission
 
 
 class TalkerEngine(Engine):
@@ -89,12 +106,20 @@ class TalkerEngine(Engine):
         max_requests: int | None = None,
         output_capacity: int = 512,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        check_step_budget("max_step_batch", max_step_batch)
+        if max_step_batch is not None and max_step_batch > max_batch:
+            raise ValueError(f"max_step_batch ({max_step_batch}) cannot exceed max_batch ({max_batch})")
         # Prompt rows prefilled per step, all requests together (at least one piece a step).
         self.prefill_chunk = prefill_chunk
+        # Requests that take a frame step per step, most urgent first (the rest wait a step).
+        self.max_step_batch = max_step_batch or max_batch
+        self.first_audio_target = first_audio_target
         holder = load_stage("talker", model_dir, options)
         self.config = holder.config
         self.talker = holder.talker
@@ -103,6 +128,8 @@ class TalkerEngine(Engine):
         self.dtype = options.torch_dtype()
         tc = self.config.talker_config
         self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        # Audio seconds one codec frame holds (80 ms for Qwen3-Omni): the playout clock's unit.
+        self.frame_seconds = 1.0 / describe_loaded(self.config).frames_per_second
         # What a request that names no voice gets: the family default, if this checkpoint has it.
         self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
         self.num_groups = tc.num_code_groups
@@ -148,6 +175,7 @@ class TalkerEngine(Engine):
             generator=params.sampling.generator(self.device),
             cp_generator=params.sampling.generator(self.device) if sampled else None,
         )
+        state.playout = Playout(state.arrived, self.first_audio_target)
         if state.cp_generator is not None and params.sampling.seed is not None:
             state.cp_generator.manual_seed(params.sampling.seed + 1)
         self._admit(state)
@@ -264,11 +292,14 @@ class TalkerEngine(Engine):
         return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
 
     def _schedule(self, candidates):
+        now = time.monotonic()
         prefill: list[tuple[_TalkerState, int]] = []  # (request, rows it may prefill this step)
         predict, decode = [], []
         rows = self.prefill_chunk  # prefill budget of this step
         free = self.cache.free_slots
-        for state in candidates:
+        room = self.max_step_batch  # requests that may take a frame step
+        deferred = 0
+        for state in by_deadline(candidates):
             if state.finished or not state.output.has_room():
                 continue
             if not state.prefill_done:
@@ -285,15 +316,19 @@ class TalkerEngine(Engine):
                     take = min(rows, state.prompt_rows.shape[1] - state.prefilled)
                 rows -= take
                 prefill.append((state, take))
-            elif state.pending_code0 is not None:
-                predict.append(state)
-            elif self._text_row_ready(state):
-                decode.append(state)
+            elif state.pending_code0 is not None or self._text_row_ready(state):
+                if room <= 0:  # the step is full of more urgent requests: this one waits a step
+                    deferred += 1
+                    continue
+                room -= 1
+                (predict if state.pending_code0 is not None else decode).append(state)
         for state, _ in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
         if not (prefill or predict or decode):
             return None
+        self._deferred(deferred)
+        self.stats.last_buffered = buffered_seconds([s for s, _ in prefill] + predict + decode, now)
         return prefill, predict, decode
 
     def _work_states(self, work):
@@ -460,6 +495,7 @@ class TalkerEngine(Engine):
         state.past_hidden = None
         state.next_codec_sum = codec_sum
         state.frames += 1
+        state.playout.emitted(self.frame_seconds, time.monotonic())
         done = state.frames >= state.params.max_frames
         state.output.put(
             TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)

@@ -11,6 +11,8 @@ import pytest
 
 from omnistream.errors import InvalidRequest
 from omnistream.family import families, family_for, family_named, model_info, read_config
+from omnistream.load_options import LoadOptions
+from omnistream.qwen3_omni.family import FAMILY
 
 
 def test_the_tiny_checkpoint_is_qwen3_omni(tiny_model_dir):
@@ -69,3 +71,16 @@ def test_random_prompts_have_the_exact_length_and_the_chat_framing(tiny_model_di
     assert [len(p) for p in prompts] == [20, 20, 20]
     assert all(p[:2] == [config.im_start_token_id, config.user_token_id] for p in prompts)
     assert prompts == family.random_prompts(config, tokenizer, 3, 20, seed=1)
+
+
+def test_the_engine_factory_hands_the_audio_stages_their_step_budgets(tiny_model_dir):
+    options = LoadOptions(dtype="float32")
+    talker = FAMILY.engine(
+        "talker", tiny_model_dir, options, max_batch=4, max_step_batch=2, first_audio_target=0.25
+    )
+    assert (talker.max_step_batch, talker.first_audio_target) == (2, 0.25)
+    assert (
+        FAMILY.engine("talker", tiny_model_dir, options, max_batch=4).max_step_batch == 4
+    )  # default: the batch
+    code2wav = FAMILY.engine("code2wav", tiny_model_dir, options, max_step_frames=30, first_audio_target=1.5)
+    assert (code2wav.max_step_frames, code2wav.first_audio_target) == (30, 1.5)

@@ -1,4 +1,5 @@
-"""Stage service flags: --cuda-graphs belongs to the talker and is refused off CUDA before loading."""
+"""Stage service flags: --cuda-graphs belongs to the talker and is refused off CUDA before loading;
+the per-step scheduling flags belong to the talker and Code2Wav."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import asyncio
 import pytest
 
 from omnistream.cli import build_parser
+from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from services import serve, serve_args
 
 
@@ -33,3 +35,45 @@ def test_serve_exits_before_loading_when_refused(capsys):
     # "unused" is no checkpoint: reaching the loader would raise instead of returning 2.
     assert asyncio.run(serve.serve(_parse("talker", "--cuda-graphs"))) == 2
     assert "omnistream serve talker: --cuda-graphs needs a CUDA --device" in capsys.readouterr().err
+
+
+def test_scheduling_flags_belong_to_the_audio_stages_with_their_defaults():
+    talker = _parse("talker")
+    assert (talker.max_step_batch, talker.first_audio_target) == (None, DEFAULT_FIRST_AUDIO_TARGET_S)
+    code2wav = _parse("code2wav")
+    assert (code2wav.max_step_frames, code2wav.first_audio_target) == (None, DEFAULT_FIRST_AUDIO_TARGET_S)
+    assert serve_args.schedule_options(talker) == {
+        "max_step_batch": None,
+        "first_audio_target": DEFAULT_FIRST_AUDIO_TARGET_S,
+    }
+    assert serve_args.schedule_options(_parse("code2wav", "--max-step-frames", "50")) == {
+        "max_step_frames": 50,
+        "first_audio_target": DEFAULT_FIRST_AUDIO_TARGET_S,
+    }
+    assert serve_args.schedule_options(_parse("thinker")) == {}
+    assert _parse("talker", "--max-step-batch", "2", "--first-audio-target", "0").max_step_batch == 2
+    for stage, flag in (
+        ("thinker", "--max-step-batch"),
+        ("code2wav", "--max-step-batch"),
+        ("thinker", "--max-step-frames"),
+        ("talker", "--max-step-frames"),
+        ("thinker", "--first-audio-target"),
+    ):
+        with pytest.raises(SystemExit):
+            _parse(stage, flag, "1")
+    for stage, flag, value in (
+        ("talker", "--max-step-batch", "0"),
+        ("code2wav", "--max-step-frames", "0"),
+        ("talker", "--first-audio-target", "-1"),
+        ("code2wav", "--first-audio-target", "nan"),
+    ):
+        with pytest.raises(SystemExit):
+            _parse(stage, flag, value)
+
+
+def test_a_step_batch_above_the_batch_is_refused_before_loading():
+    assert (
+        serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "4")) is None
+    )
+    refusal = serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "5"))
+    assert refusal == "--max-step-batch 5 exceeds --max-batch 4"
