@@ -78,6 +78,16 @@ class ChunkPlan:
             start = end
         return lengths
 
+    def windows(self, frames: int) -> list[int]:
+        """The window lengths an answer of `frames` frames is decoded in (one audio chunk each on
+        the exact stream), the last one cut short at the end."""
+        lengths, start = [], 0
+        while start < frames:
+            end = min(self.window_end(start), frames)
+            lengths.append(end - start)
+            start = end
+        return lengths
+
     def ready(self, start: int, available: int, done: bool) -> bool:
         """Recompute baseline: can window [start, end) be decoded with `available` frames so far?
         (The exact stream needs no lookahead: a window is ready at its end.)"""

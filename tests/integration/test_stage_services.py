@@ -65,12 +65,7 @@ def test_services_match_in_process_pipeline(stages, local, mode, index, schedule
     assert audio.shape == full.shape
     np.testing.assert_allclose(audio, full, rtol=0, atol=float(np.spacing(np.float32(1))))
     # The schedule travelled in both opens: the talker shipped and code2wav decoded by its windows.
-    windows, left = [], codes.shape[1]
-    for length in request_plan(request).window_lengths(left):
-        if not left:
-            break
-        windows.append(min(length, left))
-        left -= windows[-1]
+    windows = request_plan(request).windows(codes.shape[1])
     assert sizes == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
 
 
