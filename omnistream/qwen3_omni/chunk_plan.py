@@ -33,6 +33,10 @@ DEFAULT_SCHEDULE = SCHEDULE_GROW
 
 @dataclass(frozen=True)
 class ChunkPlan:
+    """Where one request's codec windows end, agreed by the talker (it ships at each end) and code2wav
+    (it decodes one window per audio chunk): the first has `initial` frames, the rest follow
+    `schedule` up to `chunk`. Chosen once per request at the open and never changed mid-request."""
+
     initial: int = DEFAULT_INITIAL_FRAMES
     chunk: int = DEFAULT_CHUNK_FRAMES
     left_context: int = DEFAULT_LEFT_CONTEXT_FRAMES
