@@ -33,6 +33,10 @@ DEFAULT_SCHEDULE = SCHEDULE_GROW
 
 @dataclass(frozen=True)
 class ChunkPlan:
+    """Where one request's codec windows end, agreed by the talker (it ships at each end) and code2wav
+    (it decodes one window per audio chunk): the first has `initial` frames, the rest follow
+    `schedule` up to `chunk`. Chosen once per request at the open and never changed mid-request."""
+
     initial: int = DEFAULT_INITIAL_FRAMES
     chunk: int = DEFAULT_CHUNK_FRAMES
     left_context: int = DEFAULT_LEFT_CONTEXT_FRAMES
@@ -74,6 +78,16 @@ class ChunkPlan:
         lengths, start = [], 0
         for _ in range(count):
             end = self.window_end(start)
+            lengths.append(end - start)
+            start = end
+        return lengths
+
+    def windows(self, frames: int) -> list[int]:
+        """The window lengths an answer of `frames` frames is decoded in (one audio chunk each on
+        the exact stream), the last one cut short at the end."""
+        lengths, start = [], 0
+        while start < frames:
+            end = min(self.window_end(start), frames)
             lengths.append(end - start)
             start = end
         return lengths

@@ -22,13 +22,27 @@ def stubs(stages) -> StageStubs:
     return StageStubs.connect(*(stages[s].address for s in ("thinker", "talker", "code2wav")))
 
 
-async def collect_services(stages, request: GenerationRequest, rid: str):
+def request_plan(request: GenerationRequest) -> ChunkPlan:
+    """The plan the gateway would open the request's stages with (its initial frames, or 4)."""
+    return ChunkPlan(
+        request.initial_codec_chunk_frames or 4,
+        request.codec_chunk_frames,
+        request.codec_left_context_frames,
+        request.codec_chunk_schedule,
+    ).validate()
+
+
+async def collect_services(stages, request: GenerationRequest, rid: str, sizes: list[int] | None = None):
+    """(text, codes, audio, done event) of one request through the stages; `sizes` (if given)
+    gets each audio chunk's sample count."""
     text, frames, audio, done = [], [], [], None
-    async for event in run_request(stubs(stages), request, rid, ChunkPlan(4, 25, 25), with_codes=True):
+    async for event in run_request(stubs(stages), request, rid, request_plan(request), with_codes=True):
         if isinstance(event, TextEvent):
             text.append(event.delta)
         elif isinstance(event, AudioEvent):
             audio.append(event.audio)
+            if sizes is not None:
+                sizes.append(event.audio.size)
         elif hasattr(event, "codes"):
             frames.append(event.codes)
         else:

@@ -20,8 +20,9 @@ from openai import OpenAI
 
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
 from omnistream.qwen3_omni.checkpoint import load_stage
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 from omnistream.request_defaults import RequestInput, resolve
 from omnistream.tensors import numpy_from_proto
 from omnistream.wav import read_float32_wav, to_pcm16
@@ -110,7 +111,12 @@ def test_openai_sdk_streams_text_and_audio(gateway, expected):
     np.testing.assert_allclose(decoded, expected.audio, atol=1.0 / 32767 + 1e-6)
 
 
-def test_grpc_api_audio_is_bit_exact_float32(gateway, expected, expected_full):
+@pytest.mark.parametrize(
+    "schedule",
+    [stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED, stage_pb2.CHUNK_SCHEDULE_FIXED],
+    ids=["default", "fixed"],
+)
+def test_grpc_api_audio_is_bit_exact_float32(gateway, expected, expected_full, schedule):
     async def run():
         async with grpc.aio.insecure_channel(f"127.0.0.1:{gateway.port}") as channel:
             stub = gateway_pb2_grpc.GatewayStub(channel)
@@ -121,6 +127,7 @@ def test_grpc_api_audio_is_bit_exact_float32(gateway, expected, expected_full):
                 sampling=common_pb2.Sampling(temperature=0),
                 talker_sampling=common_pb2.Sampling(temperature=0),
                 initial_codec_chunk_frames=4,
+                codec_chunk_schedule=schedule,
             )
             text, audio, kinds = [], [], []
             async for event in stub.Generate(request):
@@ -130,12 +137,18 @@ def test_grpc_api_audio_is_bit_exact_float32(gateway, expected, expected_full):
                     text.append(event.text.text)
                 elif kind == "audio":
                     audio.append(numpy_from_proto(event.audio.pcm, copy=True))
-            return "".join(text), np.concatenate(audio), kinds
+            return "".join(text), audio, kinds
 
-    text, audio, kinds = asyncio.run(run())
+    text, chunks, kinds = asyncio.run(run())
+    audio = np.concatenate(chunks)
     assert text == expected.text
     assert kinds[-1] == "end"
-    np.testing.assert_array_equal(audio, expected.audio)
+    if schedule == stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED:  # the pipeline's (default) plan
+        np.testing.assert_array_equal(audio, expected.audio)
+    # The audio chunks are the windows of the plan asked for: growing by default, else fixed.
+    plan = ChunkPlan(4, 25, 25, "fixed" if schedule == stage_pb2.CHUNK_SCHEDULE_FIXED else "grow")
+    windows = plan.windows(expected.codes.shape[1])
+    assert [c.size for c in chunks] == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
     # Exact streaming: that audio is the one-shot decode of the codes (one float32 step of rounding).
     assert audio.shape == expected_full.shape
     np.testing.assert_allclose(audio, expected_full, rtol=0, atol=float(np.spacing(np.float32(1))))

@@ -18,7 +18,7 @@ from omnistream.load_options import LoadOptions
 from omnistream.pipeline import AudioEvent, Pipeline, TextEvent, collect
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
 
 from .conftest import metric, stage_args, wait_for
 from .stage_calls import (
@@ -27,6 +27,7 @@ from .stage_calls import (
     collect_services,
     make_request,
     raw_stream,
+    request_plan,
     stubs,
     talker_input,
     talker_open,
@@ -44,12 +45,15 @@ def local(tiny_model_dir):
         yield p
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("mode", ["async", "sequential"])
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
-def test_services_match_in_process_pipeline(stages, local, mode, index):
-    request = make_request(PROMPTS[index], mode)
-    expected = asyncio.run(collect(local, make_request(PROMPTS[index], mode)))
-    text, codes, audio, done = asyncio.run(collect_services(stages, request, f"parity-{mode}-{index}"))
+def test_services_match_in_process_pipeline(stages, local, mode, index, schedule):
+    request = make_request(PROMPTS[index], mode, codec_chunk_schedule=schedule)
+    expected = asyncio.run(collect(local, make_request(PROMPTS[index], mode, codec_chunk_schedule=schedule)))
+    sizes: list[int] = []
+    rid = f"parity-{mode}-{index}-{schedule}"
+    text, codes, audio, done = asyncio.run(collect_services(stages, request, rid, sizes))
     assert done.output_ids == expected.output_ids
     assert text == expected.text
     np.testing.assert_array_equal(codes, expected.codes)
@@ -60,6 +64,9 @@ def test_services_match_in_process_pipeline(stages, local, mode, index):
         full = local.code2wav.code2wav(torch.from_numpy(codes)[None]).reshape(-1).float().numpy()
     assert audio.shape == full.shape
     np.testing.assert_allclose(audio, full, rtol=0, atol=float(np.spacing(np.float32(1))))
+    # The schedule travelled in both opens: the talker shipped and code2wav decoded by its windows.
+    windows = request_plan(request).windows(codes.shape[1])
+    assert sizes == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
 
 
 def test_async_mode_first_audio_leaves_before_thinker_finishes(stages):

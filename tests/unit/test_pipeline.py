@@ -10,7 +10,8 @@ import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omnistream.load_options import LoadOptions
-from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, collect
+from omnistream.qwen3_omni.chunk_plan import SCHEDULES, ChunkPlan
 
 PROMPTS = [
     [
@@ -51,11 +52,14 @@ def reference(tiny_model_dir):
         return decode(codes, *args, **kwargs)
 
     model.code2wav.chunked_decode = capture
-    return model, captured
+    return model, captured, {}
 
 
 def _reference_run(reference, prompt_ids: list[int]):
-    model, captured = reference
+    """The reference's output for a prompt, generated once (the chunk schedule is ours alone)."""
+    model, captured, runs = reference
+    if tuple(prompt_ids) in runs:
+        return runs[tuple(prompt_ids)]
     captured.clear()
     ids = torch.tensor([prompt_ids])
     with torch.no_grad():
@@ -69,7 +73,9 @@ def _reference_run(reference, prompt_ids: list[int]):
             talker_max_new_tokens=MAX_FRAMES + 1,  # the reference drops its last codebook-0 step
             thinker_eos_token_id=model.config.im_end_token_id,
         )
-    return sequences[0, len(prompt_ids) :].tolist(), captured[0][0].numpy(), wav.reshape(-1).numpy()
+    run = sequences[0, len(prompt_ids) :].tolist(), captured[0][0].numpy(), wav.reshape(-1).numpy()
+    runs[tuple(prompt_ids)] = run
+    return run
 
 
 def _request(messages, mode="async", **kw) -> GenerationRequest:
@@ -83,9 +89,10 @@ def _request(messages, mode="async", **kw) -> GenerationRequest:
     )
 
 
+@pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
-def test_tokens_codes_and_audio_match_reference(pipeline, reference, index):
-    result = asyncio.run(collect(pipeline, _request(PROMPTS[index])))
+def test_tokens_codes_and_audio_match_reference(pipeline, reference, index, schedule):
+    result = asyncio.run(collect(pipeline, _request(PROMPTS[index], codec_chunk_schedule=schedule)))
     ref_tokens, ref_codes, ref_wav = _reference_run(reference, result.prompt_ids)
     assert result.output_ids == ref_tokens
     assert result.codes.shape[0] == 16 and result.codes.shape[1] > 0
@@ -132,10 +139,26 @@ def test_batching_actually_batches(pipeline):
     assert max(seen) >= 2
 
 
-def test_sequential_and_async_modes_are_identical(pipeline):
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_audio_chunks_are_the_plans_windows(pipeline, schedule):
+    """The talker ships and code2wav decodes by the request's plan: one audio event per window."""
+    request = _request(PROMPTS[1], ignore_eos=True, codec_chunk_schedule=schedule)
+
+    async def sizes():
+        return [e.audio.size async for e in pipeline.generate(request) if isinstance(e, AudioEvent)]
+
+    got = asyncio.run(sizes())
+    frames = (sum(got) + 555) // 1920
+    windows = ChunkPlan(4, 25, 25, schedule).windows(frames)
+    assert frames > 12  # long enough that the schedules differ (4, 8, ... against 4, 25)
+    assert got == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_sequential_and_async_modes_are_identical(pipeline, schedule):
     for messages in PROMPTS[:2]:
-        a = asyncio.run(collect(pipeline, _request(messages, "async")))
-        s = asyncio.run(collect(pipeline, _request(messages, "sequential")))
+        a = asyncio.run(collect(pipeline, _request(messages, "async", codec_chunk_schedule=schedule)))
+        s = asyncio.run(collect(pipeline, _request(messages, "sequential", codec_chunk_schedule=schedule)))
         assert a.output_ids == s.output_ids
         np.testing.assert_array_equal(a.codes, s.codes)
         np.testing.assert_array_equal(a.audio, s.audio)

@@ -32,6 +32,14 @@ def test_window_lengths(plan: ChunkPlan, lengths: list[int]) -> None:
     assert plan.validate().window_lengths(len(lengths)) == lengths
 
 
+def test_an_answer_is_cut_into_the_plans_windows_the_last_one_short():
+    assert ChunkPlan(2, 25, 25, "grow").windows(40) == [2, 4, 8, 16, 10]
+    assert ChunkPlan(2, 25, 25, "grow").windows(30) == [2, 4, 8, 16]
+    assert ChunkPlan(2, 25, 25, "fixed").windows(40) == [2, 25, 13]
+    assert ChunkPlan(4, 25, 25, "grow").windows(3) == [3]
+    assert ChunkPlan().windows(0) == []
+
+
 def test_window_end_is_the_end_of_the_window_starting_there():
     plan = ChunkPlan(2, 25, 25, "grow")
     assert [plan.window_end(s) for s in (0, 2, 6, 14, 30, 55, 80)] == [2, 6, 14, 30, 55, 80, 105]
