@@ -1,36 +1,43 @@
 """Audio admission by measured speed: protect the listeners already playing.
 
 Every listener consumes `frame_rate` codec frames a second (12.5 for Qwen3-Omni). The talker and
-code2wav report what they sustain (`StageInfo.load.capacity_per_second`: frames per second of engine
-busy time at their current batch, omnistream/speed.py), summed here over a stage's replicas in
-rotation. The tighter of the two is the deployment's audio capacity C.
+code2wav report what they sustain (`StageInfo.load`, omnistream/speed.py): C, frames per second of
+engine busy time, measured at a mean batch B (so one step took t = B / C, and each of the B streams
+in it got C / B frames a second).
 
-How C changes with the batch is not measured (only the current batch is): a batched step costs
-more than a single one, usually much less than proportionally. The estimate assumes the worst
-case that still makes sense, that a step's time grows in proportion to its batch, i.e. that C stays
-what it was measured at: one more stream gets no faster hardware, only a share of it. So with S
-audio streams running, the new one would get C / (S + 1) frames a second, and
+Only the batch measured is known, so the estimate for n streams in a replica's batch leans on the
+one thing batching reliably does, that a step's time grows with its batch but no faster than the
+batch: t(n) <= t x max(1, n / B). Each of n streams then gets at least
 
-    headroom(S + 1) = C / ((S + 1) x frame_rate)
+    rate(n) = C / max(n, B)
 
-is how many times faster than real time each stream would be produced. The rules:
+frames a second: C / n past the measured batch (one more stream gets no faster hardware, only a
+share of it), C / B at or below it (a smaller batch is no slower per stream than the larger one
+measured). With R replicas of a stage the streams spread evenly (least-loaded choice), n = ceil(S /
+R), and the slowest replica counts; the tighter of the two audio stages counts. The headroom of S
+streams is how many times faster than real time each is produced:
 
-* admit: one more stream starts when `headroom(S + 1) >= 1 + margin`, or when no audio stream runs
-  (one stream cannot make another stutter, and it is what refreshes a stale measure), or when C is
-  unknown (old stages, nothing measured yet): today's behaviour. Otherwise the request waits in the
-  audio hold queue (gateway/admission.py) until a stream ends or a new measure allows it.
+    headroom(S) = min over audio stages and their replicas of rate(ceil(S / R)) / frame_rate
+
+which with one replica measured at a batch no larger than S is C / (S x frame_rate). The rules:
+
+* admit: one more stream starts when `headroom(S + 1) >= 1 + margin` (S streams running), or when
+  no audio stream runs (one stream cannot make another stutter, and it is what refreshes a stale
+  measure), or when the speed is unknown (old stages, nothing measured yet): today's behaviour.
+  Otherwise the request waits in the audio hold queue (gateway/admission.py) until a stream ends or
+  a new measure allows it.
 * first chunk: while the listener plays the first `initial` frames (initial / frame_rate seconds)
   the next `chunk` frames must be produced (chunk / (headroom x frame_rate) seconds), so
   `initial >= chunk / headroom`; the smallest of the load rule's sizes (2, 4, 8, 16 for 25-frame
   chunks) that satisfies it, the largest when none does.
 
-Torch-free and pure: the numbers come from the replicas (`measured_capacity`).
+Torch-free and pure: the numbers come from the replicas (`replica_speeds`).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.replicas import Replica
@@ -40,40 +47,65 @@ DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x 
 AUDIO_STAGES = ("talker", "code2wav")
 
 
-def measured_capacity(replicas: Iterable[Replica]) -> float | None:
-    """Units per busy second of a stage: the sum over its replicas in rotation; None when any of
-    them has no measure (an old stage, a failed read, nothing run since warm-up) or none is in
-    rotation: a partial sum would understate the stage and hold requests it could serve."""
-    total = 0.0
-    usable = [r for r in replicas if r.in_rotation]
-    for replica in usable:
+@dataclass(frozen=True)
+class ReplicaSpeed:
+    """One replica's measure: `capacity` units per busy second at mean batch `batch`."""
+
+    capacity: float
+    batch: float = 1.0
+
+    def stream_rate(self, streams: int) -> float:
+        """Units a second each of `streams` in its batch gets at least (module docstring)."""
+        return self.capacity / max(streams, self.batch, 1.0)
+
+
+def replica_speeds(replicas: Iterable[Replica]) -> list[ReplicaSpeed] | None:
+    """The measures of a stage's replicas in rotation; None when any of them has none (an old
+    stage, a failed read, nothing run since warm-up) or none is in rotation: a stage judged by part
+    of its replicas would get the streams of all of them."""
+    speeds = []
+    for replica in replicas:
+        if not replica.in_rotation:
+            continue
         load = replica.load
         if load is None or load.measured_steps == 0 or load.capacity_per_second <= 0:
             return None
-        total += load.capacity_per_second
-    return total if usable else None
+        speeds.append(ReplicaSpeed(load.capacity_per_second, load.mean_batch))
+    return speeds or None
+
+
+def measured_capacity(replicas: Iterable[Replica]) -> float | None:
+    """A stage's units per busy second, summed over its replicas in rotation (None: unknown)."""
+    speeds = replica_speeds(replicas)
+    return None if speeds is None else sum(s.capacity for s in speeds)
 
 
 @dataclass(frozen=True)
 class AudioCapacity:
-    """The deployment's audio capacity in codec frames per second (None: unknown)."""
+    """What the audio stages with a known speed sustain (no stage known: unknown)."""
 
-    frames_per_second: float | None
+    stages: tuple[tuple[ReplicaSpeed, ...], ...] = ()
     frame_rate: float = DEFAULT_FRAME_RATE
 
     @classmethod
-    def of(cls, capacities: Iterable[float | None], frame_rate: float | None) -> AudioCapacity:
-        """The tightest of the audio stages' known capacities (unknown when none is known)."""
-        known = [c for c in capacities if c is not None]
-        return cls(min(known) if known else None, frame_rate or DEFAULT_FRAME_RATE)
+    def of(cls, stages: Iterable[Sequence[ReplicaSpeed] | None], frame_rate: float | None) -> AudioCapacity:
+        """From each audio stage's replica speeds (None: that stage's speed is unknown, and the
+        stages that are known decide)."""
+        known = tuple(tuple(s) for s in stages if s)
+        return cls(known, frame_rate or DEFAULT_FRAME_RATE)
 
     def headroom(self, streams: int) -> float | None:
-        """How many times faster than real time each of `streams` would be produced; None unknown."""
-        if self.frames_per_second is None:
+        """How many times faster than real time each of `streams` would be produced, at worst;
+        None when no audio stage's speed is known."""
+        if not self.stages:
             return None
         if streams <= 0:
             return math.inf
-        return self.frames_per_second / (streams * self.frame_rate)
+        rate = min(
+            min(r.stream_rate(math.ceil(streams / len(replicas))) for r in replicas)
+            for replicas in self.stages
+        )
+        return rate / self.frame_rate
 
     def admits(self, running: int, margin: float = DEFAULT_MARGIN) -> bool:
         """May one more audio stream start beside `running` ones?"""

@@ -18,7 +18,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 from gateway.admission import Admission, Permit, Rejected
-from gateway.audio_capacity import AUDIO_STAGES, AudioCapacity, initial_frames_for, measured_capacity
+from gateway.audio_capacity import (
+    AUDIO_STAGES,
+    AudioCapacity,
+    initial_frames_for,
+    measured_capacity,
+    replica_speeds,
+)
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.deployment import Deployment
 from gateway.media_decoder import MediaDecoder
@@ -333,7 +339,7 @@ class GatewayCore:
     def audio_capacity(self) -> AudioCapacity:
         """What the talker and code2wav sustain together, as they last reported (audio_capacity.py)."""
         return AudioCapacity.of(
-            (self.stage_capacity(stage) for stage in AUDIO_STAGES),
+            (replica_speeds(self.replicas.sets[stage].replicas) for stage in AUDIO_STAGES),
             self.deployment.frames_per_second,
         )
 

@@ -11,7 +11,14 @@ from grpc_health.v1 import health_pb2
 from prometheus_client import generate_latest
 
 from gateway.admission import Admission, Rejected
-from gateway.audio_capacity import AudioCapacity, chunk_sizes, initial_frames_for, measured_capacity
+from gateway.audio_capacity import (
+    AudioCapacity,
+    ReplicaSpeed,
+    chunk_sizes,
+    initial_frames_for,
+    measured_capacity,
+    replica_speeds,
+)
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest_errors import error_response
@@ -26,22 +33,43 @@ FPS = 12.5
 # --- the rule ---------------------------------------------------------------------------------------
 
 
+def one(capacity: float, batch: float = 1.0) -> AudioCapacity:
+    """One audio stage with one replica measured at `capacity` frames per busy second, `batch`."""
+    return AudioCapacity.of([[ReplicaSpeed(capacity, batch)]], FPS)
+
+
 def test_headroom_is_capacity_over_the_streams_real_time_need():
-    capacity = AudioCapacity(100.0, FPS)
+    capacity = one(100.0)
     assert capacity.headroom(1) == pytest.approx(8.0)
     assert capacity.headroom(4) == pytest.approx(2.0)
     assert capacity.headroom(0) == math.inf
-    assert AudioCapacity(None).headroom(3) is None
+    assert AudioCapacity.of([None, None], FPS).headroom(3) is None
+
+
+def test_below_the_measured_batch_a_stream_is_assumed_no_faster_than_it_was_measured():
+    # 100 frames/s at batch 4 is 25 frames/s per stream: one stream alone is not assumed to get 100
+    capacity = one(100.0, batch=4)
+    assert capacity.headroom(1) == pytest.approx(2.0)
+    assert capacity.headroom(4) == pytest.approx(2.0)
+    assert capacity.headroom(8) == pytest.approx(1.0)  # past it, the capacity is shared
+
+
+def test_replicas_share_the_streams_and_the_slowest_one_and_the_tighter_stage_count():
+    two = AudioCapacity.of([[ReplicaSpeed(100.0), ReplicaSpeed(50.0)]], FPS)
+    assert two.headroom(4) == pytest.approx(50 / 2 / FPS)  # 2 streams each; the slow one: 25 frames/s
+    both = AudioCapacity.of([[ReplicaSpeed(100.0)], [ReplicaSpeed(1000.0)]], FPS)
+    assert both.headroom(2) == pytest.approx(100 / 2 / FPS)
+    assert AudioCapacity.of([None, [ReplicaSpeed(300.0)]], 0.0) == one(300.0)  # an unknown stage: the other
 
 
 def test_one_more_stream_is_admitted_only_with_the_margin_to_spare():
-    capacity = AudioCapacity(100.0, FPS)  # 8 streams exactly real time
+    capacity = one(100.0)  # 8 streams exactly real time
     assert capacity.admits(5, margin=0.2)  # 6 streams: 1.33x real time each
     assert not capacity.admits(6, margin=0.2)  # 7 streams: 1.14x < 1.2x
     assert capacity.admits(6, margin=0.1)
     assert not capacity.admits(8, margin=0.0)  # 9 streams would be below real time
-    assert AudioCapacity(1.0, FPS).admits(0)  # the first stream always starts
-    assert AudioCapacity(None).admits(1000)  # unknown speed: never held
+    assert one(1.0).admits(0)  # the first stream always starts
+    assert AudioCapacity().admits(1000)  # unknown speed: never held
 
 
 def test_the_first_chunk_grows_as_headroom_shrinks():
@@ -57,19 +85,18 @@ def test_the_first_chunk_grows_as_headroom_shrinks():
     assert initial_frames_for(3.0, 2) == 1  # a chunk too small for any of the sizes
 
 
-def test_the_capacity_of_a_stage_is_known_only_when_every_replica_in_rotation_measured_it():
+def test_the_speed_of_a_stage_is_known_only_when_every_replica_in_rotation_measured_it():
     class R:
         def __init__(self, load, in_rotation=True):
             self.load, self.in_rotation = load, in_rotation
 
-    measured = stage_pb2.StageLoad(capacity_per_second=80.0, measured_steps=20)
+    measured = stage_pb2.StageLoad(capacity_per_second=80.0, mean_batch=2.0, measured_steps=20)
+    assert replica_speeds([R(measured), R(measured)]) == [ReplicaSpeed(80.0, 2.0)] * 2
     assert measured_capacity([R(measured), R(measured)]) == 160.0
     assert measured_capacity([R(measured), R(None, in_rotation=False)]) == 80.0
     assert measured_capacity([R(measured), R(None)]) is None  # an old stage beside a new one
     assert measured_capacity([R(stage_pb2.StageLoad())]) is None  # nothing measured since warm-up
     assert measured_capacity([]) is None
-    assert AudioCapacity.of([None, 300.0], 0.0) == AudioCapacity(300.0, FPS)
-    assert AudioCapacity.of([200.0, 300.0], FPS).frames_per_second == 200.0
 
 
 # --- the hold queue ----------------------------------------------------------------------------------
@@ -213,9 +240,9 @@ class FakeStub:
         return info
 
 
-def load(capacity: float, running: int = 0) -> stage_pb2.StageLoad:
+def load(capacity: float, batch: float = 1.0) -> stage_pb2.StageLoad:
     return stage_pb2.StageLoad(
-        capacity_per_second=capacity, output_per_second=capacity / 2, measured_steps=32, running=running
+        capacity_per_second=capacity, output_per_second=capacity / 2, mean_batch=batch, measured_steps=32
     )
 
 
@@ -246,7 +273,7 @@ async def close(core: GatewayCore) -> None:
 async def test_old_stages_without_a_load_give_todays_behaviour():
     core, _ = await fake_core(max_concurrency=4)
     try:
-        assert core.audio_capacity().frames_per_second is None
+        assert core.audio_capacity().headroom(1) is None
         assert core.chunk_plan(audio()).initial == dynamic_initial_frames(0, 4)
         permits = [await core.admission.acquire(audio=True) for _ in range(4)]  # none held
         assert core.chunk_plan(audio(), permits[-1]).initial == dynamic_initial_frames(3, 4)
@@ -263,7 +290,7 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         stubs["code2wav"].load = load(2000.0)
         stubs["thinker"].load = load(300.0)
         await core.replicas.check_all()  # the next health round reads the loads
-        assert core.audio_capacity().frames_per_second == 60.0
+        assert core.audio_capacity().headroom(1) == pytest.approx(60 / FPS)
         assert core.chunk_plan(audio()).initial == initial_frames_for(60 / FPS, 25) == 8
         assert core.chunk_plan(audio(initial_codec_chunk_frames=3)).initial == 3  # the request's own wins
         playing = [await core.admission.acquire(audio=True) for _ in range(4)]
@@ -279,7 +306,7 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         assert "omnistream_requests_audio_waiting 1.0" in scraped
         assert "omnistream_requests_audio_held_total 1.0" in scraped
         assert "omnistream_audio_streams 4.0" in scraped
-        stubs["talker"].load = load(200.0)  # faster now (a larger batch measured better)
+        stubs["talker"].load = load(200.0, batch=4)  # faster now (a larger batch measured better)
         await core.replicas.check_all()  # the health round re-checks who waits
         (await asyncio.wait_for(held, 1)).release()
         for permit in playing:
