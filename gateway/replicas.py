@@ -273,9 +273,11 @@ class Replicas:
         """Read the replica's Info; on failure it has none (out of rotation) until a later round."""
         replica.accepted = False  # until `judge` has seen what it says now
         try:
-            replica.info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
+            info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
+            replica.load = load_of(info)
+            info.ClearField("load")  # the identity only: a load kept here (or in the deployment) goes stale
+            replica.info = info
             replica.info_error = None
-            replica.load = load_of(replica.info)
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             replica.info = None
             replica.load = None

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import math
 
+import grpc
 import pytest
 from grpc_health.v1 import health_pb2
 from prometheus_client import generate_latest
@@ -311,6 +312,26 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         (await asyncio.wait_for(held, 1)).release()
         for permit in playing:
             permit.release()
+    finally:
+        await close(core)
+
+
+async def test_a_failed_load_read_makes_the_speed_unknown_and_the_identity_keeps_no_load():
+    core, stubs = await fake_core()
+    try:
+        stubs["talker"].load = load(60.0)
+        await core.replicas.check_all()
+        assert core.stage_capacity("talker") == 60.0
+        (talker,) = core.replicas.sets["talker"].replicas
+        assert not talker.info.HasField("load")  # what the deployment judged and Gateway/Info shows
+
+        async def broken(request, timeout=None):
+            raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "gone for a moment")
+
+        stubs["talker"].Info = broken
+        await core.replicas.check_all()
+        assert talker.in_rotation  # only health decides that
+        assert core.stage_capacity("talker") is None and core.audio_capacity().headroom(1) is None
     finally:
         await close(core)
 
