@@ -90,9 +90,9 @@ class Admission:
         return Permit(self, audio)
 
     def _concurrency_full(self) -> bool:
-        return (self.active >= self.max_concurrency or bool(self._waiters)) and len(
-            self._waiters
-        ) >= self.max_queue
+        """Would `_acquire_slot` refuse right now?"""
+        free = self.active < self.max_concurrency and not self._waiters
+        return not free and len(self._waiters) >= self.max_queue
 
     def _refusal(self) -> Rejected:
         return Rejected(
