@@ -1,7 +1,16 @@
-"""Admission: a bound on concurrent streams plus an optional bounded, timed wait queue.
+"""Admission: a bound on concurrent streams plus an optional bounded, timed wait queue, and the
+audio hold in front of it.
 
 The permit lives as long as the stream (released when the response ends, however it ends), so the
 bound counts what really occupies the stages, not how fast requests arrive.
+
+Audio hold: a request with audio first asks the audio gate whether one more stream can start
+without pushing the streams already playing below real time (gateway/audio_capacity.py). While it
+cannot, the request waits in its own bounded FIFO (`max_audio_hold`, the same `queue_timeout`),
+without a concurrency slot, so text-only requests never wait behind it; a held request is let in
+when an audio stream ends or when the stages report new speeds (`reconsider`). Only then does it
+take its concurrency slot (one deadline covers both waits). A request that the concurrency bound
+would refuse right now is refused at once, before any audio wait, as it always was.
 """
 
 from __future__ import annotations
@@ -9,8 +18,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
+from collections.abc import Callable
 
 from omnistream.errors import Overloaded
+
+# running audio streams -> may one more start? (None as the gate: no audio hold)
+AudioGate = Callable[[int], bool]
 
 
 class Rejected(Overloaded):
@@ -24,61 +37,138 @@ class Rejected(Overloaded):
 
 class Admission:
     def __init__(
-        self, max_concurrency: int, max_queue: int = 0, queue_timeout: float = 10.0, retry_after: int = 1
+        self,
+        max_concurrency: int,
+        max_queue: int = 0,
+        queue_timeout: float = 10.0,
+        retry_after: int = 1,
+        *,
+        audio_gate: AudioGate | None = None,
+        max_audio_hold: int | None = None,
+        on_hold: Callable[[], None] | None = None,
     ) -> None:
+        """`audio_gate`: the audio hold's rule (None: no hold); `max_audio_hold`: requests it holds
+        at most (default `max_concurrency`; 0 refuses at once what it would hold); `on_hold`: called
+        for every request that starts waiting there (a metric)."""
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
         self.queue_timeout = queue_timeout
         self.retry_after = retry_after
+        self.audio_gate = audio_gate
+        self.max_audio_hold = max_concurrency if max_audio_hold is None else max_audio_hold
+        self.on_hold = on_hold
         self.active = 0
+        self.audio_active = 0  # permits of requests with audio (their streams are playing)
         self._waiters: deque[asyncio.Future] = deque()
+        self._audio_waiters: deque[asyncio.Future] = deque()
 
     @property
     def waiting(self) -> int:
         return len(self._waiters)
 
-    async def acquire(self) -> Permit:
+    @property
+    def audio_held(self) -> int:
+        """Audio requests waiting for audio capacity right now."""
+        return len(self._audio_waiters)
+
+    async def acquire(self, audio: bool = False) -> Permit:
+        """A permit; with `audio`, only once the audio gate lets one more stream start."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.queue_timeout
+        if audio:
+            if self._concurrency_full():
+                raise self._refusal()
+            await self._acquire_audio(deadline)
+        try:
+            await self._acquire_slot(deadline)
+        except BaseException:
+            if audio:
+                self._release_audio()
+            raise
+        return Permit(self, audio)
+
+    def _concurrency_full(self) -> bool:
+        """Would `_acquire_slot` refuse right now?"""
+        free = self.active < self.max_concurrency and not self._waiters
+        return not free and len(self._waiters) >= self.max_queue
+
+    def _refusal(self) -> Rejected:
+        return Rejected(
+            f"server is at its limit of {self.max_concurrency} concurrent requests"
+            + (f" and {self.max_queue} queued" if self.max_queue else ""),
+            reason="concurrency" if not self.max_queue else "queue_full",
+            retry_after=self.retry_after,
+        )
+
+    async def _acquire_slot(self, deadline: float) -> None:
         if self.active < self.max_concurrency and not self._waiters:
             self.active += 1
-            return Permit(self)
+            return
         if len(self._waiters) >= self.max_queue:
+            raise self._refusal()
+        await self._wait(self._waiters, deadline, self._release, "no capacity", "queue_timeout")
+
+    def _audio_room(self) -> bool:
+        return self.audio_gate is None or self.audio_gate(self.audio_active)
+
+    async def _acquire_audio(self, deadline: float) -> None:
+        if not self._audio_waiters and self._audio_room():
+            self.audio_active += 1
+            return
+        if len(self._audio_waiters) >= self.max_audio_hold:
             raise Rejected(
-                f"server is at its limit of {self.max_concurrency} concurrent requests"
-                + (f" and {self.max_queue} queued" if self.max_queue else ""),
-                reason="concurrency" if not self.max_queue else "queue_full",
+                f"the audio stages are at the speed their {self.audio_active} playing streams need"
+                + (f", and {self.max_audio_hold} requests wait for audio" if self.max_audio_hold else ""),
+                reason="audio_capacity" if not self.max_audio_hold else "audio_hold_full",
                 retry_after=self.retry_after,
             )
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        if self.on_hold is not None:
+            self.on_hold()
+        await self._wait(
+            self._audio_waiters, deadline, self._release_audio, "no audio capacity", "audio_hold_timeout"
+        )
+
+    async def _wait(
+        self,
+        queue: deque[asyncio.Future],
+        deadline: float,
+        give_back: Callable[[], None],
+        what: str,
+        reason: str,
+    ) -> None:
+        """Wait in `queue` until granted (the granter counted us in), until `deadline` (Rejected),
+        or until cancelled (a grant that raced either is handed back with `give_back`)."""
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        queue.append(waiter)
         try:
-            await asyncio.wait_for(asyncio.shield(waiter), self.queue_timeout)
+            await asyncio.wait_for(asyncio.shield(waiter), max(0.0, deadline - loop.time()))
         except TimeoutError:
             if waiter.done() and not waiter.cancelled():
-                return Permit(self)  # granted just as the timer fired
+                return  # granted just as the timer fired
             waiter.cancel()
             with contextlib.suppress(ValueError):
-                self._waiters.remove(waiter)
+                queue.remove(waiter)
             raise Rejected(
-                f"no capacity within {self.queue_timeout:g}s",
-                reason="queue_timeout",
-                retry_after=self.retry_after,
+                f"{what} within {self.queue_timeout:g}s", reason=reason, retry_after=self.retry_after
             ) from None
         except BaseException:
             if waiter.done() and not waiter.cancelled():
-                self._release()  # granted but the caller went away
+                give_back()  # granted but the caller went away
             else:
                 waiter.cancel()
                 with contextlib.suppress(ValueError):
-                    self._waiters.remove(waiter)
+                    queue.remove(waiter)
             raise
-        return Permit(self)
 
-    async def acquire_now(self) -> Permit:
+    async def acquire_now(self, audio: bool = False) -> Permit:
         """Re-take the slot a failed attempt of the same request just released (retries skip the queue)."""
         self.active += 1
-        return Permit(self)
+        if audio:
+            self.audio_active += 1
+        return Permit(self, audio)
 
     def _release(self) -> None:
         while self._waiters:
@@ -88,13 +178,34 @@ class Admission:
                 return
         self.active -= 1
 
+    def _release_audio(self) -> None:
+        self.audio_active -= 1
+        self.reconsider()
+
+    def reconsider(self) -> None:
+        """Let in the held audio requests that fit now, oldest first (after a stream ended, or when
+        the stages reported new speeds)."""
+        while self._audio_waiters:
+            waiter = self._audio_waiters[0]
+            if waiter.done():  # gone (timed out or cancelled) but not yet removed
+                self._audio_waiters.popleft()
+                continue
+            if not self._audio_room():
+                return
+            self._audio_waiters.popleft()
+            self.audio_active += 1  # counted in for it, as `_release` hands a slot over
+            waiter.set_result(None)
+
 
 class Permit:
-    def __init__(self, admission: Admission) -> None:
+    def __init__(self, admission: Admission, audio: bool = False) -> None:
         self._admission = admission
+        self.audio = audio  # counted among the audio streams (Admission.audio_active)
         self._released = False
 
     def release(self) -> None:
         if not self._released:
             self._released = True
             self._admission._release()
+            if self.audio:
+                self._admission._release_audio()

@@ -40,6 +40,14 @@ class GatewayConfig:
     max_concurrency: int = 16
     max_queue: int = 0
     queue_timeout: float = 10.0
+    # Audio hold (README "Admission"): an audio request waits (up to queue_timeout) while the talker
+    # and code2wav, at the speed they measure, could not keep one more stream plus the ones playing
+    # real time with `audio_hold_margin` to spare; at most `audio_hold_queue` wait (None: as many as
+    # max_concurrency; 0: refuse at once instead of holding). Off: admitted as before, whatever the
+    # speed. Text-only requests are never held.
+    audio_hold: bool = True
+    audio_hold_margin: float = 0.2
+    audio_hold_queue: int | None = None
     request_timeout: float = 600.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = DEFAULTS.max_tokens
@@ -133,6 +141,10 @@ class GatewayConfig:
             raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
         if bool(self.stage_tls_cert) != bool(self.stage_tls_key):
             raise ValueError("stage_tls_cert and stage_tls_key go together")
+        if self.audio_hold_margin < 0:
+            raise ValueError("audio_hold_margin must be at least 0")
+        if self.audio_hold_queue is not None and self.audio_hold_queue < 0:
+            raise ValueError("audio_hold_queue must be at least 0")
         if self.discovery_interval <= 0:
             raise ValueError("discovery_interval must be positive")
         if self.realtime_max_sessions < 0:

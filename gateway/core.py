@@ -18,6 +18,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.admission import Admission, Permit, Rejected
+from gateway.audio_capacity import (
+    AUDIO_STAGES,
+    AudioCapacity,
+    initial_frames_for,
+    measured_capacity,
+    replica_speeds,
+)
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.deployment import Deployment
 from gateway.media_decoder import MediaDecoder
@@ -272,7 +279,14 @@ class GatewayCore:
         self.config = config
         self.deployment = Deployment()  # learned from the stages' Info as their replicas join
         self.metrics = GatewayMetrics()
-        self.admission = Admission(config.max_concurrency, config.max_queue, config.queue_timeout)
+        self.admission = Admission(
+            config.max_concurrency,
+            config.max_queue,
+            config.queue_timeout,
+            audio_gate=self._audio_gate if config.audio_hold else None,
+            max_audio_hold=config.audio_hold_queue,
+            on_hold=self.metrics.audio_held_total.inc,
+        )
         self.metrics.queued.set_function(lambda: self.admission.waiting)
         self.replicas = Replicas(
             {"thinker": config.thinker, "talker": config.talker, "code2wav": config.code2wav},
@@ -283,7 +297,9 @@ class GatewayCore:
             server_name=config.stage_tls_server_name,
             deployment=self.deployment,
         )
+        self.replicas.on_load = self.admission.reconsider  # new speeds may let a held request in
         self.media = MediaDecoder(config.media_limits)
+        self.metrics.watch_audio(self)
 
     async def start(self) -> None:
         await self.replicas.start()
@@ -328,12 +344,36 @@ class GatewayCore:
             raise unsupported
         check_message_size(request, media_bytes, self.config.max_message_bytes)
 
-    def chunk_plan(self, request: GenerationRequest) -> ChunkPlan:
+    def stage_capacity(self, stage: str) -> float | None:
+        """The stage's measured units per busy second over its replicas in rotation (None: unknown)."""
+        return measured_capacity(self.replicas.sets[stage].replicas)
+
+    def audio_capacity(self) -> AudioCapacity:
+        """What the talker and code2wav sustain together, as they last reported (audio_capacity.py)."""
+        return AudioCapacity.of(
+            (replica_speeds(self.replicas.sets[stage].replicas) for stage in AUDIO_STAGES),
+            self.deployment.frames_per_second,
+        )
+
+    def _audio_gate(self, running: int) -> bool:
+        return self.audio_capacity().admits(running, self.config.audio_hold_margin)
+
+    def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
+        """The request's codec chunk plan. Its first chunk: the request's own, else the smallest
+        the measured headroom allows for the audio streams running with it (audio_capacity.py),
+        else (speed unknown) the load rule on the requests running beside it. Without `permit`: as
+        if it were admitted now (what `open` checks before admission)."""
         initial = request.initial_codec_chunk_frames
         if initial is None:
-            initial = dynamic_initial_frames(
-                self.admission.active, self.config.max_concurrency, request.codec_chunk_frames
-            )
+            admitted = permit is not None
+            streams = self.admission.audio_active + (0 if admitted and permit.audio else 1)
+            headroom = self.audio_capacity().headroom(streams)
+            if headroom is None:
+                others = self.admission.active - (1 if admitted else 0)
+                chunk = request.codec_chunk_frames
+                initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
+            else:
+                initial = initial_frames_for(headroom, request.codec_chunk_frames)
         return ChunkPlan(
             initial,
             request.codec_chunk_frames,
@@ -347,8 +387,9 @@ class GatewayCore:
         rid = validate_request_id(request_id or uuid.uuid4().hex)
         try:
             await self.prepare(request)
-            plan = self.chunk_plan(request)
-            permit = await self.admission.acquire()
+            self.chunk_plan(request)  # a bad plan is refused before admission
+            # Audio may wait here for the listeners already playing (admission.py's audio hold).
+            permit = await self.admission.acquire(audio=request.return_audio)
         except Rejected as exc:
             self.metrics.rejected.labels(reason=exc.reason).inc()
             raise
@@ -356,6 +397,8 @@ class GatewayCore:
             self.metrics.rejected.labels(reason=exc.kind).inc()
             raise
         self.metrics.in_flight.inc()
+        # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
+        plan = self.chunk_plan(request, permit)
         stages = stages_for(request)
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
         deadline = asyncio.get_running_loop().time() + timeout
@@ -385,7 +428,7 @@ class GatewayCore:
                 retry = exc.kind == "unavailable" and getattr(exc, "stage", None) and attempt + 1 < attempts
                 if retry:
                     log.warning("request %s: %s; retrying on another replica", rid, exc.message)
-                    permit = await self.admission.acquire_now()
+                    permit = await self.admission.acquire_now(audio=request.return_audio)
                     self.metrics.in_flight.inc()
                     continue
                 raise

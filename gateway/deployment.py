@@ -143,6 +143,12 @@ class Deployment:
     def sample_rate(self) -> int | None:
         return self._first("sample_rate", "code2wav")
 
+    @property
+    def frames_per_second(self) -> float | None:
+        """Codec frames per second of audio (what one listener consumes); None before a talker or
+        code2wav was accepted."""
+        return self._first("frames_per_second", "code2wav", "talker") or None
+
     def to_proto(self) -> gateway_pb2.GatewayInfo:
         return gateway_pb2.GatewayInfo(
             model_id=self.model_id or "",

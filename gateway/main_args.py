@@ -16,6 +16,25 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-concurrency", type=int, default=None)
     p.add_argument("--max-queue", type=int, default=None)
     p.add_argument("--queue-timeout", type=float, default=None)
+    p.add_argument(
+        "--audio-hold",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="hold new audio requests while the measured talker/code2wav speed could not keep one more "
+        "stream real time (default on; --no-audio-hold: admit as before)",
+    )
+    p.add_argument(
+        "--audio-hold-margin",
+        type=float,
+        default=None,
+        help="speed to spare: admit while capacity >= (1 + margin) x streams x 12.5 frames/s (0.2)",
+    )
+    p.add_argument(
+        "--audio-hold-queue",
+        type=int,
+        default=None,
+        help="audio requests held at most; more get 429 (default: --max-concurrency; 0: 429 at once)",
+    )
     p.add_argument("--request-timeout", type=float, default=None)
     p.add_argument(
         "--max-request-bytes", type=int, default=None, help="REST bodies over this get 413 (default 8 MiB)"

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
 from omnistream.listener import Listening
+
+if TYPE_CHECKING:
+    from gateway.core import GatewayCore
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
 ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
@@ -73,6 +78,56 @@ class GatewayMetrics:
         self.finished = Counter(
             "omnistream_requests_finished_total", "Requests ended, by status", ["status"], registry=r
         )
+        # Audio admission by measured speed (gateway/audio_capacity.py); read when scraped.
+        self.stage_capacity = Gauge(
+            "omnistream_stage_capacity_per_second",
+            "Units a stage sustains per second of engine busy time, as its replicas in rotation measure "
+            "it (thinker: tokens, talker and code2wav: codec frames); 0: unknown",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_output = Gauge(
+            "omnistream_stage_output_per_second",
+            "Units a stage produced per second of wall time lately, summed over its replicas",
+            ["stage"],
+            registry=r,
+        )
+        self.audio_streams = Gauge(
+            "omnistream_audio_streams", "Admitted requests with audio (streams playing)", registry=r
+        )
+        self.audio_headroom = Gauge(
+            "omnistream_audio_headroom_ratio",
+            "Measured audio capacity / (audio streams x frames per second of audio), with one more "
+            "stream counted; 0: unknown",
+            registry=r,
+        )
+        self.audio_held = Gauge(
+            "omnistream_requests_audio_waiting", "Audio requests waiting for audio capacity now", registry=r
+        )
+        self.audio_held_total = Counter(
+            "omnistream_requests_audio_held_total",
+            "Audio requests that had to wait for audio capacity (the audio hold)",
+            registry=r,
+        )
+
+    def watch_audio(self, core: GatewayCore) -> None:
+        """Point the speed and audio-hold gauges at `core` (evaluated at each scrape)."""
+        for stage in core.replicas.sets:
+            self.stage_capacity.labels(stage=stage).set_function(
+                lambda stage=stage: core.stage_capacity(stage) or 0.0
+            )
+            self.stage_output.labels(stage=stage).set_function(
+                lambda stage=stage: sum(
+                    r.load.output_per_second
+                    for r in core.replicas.sets[stage].replicas
+                    if r.in_rotation and r.load is not None
+                )
+            )
+        self.audio_streams.set_function(lambda: core.admission.audio_active)
+        self.audio_headroom.set_function(
+            lambda: core.audio_capacity().headroom(core.admission.audio_active + 1) or 0.0
+        )
+        self.audio_held.set_function(lambda: core.admission.audio_held)
 
     def observe_listening(self, heard: Listening) -> None:
         """One completed request's listener result."""

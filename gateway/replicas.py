@@ -15,6 +15,12 @@ A replica joins the rotation only once the gateway has its Info and the deployme
 `gateway.deployment`): the Info is read whenever a replica becomes healthy (first seen, or back
 after a failure: it may be another process now), and a replica that cannot answer it stays out until
 a later health round gets an answer.
+
+Every later health round of a healthy replica reads its Info again for the one part that changes,
+its measured speed (`StageInfo.load`, see omnistream/speed.py), which admission uses
+(gateway/audio_capacity.py); its identity is not judged again (the process is the same one as long
+as its health never failed). A stage too old to report a load, or one whose Info fails in a round,
+has no load until it reports one: its speed is unknown.
 """
 
 from __future__ import annotations
@@ -50,6 +56,7 @@ Resolver = Callable[[str, int], Awaitable[list[str]]]
 
 DNS_SCHEME = "dns:"
 INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
+LOAD_TIMEOUT = 2.0  # seconds for the per-round Info read of the load (as the health check's)
 
 
 @dataclass(frozen=True)
@@ -119,6 +126,11 @@ async def resolve_addresses(host: str, port: int) -> list[str]:
 _NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 
+def load_of(info: StageInfo) -> stage_pb2.StageLoad | None:
+    """The load an Info carries; None from a stage that predates the field."""
+    return info.load if info.HasField("load") else None
+
+
 @dataclass
 class Replica:
     stage: str
@@ -134,6 +146,7 @@ class Replica:
     accepted: bool = False  # the deployment accepted `info` (False until it was judged)
     refused: str | None = None  # why the deployment does not accept its info
     info_error: str | None = None  # why its Info could not be read, while that lasts
+    load: stage_pb2.StageLoad | None = None  # its measured speed, from the last health round
 
     @property
     def in_rotation(self) -> bool:
@@ -193,6 +206,8 @@ class Replicas:
         self._task: asyncio.Task | None = None
         self._discovery: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
+        # Called after every health round (the loads may have changed): admission re-checks who waits.
+        self.on_load: Callable[[], None] | None = None
 
     def add(
         self, stage: str, address: str, *, source: str | None = None, server_name: str | None = None
@@ -244,6 +259,10 @@ class Replicas:
             ok = False
         if ok and (not replica.healthy or replica.info is None):
             await self.read_info(replica)
+        elif ok:
+            await self.read_load(replica)
+        else:
+            replica.load = None
         if ok != replica.healthy:
             log.info(
                 "%s replica %s is now %s", replica.stage, replica.address, "healthy" if ok else "unhealthy"
@@ -254,10 +273,14 @@ class Replicas:
         """Read the replica's Info; on failure it has none (out of rotation) until a later round."""
         replica.accepted = False  # until `judge` has seen what it says now
         try:
-            replica.info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
+            info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
+            replica.load = load_of(info)
+            info.ClearField("load")  # the identity only: a load kept here (or in the deployment) goes stale
+            replica.info = info
             replica.info_error = None
         except (grpc.aio.AioRpcError, TimeoutError) as exc:
             replica.info = None
+            replica.load = None
             error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
             if error != replica.info_error:
                 log.warning(
@@ -267,6 +290,16 @@ class Replicas:
                     error,
                 )
             replica.info_error = error
+
+    async def read_load(self, replica: Replica) -> None:
+        """Refresh the replica's measured speed from a new Info; a failed read forgets it (unknown)
+        and is not a health failure (the health check decides that)."""
+        try:
+            info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=LOAD_TIMEOUT)
+        except (grpc.aio.AioRpcError, TimeoutError):
+            replica.load = None
+            return
+        replica.load = load_of(info)
 
     def judge_all(self) -> None:
         """Judge every healthy replica, stages in pipeline order and replicas in the order they were
@@ -294,6 +327,8 @@ class Replicas:
         replicas = [r for s in self.sets.values() for r in s.replicas]
         await asyncio.gather(*(self.check(r) for r in replicas))
         self.judge_all()
+        if self.on_load is not None:
+            self.on_load()
 
     async def discover(self) -> None:
         """Look up every DNS entry once; add the addresses that appeared, remove those that vanished."""

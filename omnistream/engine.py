@@ -136,6 +136,9 @@ class EngineStats:
     steps: int = 0
     last_batch_size: int = 0
     last_step_seconds: float = 0.0
+    # Output units the last step produced (thinker: tokens, talker: codec frames emitted, code2wav:
+    # codec frames decoded); omnistream/speed.py measures the stage's speed from it.
+    last_units: int = 0
     aborted: int = 0
     errors: int = 0
     finished: int = 0
@@ -353,6 +356,7 @@ class Engine:
                     self._cond.wait(timeout=1.0)
             started = time.perf_counter()
             self.stats.last_batch_size = 0
+            self.stats.last_units = 0
             try:
                 with torch.inference_mode():
                     self._run(work)

@@ -32,6 +32,7 @@ from omnistream.server import (
     set_serving,
     start_metrics_http,
 )
+from omnistream.speed import SpeedMeter
 from omnistream.wire import Method, add_service, checked, parsed
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ class StageServicer:
         self.open_streams = 0
         self._stream_outputs: dict[str, OutputStream] = {}  # request id -> output, per open stream
         metrics.track_streams(self)
+        self.speed = SpeedMeter()  # reported in every Info (StageInfo.load): the gateway admits by it
+        engine.add_step_listener(self.speed)
 
     async def _open(self, first) -> Admitted:
         """Validate the open message and add the request to the engine (subclasses)."""
@@ -114,7 +117,8 @@ class StageServicer:
         raise NotImplementedError
 
     def info(self) -> stage_pb2.StageInfo:
-        """This replica's StageInfo; built once, since nothing in it changes while the process runs."""
+        """This replica's identity and limits; built once, since they never change while the process
+        runs (the Info RPC adds the measured `load`: `info_now`)."""
         if self._info is None:
             info = stage_pb2.StageInfo(
                 stage=common_pb2.Stage.Value(f"STAGE_{self.stage.name}"),
@@ -129,12 +133,32 @@ class StageServicer:
             self._info = info
         return self._info
 
+    def info_now(self) -> stage_pb2.StageInfo:
+        """`info()` plus the load measured now (a copy: the cached identity is never touched)."""
+        info = stage_pb2.StageInfo()
+        info.CopyFrom(self.info())
+        speed = self.speed.speed()
+        running, waiting = self.engine.counts()
+        info.load.CopyFrom(
+            stage_pb2.StageLoad(
+                capacity_per_second=speed.capacity_per_second,
+                output_per_second=speed.output_per_second,
+                mean_batch=speed.mean_batch,
+                busy_fraction=speed.busy_fraction,
+                measured_steps=speed.measured_steps,
+                window_seconds=speed.window_seconds,
+                running=running,
+                waiting=waiting,
+            )
+        )
+        return info
+
     async def Info(self, request, context: grpc.aio.ServicerContext) -> stage_pb2.StageInfo:
         try:
             checked(request)
         except OmniError as exc:
             await abort_with(context, exc)
-        return self.info()
+        return self.info_now()
 
     def orphaned_requests(self) -> int:
         """Engine requests without an open stream: always 0 unless the lifecycle leaks."""
@@ -345,6 +369,7 @@ async def run_stage_server(
         flush=True,
     )
     await warmup()
+    servicer.speed.reset()  # warm-up steps (compilation, first allocations) are no measure of serving
     await set_serving(health, True)
     print(json.dumps({"event": "serving", "stage": stage, "port": port}), flush=True)
 

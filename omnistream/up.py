@@ -134,6 +134,7 @@ def start_stack(
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    audio_hold: bool = True,
     cancel: threading.Event | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
@@ -141,6 +142,8 @@ def start_stack(
     `devices` maps a stage to its own device (default: `device`): one GPU per stage, e.g. the
     thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
     weights and KV cache fit the free memory of its device (omnistream/qwen3_omni/memory.py).
+
+    `audio_hold`: False starts the gateway with `--no-audio-hold` (README "Admission").
 
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
     already in `services` or killed by `start_services`.
@@ -169,6 +172,7 @@ def start_stack(
         str(grpc_port),
         "--max-concurrency",
         str(max_concurrency),
+        *([] if audio_hold else ["--no-audio-hold"]),
     ]
     for name, service in list(services.items()):
         gateway_args += [f"--{name.split('-')[0]}", service.address]

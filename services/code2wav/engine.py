@@ -221,6 +221,7 @@ class Code2WavEngine(Engine):
         if not jobs:
             return
         self.stats.last_batch_size = len(jobs)
+        self.stats.last_units = sum(end - s.start for s, end, _, _ in jobs)  # frames decoded (speed.py)
         states = [s.stream if s.stream is not None else self.streamer.new_state() for s, _, _, _ in jobs]
         # Host codes go to the device in one copy, the step's audio comes back in one copy.
         codes = [s.codes[:, s.start : end] for s, end, _, _ in jobs]
@@ -248,6 +249,7 @@ class Code2WavEngine(Engine):
         if not jobs:
             return
         self.stats.last_batch_size = len(jobs)
+        self.stats.last_units = sum(end - state.start for state, _, end, _, _, _ in jobs)  # speed.py
         longest = max(stop - begin for _, begin, _, stop, _, _ in jobs)
         batch = torch.zeros((len(jobs), self.num_quantizers, longest), dtype=torch.long, device=self.device)
         for row, (state, begin, _, stop, _, _) in enumerate(jobs):

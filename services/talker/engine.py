@@ -496,6 +496,7 @@ class TalkerEngine(Engine):
         state.next_codec_sum = codec_sum
         state.frames += 1
         state.playout.emitted(self.frame_seconds, time.monotonic())
+        self.stats.last_units += 1  # the stage's measured speed counts frames (omnistream/speed.py)
         done = state.frames >= state.params.max_frames
         state.output.put(
             TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)

@@ -363,6 +363,7 @@ class ThinkerEngine(Engine):
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
+            self.stats.last_units = len(decode)  # one token each (omnistream/speed.py)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
             logits, _ = self._forward(decode, ids, commit=False)
             tokens = self._choose(decode, logits, first=False)

@@ -413,6 +413,48 @@ def test_models_health_ready_and_openapi(gateway):
         assert name in metrics
 
 
+def _stage_gauge(gateway, name: str) -> dict[str, float]:
+    """stage -> value of a gateway gauge labelled by stage (as /metrics shows it now)."""
+    values = {}
+    for line in httpx.get(f"{_url(gateway)}/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            labels, value = line.rsplit(" ", 1)
+            values[labels.split('stage="', 1)[1].split('"', 1)[0]] = float(value)
+    return values
+
+
+def test_the_gateway_learns_the_stages_measured_speed_from_their_info(stages):
+    async def talker_info():
+        from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+
+        async with grpc.aio.insecure_channel(stages["talker"].address) as channel:
+            return await stage_pb2_grpc.TalkerServiceStub(channel).Info(stage_pb2.InfoRequest(), timeout=10)
+
+    def measured() -> bool:
+        capacity = _stage_gauge(gateway, "omnistream_stage_capacity_per_second")
+        return all(capacity.get(stage, 0) > 0 for stage in ("thinker", "talker", "code2wav"))
+
+    # The hold on, as a real deployment has it; one request at a time is never held.
+    with gateway_process(stages, "--audio-hold") as gateway:
+        body = {"messages": MESSAGES, "modalities": ["text", "audio"], "max_tokens": 24, **EXTRA}
+        reply = httpx.post(f"{_url(gateway)}/v1/chat/completions", json=body, timeout=120)
+        assert reply.status_code == 200, reply.text[:500]
+        load = asyncio.run(talker_info()).load
+        assert load.measured_steps > 0 and load.capacity_per_second > 0 and load.mean_batch >= 1
+        # The gateway reads the loads in its health rounds (every second); no timing is asserted,
+        # only that the measure arrives: every stage ran steps for the request.
+        assert asyncio.run(wait_for(measured, timeout=60, interval=0.2))
+        metrics = httpx.get(f"{_url(gateway)}/metrics").text
+        for name in (
+            "omnistream_stage_output_per_second",
+            "omnistream_audio_streams",
+            "omnistream_audio_headroom_ratio",
+            "omnistream_requests_audio_waiting",
+            "omnistream_requests_audio_held_total",
+        ):
+            assert name in metrics
+
+
 def test_timeout_ends_with_504_and_frees_the_stages(gateway, stages):
     body = {
         "messages": MESSAGES,

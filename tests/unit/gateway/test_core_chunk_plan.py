@@ -13,7 +13,13 @@ from omnistream.request import GenerationRequest
 
 
 def _plan(active: int = 0, **fields):
-    core = SimpleNamespace(admission=SimpleNamespace(active=active), config=GatewayConfig(max_concurrency=8))
+    # Speed unknown (no stage reported a load): the plan falls back to the load rule.
+    unknown = SimpleNamespace(headroom=lambda streams: None)
+    core = SimpleNamespace(
+        admission=SimpleNamespace(active=active, audio_active=active),
+        audio_capacity=lambda: unknown,
+        config=GatewayConfig(max_concurrency=8),
+    )
     request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], **fields)
     return GatewayCore.chunk_plan(core, request)  # type: ignore[arg-type]
 

@@ -1,0 +1,132 @@
+"""Audio admission by measured speed: protect the listeners already playing.
+
+Every listener consumes `frame_rate` codec frames a second (12.5 for Qwen3-Omni). The talker and
+code2wav report what they sustain (`StageInfo.load`, omnistream/speed.py): C, frames per second of
+engine busy time, measured at a mean batch B (so one step took t = B / C, and each of the B streams
+in it got C / B frames a second).
+
+Only the batch measured is known, so the estimate for n streams in a replica's batch leans on the
+one thing batching reliably does, that a step's time grows with its batch but no faster than the
+batch: t(n) <= t x max(1, n / B). Each of n streams then gets at least
+
+    rate(n) = C / max(n, B)
+
+frames a second: C / n past the measured batch (one more stream gets no faster hardware, only a
+share of it), C / B at or below it (a smaller batch is no slower per stream than the larger one
+measured). With R replicas of a stage the streams spread evenly (least-loaded choice), n = ceil(S /
+R), and the slowest replica counts; the tighter of the two audio stages counts. The headroom of S
+streams is how many times faster than real time each is produced:
+
+    headroom(S) = min over audio stages and their replicas of rate(ceil(S / R)) / frame_rate
+
+which with one replica measured at a batch no larger than S is C / (S x frame_rate). The rules:
+
+* admit: one more stream starts when `headroom(S + 1) >= 1 + margin` (S streams running), or when
+  no audio stream runs (one stream cannot make another stutter, and it is what refreshes a stale
+  measure), or when the speed is unknown (old stages, nothing measured yet): today's behaviour.
+  Otherwise the request waits in the audio hold queue (gateway/admission.py) until a stream ends or
+  a new measure allows it.
+* first chunk: while the listener plays the first `initial` frames (initial / frame_rate seconds)
+  the next `chunk` frames must be produced (chunk / (headroom x frame_rate) seconds), so
+  `initial >= chunk / headroom`; the smallest of the load rule's sizes (2, 4, 8, 16 for 25-frame
+  chunks) that satisfies it, the largest when none does.
+
+Torch-free and pure: the numbers come from the replicas (`replica_speeds`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from gateway.replicas import Replica
+
+DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
+DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time
+AUDIO_STAGES = ("talker", "code2wav")
+
+
+@dataclass(frozen=True)
+class ReplicaSpeed:
+    """One replica's measure: `capacity` units per busy second at mean batch `batch`."""
+
+    capacity: float
+    batch: float = 1.0
+
+    def stream_rate(self, streams: int) -> float:
+        """Units a second each of `streams` in its batch gets at least (module docstring)."""
+        return self.capacity / max(streams, self.batch, 1.0)
+
+
+def replica_speeds(replicas: Iterable[Replica]) -> list[ReplicaSpeed] | None:
+    """The measures of a stage's replicas in rotation; None when any of them has none (an old
+    stage, a failed read, nothing run since warm-up) or none is in rotation: a stage judged by part
+    of its replicas would get the streams of all of them."""
+    speeds = []
+    for replica in replicas:
+        if not replica.in_rotation:
+            continue
+        load = replica.load
+        if load is None or load.measured_steps == 0 or load.capacity_per_second <= 0:
+            return None
+        speeds.append(ReplicaSpeed(load.capacity_per_second, load.mean_batch))
+    return speeds or None
+
+
+def measured_capacity(replicas: Iterable[Replica]) -> float | None:
+    """A stage's units per busy second, summed over its replicas in rotation (None: unknown)."""
+    speeds = replica_speeds(replicas)
+    return None if speeds is None else sum(s.capacity for s in speeds)
+
+
+@dataclass(frozen=True)
+class AudioCapacity:
+    """What the audio stages with a known speed sustain (no stage known: unknown)."""
+
+    stages: tuple[tuple[ReplicaSpeed, ...], ...] = ()
+    frame_rate: float = DEFAULT_FRAME_RATE
+
+    @classmethod
+    def of(cls, stages: Iterable[Sequence[ReplicaSpeed] | None], frame_rate: float | None) -> AudioCapacity:
+        """From each audio stage's replica speeds (None: that stage's speed is unknown, and the
+        stages that are known decide)."""
+        known = tuple(tuple(s) for s in stages if s)
+        return cls(known, frame_rate or DEFAULT_FRAME_RATE)
+
+    def headroom(self, streams: int) -> float | None:
+        """How many times faster than real time each of `streams` would be produced, at worst;
+        None when no audio stage's speed is known."""
+        if not self.stages:
+            return None
+        if streams <= 0:
+            return math.inf
+        rate = min(
+            min(r.stream_rate(math.ceil(streams / len(replicas))) for r in replicas)
+            for replicas in self.stages
+        )
+        return rate / self.frame_rate
+
+    def admits(self, running: int, margin: float = DEFAULT_MARGIN) -> bool:
+        """May one more audio stream start beside `running` ones?"""
+        headroom = self.headroom(running + 1)
+        return running == 0 or headroom is None or headroom >= 1.0 + margin
+
+
+def chunk_sizes(chunk: int) -> list[int]:
+    """The first-chunk sizes of `dynamic_initial_frames`: 2, 4, ... up to the largest power of two
+    below `chunk` (just [1] for a chunk too small for any)."""
+    sizes = []
+    size = 2
+    while size < chunk:
+        sizes.append(size)
+        size *= 2
+    return sizes or [1]
+
+
+def initial_frames_for(headroom: float, chunk: int) -> int:
+    """The smallest first chunk under which the second one is ready when the first has played:
+    `initial >= chunk / headroom` (module docstring)."""
+    sizes = chunk_sizes(chunk)
+    need = chunk / headroom if headroom > 0 else math.inf
+    return next((s for s in sizes if s >= need), sizes[-1])
