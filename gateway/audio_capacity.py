@@ -26,10 +26,14 @@ which with one replica measured at a batch no larger than S is C / (S x frame_ra
   measure), or when the speed is unknown (old stages, nothing measured yet): today's behaviour.
   Otherwise the request waits in the audio hold queue (gateway/admission.py) until a stream ends or
   a new measure allows it.
-* first chunk: while the listener plays the first `initial` frames (initial / frame_rate seconds)
-  the next `chunk` frames must be produced (chunk / (headroom x frame_rate) seconds), so
-  `initial >= chunk / headroom`; the smallest of the load rule's sizes (2, 4, 8, 16 for 25-frame
-  chunks) that satisfies it, the largest when none does.
+* first chunk: the smallest of the load rule's sizes (2, 4, 8, 16 for 25-frame chunks) under
+  which the listener, as predicted, never waits: frames come at `headroom x frame_rate` a second,
+  each window of the request's plan (fixed or growing, chunk_plan.py) arrives once its last frame
+  is made, the first one's audio is shorter by what the streaming decoder holds back, and the
+  listener model (omnistream/listener.py) plays the predicted arrivals. Under the fixed schedule
+  that is `initial >= chunk / headroom` (the second, full-size window must be made while the first
+  plays); a growing schedule keeps the first chunk small down to a headroom of about 2.5. The
+  largest size when none suffices.
 
 Torch-free and pure: the numbers come from the replicas (`replica_speeds`).
 """
@@ -41,10 +45,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.replicas import Replica
+from omnistream.listener import AudioArrival, listen
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan
 
 DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
 DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time
 AUDIO_STAGES = ("talker", "code2wav")
+# What the exact streaming Code2Wav keeps back of a stream's first window until the next one (555
+# samples at 24 kHz for Qwen3-Omni, rounded up): the first chunk plays that much shorter.
+FIRST_CHUNK_HOLDBACK_S = 0.025
+PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the growth, sizes repeat
 
 
 @dataclass(frozen=True)
@@ -124,9 +134,28 @@ def chunk_sizes(chunk: int) -> list[int]:
     return sizes or [1]
 
 
-def initial_frames_for(headroom: float, chunk: int) -> int:
-    """The smallest first chunk under which the second one is ready when the first has played:
-    `initial >= chunk / headroom` (module docstring)."""
+def predicted_stalls(headroom: float, plan: ChunkPlan, frame_rate: float = DEFAULT_FRAME_RATE) -> int:
+    """Stalls the listener model predicts for a stream made `headroom` times faster than real time
+    and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows."""
+    if headroom <= 0:
+        return PREDICTED_WINDOWS
+    made = headroom * frame_rate  # frames a second
+    rate = 24_000  # any rate: the prediction is in seconds
+    arrivals, end = [], 0
+    for index, length in enumerate(plan.window_lengths(PREDICTED_WINDOWS)):
+        end += length
+        seconds = length / frame_rate - (FIRST_CHUNK_HOLDBACK_S if index == 0 else 0.0)
+        arrivals.append(AudioArrival(end / made, max(0, round(seconds * rate)), rate))
+    return listen(arrivals).stalls
+
+
+def initial_frames_for(
+    headroom: float, chunk: int, schedule: str = "grow", frame_rate: float = DEFAULT_FRAME_RATE
+) -> int:
+    """The smallest first chunk of the load rule's sizes under which the predicted listener never
+    waits (module docstring); the largest when none does."""
     sizes = chunk_sizes(chunk)
-    need = chunk / headroom if headroom > 0 else math.inf
-    return next((s for s in sizes if s >= need), sizes[-1])
+    for size in sizes:
+        if predicted_stalls(headroom, ChunkPlan(size, chunk, schedule=schedule), frame_rate) == 0:
+            return size
+    return sizes[-1]

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from gateway.admission import Admission, Permit, Rejected
 from gateway.audio_capacity import (
     AUDIO_STAGES,
+    DEFAULT_FRAME_RATE,
     AudioCapacity,
     initial_frames_for,
     measured_capacity,
@@ -373,7 +374,12 @@ class GatewayCore:
                 chunk = request.codec_chunk_frames
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
-                initial = initial_frames_for(headroom, request.codec_chunk_frames)
+                initial = initial_frames_for(
+                    headroom,
+                    request.codec_chunk_frames,
+                    request.codec_chunk_schedule,
+                    self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
+                )
         return ChunkPlan(
             initial,
             request.codec_chunk_frames,

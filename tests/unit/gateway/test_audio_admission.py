@@ -18,13 +18,14 @@ from gateway.audio_capacity import (
     chunk_sizes,
     initial_frames_for,
     measured_capacity,
+    predicted_stalls,
     replica_speeds,
 )
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest_errors import error_response
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.qwen3_omni.chunk_plan import dynamic_initial_frames
+from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.request import GenerationRequest
 from tests.unit.gateway.infos import stage_info
 
@@ -73,17 +74,33 @@ def test_one_more_stream_is_admitted_only_with_the_margin_to_spare():
     assert AudioCapacity().admits(1000)  # unknown speed: never held
 
 
-def test_the_first_chunk_grows_as_headroom_shrinks():
+def test_under_the_fixed_schedule_the_first_chunk_grows_as_headroom_shrinks():
     assert chunk_sizes(25) == [2, 4, 8, 16]
-    # the next 25 frames must be ready when the first chunk has played: initial >= 25 / headroom
-    assert initial_frames_for(math.inf, 25) == 2
-    assert initial_frames_for(12.5, 25) == 2
-    assert initial_frames_for(12.0, 25) == 4  # 25 / 12 = 2.08
-    assert initial_frames_for(4.0, 25) == 8
-    assert initial_frames_for(2.0, 25) == 16
-    assert initial_frames_for(1.2, 25) == 16  # nothing suffices: the largest
-    assert initial_frames_for(0.0, 25) == 16
-    assert initial_frames_for(3.0, 2) == 1  # a chunk too small for any of the sizes
+    # the next 25 frames must be ready when the first chunk (less the decoder's holdback) has played
+    assert initial_frames_for(math.inf, 25, "fixed") == 2
+    assert initial_frames_for(20.0, 25, "fixed") == 2
+    assert initial_frames_for(12.5, 25, "fixed") == 4  # 2 frames less 25 ms play 135 ms < 27 / 156 s
+    assert initial_frames_for(4.0, 25, "fixed") == 8
+    assert initial_frames_for(2.0, 25, "fixed") == 16
+    assert initial_frames_for(1.2, 25, "fixed") == 16  # nothing suffices: the largest
+    assert initial_frames_for(0.0, 25, "fixed") == 16
+    assert initial_frames_for(3.0, 2, "fixed") == 1  # a chunk too small for any of the sizes
+
+
+def test_a_growing_schedule_keeps_the_first_chunk_small_while_doubling_stays_ahead():
+    for headroom in (math.inf, 12.0, 4.0, 3.0, 2.5):
+        assert initial_frames_for(headroom, 25, "grow") == 2
+    assert initial_frames_for(2.3, 25, "grow") == 4  # 2 frames would run dry before the 4 after them
+    assert initial_frames_for(2.0, 25, "grow") == 16  # doubling outruns production: buffer first
+    assert initial_frames_for(0.0, 25, "grow") == 16
+
+
+def test_the_predicted_listener_is_the_listener_model():
+    # At 3x real time a fixed plan of 2 then 25 frames: the 25 arrive at 27 / 37.5 = 0.72 s, the
+    # first 2 (0.135 s of audio) arrived at 0.053 s and ran out at 0.188 s: one stall.
+    assert predicted_stalls(3.0, ChunkPlan(2, 25, schedule="fixed")) == 1
+    assert predicted_stalls(3.0, ChunkPlan(2, 25, schedule="grow")) == 0
+    assert predicted_stalls(0.0, ChunkPlan(2, 25)) > 0
 
 
 def test_the_speed_of_a_stage_is_known_only_when_every_replica_in_rotation_measured_it():
@@ -292,7 +309,8 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         stubs["thinker"].load = load(300.0)
         await core.replicas.check_all()  # the next health round reads the loads
         assert core.audio_capacity().headroom(1) == pytest.approx(60 / FPS)
-        assert core.chunk_plan(audio()).initial == initial_frames_for(60 / FPS, 25) == 8
+        assert core.chunk_plan(audio()).initial == initial_frames_for(60 / FPS, 25) == 2  # grows from 2
+        assert core.chunk_plan(audio(codec_chunk_schedule="fixed")).initial == 8
         assert core.chunk_plan(audio(initial_codec_chunk_frames=3)).initial == 3  # the request's own wins
         playing = [await core.admission.acquire(audio=True) for _ in range(4)]
         assert core.chunk_plan(audio(), playing[-1]).initial == 16  # 4 streams: 1.2x real time
