@@ -51,13 +51,13 @@ sysdeps:
 test: setup sysdeps
 	$(PY) -m pytest -q
 
-# Audio continuity (issue 27): the services through the gateway (gRPC) at concurrency 1/4/10/16,
+# Audio continuity: the services through the gateway (REST/SSE, as a user's client) at concurrency 1/4/10/16,
 # today's codec chunk schedule and the new one as two targets, services[fixed] and services[grow],
 # A B B A in one run; TTFP, RTF, E2E, audio s/s, stalled share, continuity rate, underrun p50/p99.
 bench: tiny-model
-	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --modes async \
+	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --transport rest --modes async \
 		--max-concurrency 1,4,10,16 --codec-chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
-		--audio-frames 100 --output-dir bench-results
+		--audio-frames 340 --output-dir bench-results
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
 bench-seed: tiny-model
