@@ -37,6 +37,8 @@ from omnistream.wire import Method, add_service, checked, parsed
 log = logging.getLogger(__name__)
 
 INPUT_DRAIN_SECONDS = 10.0  # how long a finished stream waits for the client to half-close
+# How long an input that ended before its last chunk waits to be told apart from a cancelled call.
+INPUT_END_GRACE_SECONDS = 0.2
 
 # The chunk protocol of protos/omni/v1/stage.proto (see StageInfo.chunk_protocol_version there).
 CHUNK_PROTOCOL_VERSION = 1
@@ -159,7 +161,7 @@ class StageServicer:
             # a gateway learns of a refused or unreachable stage before it streams to its client.
             await context.send_initial_metadata(())
             output_done = asyncio.Event()
-            pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done))
+            pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done, context))
             async for chunk in admitted.chunks:
                 self.metrics.chunks_out.inc()
                 await context.write(chunk)
@@ -220,12 +222,23 @@ class StageServicer:
         checker.expect(key)  # the open message is chunk 0
         return checker
 
-    async def _pump(self, requests: AsyncIterator, admitted: Admitted, output_done: asyncio.Event) -> None:
+    async def _pump(
+        self,
+        requests: AsyncIterator,
+        admitted: Admitted,
+        output_done: asyncio.Event,
+        context: grpc.aio.ServicerContext | None = None,
+    ) -> None:
         """Read input chunks until the one marked last; any problem fails the request's output.
 
         Once this stage's output is complete (codec EOS before the thinker ended, say) the rest of
         the input is read and dropped: the RPC closes only after the client half-closes, so a
         client write never races the end of the call.
+
+        A cancelled call (the client left) also ends the input iterator, often before the call
+        reads as cancelled: so an input that ends early fails the request only once the call has
+        stayed alive a moment longer (`INPUT_END_GRACE_SECONDS`); a cancellation meanwhile ends this
+        pump with the stream, and a client leaving is never counted as this stage's error.
         """
         out, checker = admitted.output, admitted.checker
         try:
@@ -247,6 +260,10 @@ class StageServicer:
                 self.metrics.chunks_in.inc()
                 with self.chunk_cpu("in"):
                     finished = admitted.handle(message.input)
+            if not finished and context is not None:
+                await asyncio.sleep(INPUT_END_GRACE_SECONDS)
+                if context.cancelled():
+                    return
             if not finished:
                 raise InvalidRequest(
                     f"the input stream ended before its last chunk (expected {checker.expected})"
