@@ -152,4 +152,4 @@ class SequenceChecker:
         else:
             self._next += 1
             return key
-        raise SequenceError(f"chunk {key} {problem} (expected {expected})", field="key")
+        raise SequenceError(f"chunk key {key} {problem} (expected {expected})", field="key")

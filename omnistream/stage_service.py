@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 INPUT_DRAIN_SECONDS = 10.0  # how long a finished stream waits for the client to half-close
 # How long an input that ended before its last chunk waits to be told apart from a cancelled call.
 INPUT_END_GRACE_SECONDS = 0.2
+# Before a stream is failed, what the client is still sending is read (and dropped) until it
+# half-closes, pauses this long, or this much time has passed (see `_drain_before_error`).
+ERROR_DRAIN_IDLE_SECONDS = 0.05
+ERROR_DRAIN_SECONDS = 0.5
 
 # The chunk protocol of protos/omni/v1/stage.proto (see StageInfo.chunk_protocol_version there).
 CHUNK_PROTOCOL_VERSION = 1
@@ -172,6 +176,7 @@ class StageServicer:
                     await asyncio.wait_for(asyncio.shield(pump_task), INPUT_DRAIN_SECONDS)
         except OmniError as exc:
             self.metrics.error(exc.kind)
+            await self._drain_before_error(requests, pump_task)
             await abort_with(context, exc)
         finally:
             self.metrics.streams.dec()
@@ -186,6 +191,25 @@ class StageServicer:
                     del self._stream_outputs[rid]
                 if self.engine.abort(rid, admitted.output) or not ok:
                     self.metrics.aborts.inc()
+
+    async def _drain_before_error(self, requests: AsyncIterator, pump_task: asyncio.Task | None) -> None:
+        """Read what the client is still writing before the status ends the call.
+
+        A grpc.aio client whose write fails because the server already ended the call reports
+        INTERNAL "Internal error from Core" in place of the status the server sent (grpc/grpc
+        #36066): a client that sends its open and a few inputs at once, and is refused at the open,
+        would see INTERNAL instead of the INVALID_ARGUMENT naming its fault. Its messages in flight
+        are read first, until it half-closes or pauses, within a bound (a client that keeps the
+        stream open, as the gateway does, only delays its error by one pause). Only when the pump
+        is not reading them itself."""
+        if pump_task is not None and not pump_task.done():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ERROR_DRAIN_SECONDS
+        # StopAsyncIteration (half-closed), a malformed message, or the pause: the drain is over.
+        with contextlib.suppress(Exception):
+            while (left := deadline - loop.time()) > 0:
+                await asyncio.wait_for(anext(requests), min(ERROR_DRAIN_IDLE_SECONDS, left))
 
     async def _first(self, requests: AsyncIterator):
         try:
