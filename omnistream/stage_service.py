@@ -157,7 +157,7 @@ class StageServicer:
         try:
             if self.draining:
                 raise Unavailable(f"{self.stage.value} is draining")
-            admitted = await self._open(await self._first(requests))
+            admitted = await self._open(await self._first(requests, context))
             # Nothing awaits between the engine's add (inside _open) and this line.
             self._stream_outputs[admitted.request_id] = admitted.output
             self.metrics.requests.inc()
@@ -211,10 +211,17 @@ class StageServicer:
             while (left := deadline - loop.time()) > 0:
                 await asyncio.wait_for(anext(requests), min(ERROR_DRAIN_IDLE_SECONDS, left))
 
-    async def _first(self, requests: AsyncIterator):
+    async def _first(self, requests: AsyncIterator, context: grpc.aio.ServicerContext | None = None):
+        """The open message. A stream that ends before it is refused, unless the call was only
+        cancelled (a gateway whose client left before it wrote the open): that is no error of
+        this stage's (see `_pump` for the grace that tells the two apart)."""
         try:
             first = await anext(requests)
         except StopAsyncIteration:
+            if context is not None:
+                await asyncio.sleep(INPUT_END_GRACE_SECONDS)
+                if context.cancelled():
+                    raise asyncio.CancelledError from None
             raise InvalidRequest("the stream ended before its open message") from None
         if first.WhichOneof("kind") != "open":
             raise InvalidRequest("the first message of a stream must be `open`", field="open")
