@@ -217,6 +217,17 @@ def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_di
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "key",
             ),
+            "talker open keyed with a 10,000-character request id": (
+                talker.Stream,
+                [
+                    stage_pb2.TalkerRequest(
+                        key=common_pb2.ChunkKey(request_id="k" * 10_000, stage=common_pb2.STAGE_THINKER),
+                        open=stage_pb2.TalkerOpen(request_id="bad14", max_frames=5),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "10000 characters",
+            ),
             "talker input ends before its last chunk": (
                 talker.Stream,
                 [talker_open("bad12"), talker_input("bad12", 1, prompt_ids=prompt_ids, token_ids=[5])],
