@@ -19,18 +19,23 @@ What differs from OpenAI, and why:
 * Extensions (not OpenAI's): `seed`, `talker_temperature`, `talker_top_k`, `talker_top_p`,
   `talker_repetition_penalty`, `max_audio_frames`, `initial_codec_chunk_frames`,
   `codec_chunk_schedule`, `timeout`.
+
+Errors: the status line waits for the first piece of the file (or of the SSE stream), so a request
+that fails before any audio (a stage refusing it, a timeout) gets its HTTP status and the JSON error
+body, as every other endpoint answers. Only a failure after audio went out aborts the body.
 """
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import json
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Annotated, Any, Literal
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -162,14 +167,68 @@ async def _encoded(session: Session, fmt: str, sample_rate: int) -> AsyncIterato
             yield event
 
 
+Item = bytes | DoneEvent
+
+
+async def _chained(first: Item, rest: AsyncGenerator[Item, None]) -> AsyncGenerator[Item, None]:
+    try:
+        yield first
+        async for item in rest:
+            yield item
+    finally:
+        await rest.aclose()
+
+
+async def _until_disconnected(request: Request) -> None:
+    """Returns once the client has gone (the body is read by now: nothing else can arrive)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def primed(
+    session: Session, fmt: str, sample_rate: int, request: Request | None = None
+) -> AsyncGenerator[Item, None] | None:
+    """The encoded answer with its first piece already there, read before any byte is sent, so
+    that a failure before it is the route's HTTP error (raised here as the OmniError) instead of a
+    dropped connection. None when the client left first (`request`): the session is closed then."""
+    items = _encoded(session, fmt, sample_rate)
+    first = asyncio.ensure_future(anext(items))
+    gone = asyncio.ensure_future(_until_disconnected(request)) if request is not None else None
+    left = True  # until the first piece is there
+    try:
+        await asyncio.wait([t for t in (first, gone) if t is not None], return_when=asyncio.FIRST_COMPLETED)
+        left = not first.done()
+        if not left:
+            return _chained(first.result(), items)
+        return None
+    except BaseException:  # the OmniError of a request that failed before its first piece
+        left = True
+        raise
+    finally:
+        if gone is not None:
+            gone.cancel()
+            with contextlib.suppress(BaseException):
+                await gone
+        if left:  # the client left, this handler was cancelled, or the request failed
+            first.cancel()
+            with contextlib.suppress(BaseException):
+                await first
+            await items.aclose()
+            await session.aclose()
+
+
 class SpeechStreamAborted(RuntimeError):
     """A byte stream that failed after its headers: raised through the server so the connection
     ends without the final chunk."""
 
 
-async def audio_stream(session: Session, fmt: str, sample_rate: int) -> AsyncIterator[bytes]:
+async def audio_stream(
+    session: Session, fmt: str, sample_rate: int, items: AsyncIterator[Item] | None = None
+) -> AsyncIterator[bytes]:
+    """`items`: the answer from `primed` (else it is read here, and a failure before any audio
+    aborts the body like any other)."""
     try:
-        async for item in _encoded(session, fmt, sample_rate):
+        async for item in items if items is not None else _encoded(session, fmt, sample_rate):
             if isinstance(item, bytes):
                 yield item
     except OmniError as exc:
@@ -186,9 +245,11 @@ def _event(body: dict[str, Any]) -> str:
     return f"data: {json.dumps(body)}\n\n"
 
 
-async def sse_stream(session: Session, fmt: str, sample_rate: int) -> AsyncIterator[str]:
+async def sse_stream(
+    session: Session, fmt: str, sample_rate: int, items: AsyncIterator[Item] | None = None
+) -> AsyncIterator[str]:
     try:
-        async for item in _encoded(session, fmt, sample_rate):
+        async for item in items if items is not None else _encoded(session, fmt, sample_rate):
             if isinstance(item, bytes):
                 yield _event({"type": "speech.audio.delta", "audio": base64.b64encode(item).decode()})
             else:
@@ -219,30 +280,34 @@ def add_speech_route(app: FastAPI, core: GatewayCore) -> None:
             },
             413: {"model": ErrorResponse, "description": "Body over max_request_bytes"},
             429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
+            500: {"model": ErrorResponse, "description": "A stage failed before any audio was sent"},
             503: {"model": ErrorResponse, "description": "No healthy replica"},
             504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
         },
     )
-    async def speech(body: SpeechRequest) -> Response:
+    async def speech(body: SpeechRequest, http_request: Request) -> Response:
         if not core.ready:
             raise Unavailable("the gateway has no healthy replica for every stage yet")
+        rate = core.deployment.sample_rate or SAMPLE_RATE
         try:
             request = to_generation_request(body, core)
             session = await core.open(request, timeout=body.timeout)
+            items = await primed(session, body.response_format, rate, http_request)
         except OmniError as exc:
             return error_response(exc)  # as named here (the app's handler renames chat fields)
-        rate = core.deployment.sample_rate or SAMPLE_RATE
+        if items is None:  # the client left before any audio: nobody reads an answer
+            return Response(status_code=204)
         headers = {"Cache-Control": "no-cache", "X-Request-Id": session.request_id}
         if body.stream_format == "sse":
             return SessionStream(
                 session,
-                sse_stream(session, body.response_format, rate),
+                sse_stream(session, body.response_format, rate, items),
                 media_type="text/event-stream",
                 headers=headers,
             )
         return SessionStream(
             session,
-            audio_stream(session, body.response_format, rate),
+            audio_stream(session, body.response_format, rate, items),
             media_type=MEDIA_TYPES[body.response_format],
             headers=headers,
         )

@@ -8,10 +8,20 @@ special, the user's become the ordinary tokens of those characters.
 
 Text without any special-token string is encoded exactly as the reference does
 (`apply_chat_template(..., tokenize=True)`), so ordinary prompts keep bit-exact parity.
+
+Threads: the servicers tokenize in a thread pool, so one encoder serves several threads at once. A
+Hugging Face fast tokenizer keeps "are special-token strings text?" (`split_special_tokens`) as one
+flag on its shared Rust tokenizer, which every call with another value flips before it encodes: a
+call that keeps specials racing one that splits them could encode a chat template's own
+`<|im_start|>` as text (a prompt without its turns: issue 28's speech failures). So the encoder
+never flips it: the model's tokenizer only ever encodes with specials special (its default, which
+the processor and the chat template use too), and text whose special-token strings must stay text
+goes through a copy of it whose flag is set once, here, for good.
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from typing import Any
 
@@ -28,7 +38,8 @@ _STAND_IN_RE = re.compile(f"([{chr(_STAND_IN_BASE)}-{chr(_STAND_IN_BASE + _STAND
 
 class ChatEncoder:
     def __init__(self, tokenizer: Any, max_prompt_tokens: int) -> None:
-        self.tokenizer = tokenizer
+        self.tokenizer = tokenizer  # specials special only (see the module's "Threads")
+        self._plain = _splitting_copy(tokenizer)  # special-token strings are text: always
         self.max_prompt_tokens = max_prompt_tokens
         specials = {t.content for t in tokenizer.added_tokens_decoder.values() if t.special}
         specials.update(tokenizer.all_special_tokens)
@@ -69,7 +80,7 @@ class ChatEncoder:
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text, as the assistant's words (speech): no template, and special-token
         strings in it are the ordinary tokens of those characters ("text from users is text")."""
-        return list(self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True))
+        return list(self._plain.encode(text, add_special_tokens=False, split_special_tokens=True))
 
     def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
         """The templated text with the user's special-token strings replaced by stand-ins (`cut`)."""
@@ -89,7 +100,7 @@ class ChatEncoder:
                 continue
             if _STAND_IN_RE.fullmatch(piece):
                 text = cut[ord(piece) - _STAND_IN_BASE]
-                ids += self.tokenizer.encode(text, add_special_tokens=False, split_special_tokens=True)
+                ids += self._plain.encode(text, add_special_tokens=False, split_special_tokens=True)
             else:
                 ids += self.tokenizer.encode(piece, add_special_tokens=False)
         return ids
@@ -113,3 +124,16 @@ class ChatEncoder:
 
         text = _STAND_IN_RE.sub(stand_in, text)  # first: the stand-ins added next must stay
         return self._special_re.sub(stand_in, text)
+
+
+def _splitting_copy(tokenizer: Any) -> Any:
+    """A copy of `tokenizer` that encodes special-token strings as text by default, with its own
+    backend: encoding with it never touches the flag of the original that other threads use."""
+    plain = copy.deepcopy(tokenizer)
+    plain.split_special_tokens = True
+    backend = getattr(plain, "_tokenizer", None)
+    if backend is not None:  # a fast tokenizer: its Rust side holds the flag
+        if backend is getattr(tokenizer, "_tokenizer", None):
+            raise RuntimeError("the tokenizer's copy shares its backend")
+        backend.encode_special_tokens = True
+    return plain

@@ -49,6 +49,11 @@ _TO_PROTO = {
 _FROM_PROTO = {v: k for k, v in _TO_PROTO.items()}
 
 
+# How much of a refused request id its error quotes: the message becomes a gRPC status, whose
+# trailers are refused past 8 KiB (a long id would turn INVALID_ARGUMENT into RESOURCE_EXHAUSTED).
+QUOTED_ID_CHARS = 64
+
+
 def validate_request_id(request_id: str) -> str:
     """Return `request_id` unchanged, or raise InvalidRequest explaining what is wrong with it."""
     if not isinstance(request_id, str) or not REQUEST_ID_RE.fullmatch(request_id):
@@ -58,7 +63,10 @@ def validate_request_id(request_id: str) -> str:
             problem = f"is {len(request_id)} characters, more than {MAX_REQUEST_ID_LEN}"
         else:
             problem = "may only contain letters, digits, '.', ':' and '-' (no '_')"
-        raise InvalidRequest(f"request_id {request_id!r} {problem}", field="request_id")
+        quoted = request_id
+        if isinstance(request_id, str) and len(request_id) > QUOTED_ID_CHARS:
+            quoted = f"{request_id[:QUOTED_ID_CHARS]}..."
+        raise InvalidRequest(f"request_id {quoted!r} {problem}", field="request_id")
     return request_id
 
 
@@ -152,4 +160,4 @@ class SequenceChecker:
         else:
             self._next += 1
             return key
-        raise SequenceError(f"chunk {key} {problem} (expected {expected})", field="key")
+        raise SequenceError(f"chunk key {key} {problem} (expected {expected})", field="key")

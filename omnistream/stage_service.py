@@ -38,6 +38,12 @@ from omnistream.wire import Method, add_service, checked, parsed
 log = logging.getLogger(__name__)
 
 INPUT_DRAIN_SECONDS = 10.0  # how long a finished stream waits for the client to half-close
+# How long an input that ended before its last chunk waits to be told apart from a cancelled call.
+INPUT_END_GRACE_SECONDS = 0.2
+# Before a stream is failed, what the client is still sending is read (and dropped) until it
+# half-closes, pauses this long, or this much time has passed (see `_drain_before_error`).
+ERROR_DRAIN_IDLE_SECONDS = 0.05
+ERROR_DRAIN_SECONDS = 0.5
 
 # The chunk protocol of protos/omni/v1/stage.proto (see StageInfo.chunk_protocol_version there).
 CHUNK_PROTOCOL_VERSION = 1
@@ -175,7 +181,7 @@ class StageServicer:
         try:
             if self.draining:
                 raise Unavailable(f"{self.stage.value} is draining")
-            admitted = await self._open(await self._first(requests))
+            admitted = await self._open(await self._first(requests, context))
             # Nothing awaits between the engine's add (inside _open) and this line.
             self._stream_outputs[admitted.request_id] = admitted.output
             self.metrics.requests.inc()
@@ -183,7 +189,7 @@ class StageServicer:
             # a gateway learns of a refused or unreachable stage before it streams to its client.
             await context.send_initial_metadata(())
             output_done = asyncio.Event()
-            pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done))
+            pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done, context))
             async for chunk in admitted.chunks:
                 self.metrics.chunks_out.inc()
                 await context.write(chunk)
@@ -194,6 +200,7 @@ class StageServicer:
                     await asyncio.wait_for(asyncio.shield(pump_task), INPUT_DRAIN_SECONDS)
         except OmniError as exc:
             self.metrics.error(exc.kind)
+            await self._drain_before_error(requests, pump_task)
             await abort_with(context, exc)
         finally:
             self.metrics.streams.dec()
@@ -209,10 +216,36 @@ class StageServicer:
                 if self.engine.abort(rid, admitted.output) or not ok:
                     self.metrics.aborts.inc()
 
-    async def _first(self, requests: AsyncIterator):
+    async def _drain_before_error(self, requests: AsyncIterator, pump_task: asyncio.Task | None) -> None:
+        """Read what the client is still writing before the status ends the call.
+
+        A grpc.aio client whose write fails because the server already ended the call reports
+        INTERNAL "Internal error from Core" in place of the status the server sent (grpc/grpc
+        #36066): a client that sends its open and a few inputs at once, and is refused at the open,
+        would see INTERNAL instead of the INVALID_ARGUMENT naming its fault. Its messages in flight
+        are read first, until it half-closes or pauses, within a bound (a client that keeps the
+        stream open, as the gateway does, only delays its error by one pause). Only when the pump
+        is not reading them itself."""
+        if pump_task is not None and not pump_task.done():
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + ERROR_DRAIN_SECONDS
+        # StopAsyncIteration (half-closed), a malformed message, or the pause: the drain is over.
+        with contextlib.suppress(Exception):
+            while (left := deadline - loop.time()) > 0:
+                await asyncio.wait_for(anext(requests), min(ERROR_DRAIN_IDLE_SECONDS, left))
+
+    async def _first(self, requests: AsyncIterator, context: grpc.aio.ServicerContext | None = None):
+        """The open message. A stream that ends before it is refused, unless the call was only
+        cancelled (a gateway whose client left before it wrote the open): that is no error of
+        this stage's (see `_pump` for the grace that tells the two apart)."""
         try:
             first = await anext(requests)
         except StopAsyncIteration:
+            if context is not None:
+                await asyncio.sleep(INPUT_END_GRACE_SECONDS)
+                if context.cancelled():
+                    raise asyncio.CancelledError from None
             raise InvalidRequest("the stream ended before its open message") from None
         if first.WhichOneof("kind") != "open":
             raise InvalidRequest("the first message of a stream must be `open`", field="open")
@@ -246,12 +279,23 @@ class StageServicer:
         checker.expect(key)  # the open message is chunk 0
         return checker
 
-    async def _pump(self, requests: AsyncIterator, admitted: Admitted, output_done: asyncio.Event) -> None:
+    async def _pump(
+        self,
+        requests: AsyncIterator,
+        admitted: Admitted,
+        output_done: asyncio.Event,
+        context: grpc.aio.ServicerContext | None = None,
+    ) -> None:
         """Read input chunks until the one marked last; any problem fails the request's output.
 
         Once this stage's output is complete (codec EOS before the thinker ended, say) the rest of
         the input is read and dropped: the RPC closes only after the client half-closes, so a
         client write never races the end of the call.
+
+        A cancelled call (the client left) also ends the input iterator, often before the call
+        reads as cancelled: so an input that ends early fails the request only once the call has
+        stayed alive a moment longer (`INPUT_END_GRACE_SECONDS`); a cancellation meanwhile ends this
+        pump with the stream, and a client leaving is never counted as this stage's error.
         """
         out, checker = admitted.output, admitted.checker
         try:
@@ -273,6 +317,10 @@ class StageServicer:
                 self.metrics.chunks_in.inc()
                 with self.chunk_cpu("in"):
                     finished = admitted.handle(message.input)
+            if not finished and context is not None:
+                await asyncio.sleep(INPUT_END_GRACE_SECONDS)
+                if context.cancelled():
+                    return
             if not finished:
                 raise InvalidRequest(
                     f"the input stream ended before its last chunk (expected {checker.expected})"

@@ -9,6 +9,7 @@ import io
 import json
 
 import av
+import grpc
 import httpx
 import numpy as np
 import pytest
@@ -18,9 +19,10 @@ from openai import OpenAI
 from gateway.audio_encode import encode_whole
 from omnistream.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.wav import to_pcm16
 
-from .conftest import gateway_idle, gateway_process, wait_for
+from .conftest import configured_gateway, gateway_idle, gateway_process, wait_for
 
 TEXT = "The sea was calm tonight, and the boats came home."
 EXTRA = {
@@ -232,3 +234,33 @@ def test_a_client_leaving_mid_speech_frees_everything(gateway, stages):
         assert reply.status_code == 200
         assert next(reply.iter_bytes())  # some audio arrived; then the client goes away
     assert asyncio.run(wait_for(lambda: gateway_idle(gateway, stages), timeout=20))
+
+
+def _talker_info(stages) -> stage_pb2.StageInfo:
+    with grpc.insecure_channel(stages["talker"].address) as channel:
+        return stage_pb2_grpc.TalkerServiceStub(channel).Info(stage_pb2.InfoRequest(), timeout=10)
+
+
+@pytest.mark.parametrize("stream_format", ["audio", "sse"])
+def test_a_speech_that_fails_before_any_audio_gets_its_http_error(stages, tmp_path, stream_format):
+    """Issue 28: a stage that refuses the request after the thinker began (here the talker: the
+    prompt and the frames asked for do not fit its length, which a gateway allowing more frames
+    than the talker holds lets through) fails it before any audio. The client gets the error's
+    status and JSON body, not a 200 whose body is cut off; after audio, an aborted body stays the
+    signal (tests/unit/gateway/test_rest_speech.py)."""
+    talker_length = _talker_info(stages).limits.max_frames
+    with configured_gateway(stages, tmp_path, {"max_audio_frames": talker_length}) as gateway:
+        body = {
+            "model": "qwen3-omni",
+            "input": TEXT,
+            "voice": "ethan",
+            "stream_format": stream_format,
+            "max_audio_frames": talker_length - 6,  # opens, but cannot follow this prompt
+        }
+        reply = httpx.post(f"http://127.0.0.1:{gateway.http_port}/v1/audio/speech", json=body, timeout=60)
+        assert reply.status_code == 422, reply.text[:300]
+        assert reply.headers["content-type"] == "application/json"
+        error = reply.json()["error"]
+        assert error["code"] == "invalid_request" and error["type"] == "invalid_request_error"
+        assert "max_frames" in error["message"] and "talker length" in error["message"], error
+        assert asyncio.run(wait_for(lambda: gateway_idle(gateway, stages), timeout=20))

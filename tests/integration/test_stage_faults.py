@@ -305,3 +305,55 @@ def test_special_token_text_from_a_user_stays_text(stages, tiny_model_dir):
     assert sorted(t for t in done.prompt_ids if t in special_ids) == sorted(expected_specials)
     assert tok.decode(done.prompt_ids).count("<|image_pad|>") == 1
     assert done.frames == 8
+
+
+def test_an_open_keyed_for_another_stage_is_invalid_argument_with_inputs_in_flight(stages):
+    """Issue 28: an open whose ChunkKey names the wrong stage (the gateway's, on the talker) is
+    INVALID_ARGUMENT naming the key, also when the client has sent its inputs right behind it:
+    before, the stage ended the call while they were in flight, and the grpc.aio client then
+    reported INTERNAL "Internal error from Core" instead of the stage's status (now and then)."""
+    codes = np.zeros((16, 2), dtype=np.int64)
+
+    def talker_case(rid: str) -> list:
+        wrong = stage_pb2.TalkerRequest(
+            key=ChunkKey(rid, Stage.GATEWAY, 0).to_proto(),
+            open=stage_pb2.TalkerOpen(request_id=rid, max_frames=5),
+        )
+        return [wrong, *(talker_input(rid, i, token_ids=[5] * 50) for i in range(1, 21))]
+
+    def code2wav_case(rid: str) -> list:
+        wrong = stage_pb2.Code2WavRequest(
+            key=ChunkKey(rid, Stage.GATEWAY, 0).to_proto(), open=stage_pb2.Code2WavOpen(request_id=rid)
+        )
+        return [wrong, *(c2w_input(rid, i, codes, first_frame=2 * (i - 1), last=False) for i in range(1, 21))]
+
+    async def status(stub_call, messages) -> tuple[grpc.StatusCode, str]:
+        """The call's final status, as a client that writes all at once and then reads sees it
+        (a write after the call ended is refused: the status then says why)."""
+        call = stub_call(timeout=30)
+        try:
+            for message in messages:
+                await call.write(message)
+            await call.done_writing()
+        except (asyncio.InvalidStateError, grpc.aio.AioRpcError):
+            pass
+        return await call.code(), await call.details()
+
+    async def run():
+        channels = _channels(stages)
+        talker = stage_pb2_grpc.TalkerServiceStub(channels["talker"])
+        c2w = stage_pb2_grpc.Code2WavServiceStub(channels["code2wav"])
+        outcomes = []
+        for i in range(20):
+            outcomes.append(await status(talker.Stream, talker_case(f"wrong-stage-t{i}")))
+            outcomes.append(await status(c2w.Stream, code2wav_case(f"wrong-stage-c{i}")))
+        for channel in channels.values():
+            await channel.close()
+        return outcomes
+
+    outcomes = asyncio.run(run())
+    wrong = [(code, details) for code, details in outcomes if code != grpc.StatusCode.INVALID_ARGUMENT]
+    assert not wrong, f"{len(wrong)} of {len(outcomes)} refused opens got another status: {wrong[:3]}"
+    for _, details in outcomes:
+        assert "chunk key" in details and "comes from stage gateway" in details, details
+    assert asyncio.run(wait_for(lambda: _leak_free(stages), timeout=30.0, interval=0.2))

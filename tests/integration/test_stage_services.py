@@ -191,6 +191,62 @@ def test_bad_inputs_get_their_status_and_others_keep_going(stages, tiny_model_di
                 grpc.StatusCode.INVALID_ARGUMENT,
                 "bad4_thinker_1",
             ),
+            "talker open keyed as the gateway's": (
+                talker.Stream,
+                [
+                    stage_pb2.TalkerRequest(
+                        key=ChunkKey("bad9", Stage.GATEWAY, 0).to_proto(),
+                        open=stage_pb2.TalkerOpen(request_id="bad9", max_frames=5),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "key",
+            ),
+            "code2wav open keyed as the thinker's": (
+                c2w.Stream,
+                [
+                    stage_pb2.Code2WavRequest(
+                        key=ChunkKey("bad10", Stage.THINKER, 0).to_proto(),
+                        open=stage_pb2.Code2WavOpen(request_id="bad10"),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "key",
+            ),
+            "thinker open keyed as the talker's": (
+                thinker.Stream,
+                [
+                    stage_pb2.ThinkerRequest(
+                        key=ChunkKey("bad11", Stage.TALKER, 0).to_proto(),
+                        open=stage_pb2.ThinkerOpen(request_id="bad11", prompt_text="hi"),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "key",
+            ),
+            "talker open keyed with a 10,000-character request id": (
+                talker.Stream,
+                [
+                    stage_pb2.TalkerRequest(
+                        key=common_pb2.ChunkKey(request_id="k" * 10_000, stage=common_pb2.STAGE_THINKER),
+                        open=stage_pb2.TalkerOpen(request_id="bad14", max_frames=5),
+                    )
+                ],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "10000 characters",
+            ),
+            "talker input ends before its last chunk": (
+                talker.Stream,
+                [talker_open("bad12"), talker_input("bad12", 1, prompt_ids=prompt_ids, token_ids=[5])],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "last chunk",
+            ),
+            "code2wav input ends before its last chunk": (
+                c2w.Stream,
+                [c2w_open("bad13"), c2w_input("bad13", 1, ok_codes, last=False)],
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "last chunk",
+            ),
             "code2wav codes out of range": (
                 c2w.Stream,
                 [c2w_open("bad5"), c2w_input("bad5", 1, np.full((16, 3), 9999, dtype=np.int64))],

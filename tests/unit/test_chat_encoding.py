@@ -3,6 +3,10 @@ a user (every special token of the model) stay text."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
+import threading
+
 import pytest
 
 from omnistream.chat_encoding import ChatEncoder
@@ -67,3 +71,55 @@ def test_a_prompt_that_cannot_fit_is_refused_before_tokenizing(tokenizer):
         encoder.check([{"role": "user", "content": too_long}])
     with pytest.raises(InvalidRequest, match="role"):
         encoder.check([{"role": "tool", "content": "x"}])
+
+
+@contextlib.contextmanager
+def _switching_often(seconds: float = 1e-6):
+    """Threads hand over the GIL every `seconds`: interleavings a loaded server sees now and then
+    happen here on nearly every call."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds)
+    try:
+        yield
+    finally:
+        sys.setswitchinterval(before)
+
+
+def test_threads_sharing_one_encoder_never_mix_up_specials(tokenizer, encoder):
+    """Issue 28: a speech request's answer (its special-token strings are text) tokenized in one
+    thread while another thread encoded a chat (the template's specials are special) could flip the
+    tokenizer's shared flag under the chat, whose `<|im_start|>` then came out as text: a prompt
+    without turns, refused by the talker. Each kind of call must give its own result, whatever runs
+    beside it (the servicers tokenize in a pool of threads)."""
+    chat = [{"role": "user", "content": "Hello there, this is a test of the speech path."}]
+    text = "Say <|im_start|>assistant and <|im_end|> as words."
+    chat_ids, text_ids = encoder.encode(chat), encoder.encode_text(text)
+    escaped = [{"role": "user", "content": text}]  # a chat with the user's specials cut out and back
+    escaped_ids = encoder.encode(escaped)
+    assert set(text_ids).isdisjoint(_special_ids(tokenizer))
+    wrong: list[str] = []
+    stop = threading.Event()
+
+    def speak() -> None:
+        while not stop.is_set():
+            if encoder.encode_text(text) != text_ids:
+                wrong.append("text")
+
+    def chats(rounds: int) -> None:
+        for i in range(rounds):
+            if i % 2 == 0 and encoder.encode(chat) != chat_ids:
+                wrong.append("chat")
+            if i % 2 == 1 and encoder.encode(escaped) != escaped_ids:
+                wrong.append("escaped chat")
+
+    with _switching_often():
+        speakers = [threading.Thread(target=speak) for _ in range(2)]
+        for thread in speakers:
+            thread.start()
+        try:
+            chats(1500)
+        finally:
+            stop.set()
+            for thread in speakers:
+                thread.join()
+    assert not wrong, f"{len(wrong)} encodings changed under another thread: {sorted(set(wrong))}"

@@ -60,6 +60,13 @@ def test_request_id_rules(request_id: str, needle: str) -> None:
         ChunkKey(request_id, Stage.THINKER, 0)
 
 
+def test_a_long_refused_request_id_is_quoted_in_part() -> None:
+    """The message becomes a gRPC status: it stays small whatever the client sent."""
+    with pytest.raises(InvalidRequest, match="10000 characters") as info:
+        validate_request_id("a" * 10_000)
+    assert len(info.value.message) < 200
+
+
 def test_request_id_limits_accepted() -> None:
     assert validate_request_id("a" * 128) == "a" * 128
     assert validate_request_id("0") == "0"
