@@ -34,3 +34,9 @@ def test_real_shaped_build_has_the_real_code_predictor_depth(tmp_path):
     talker = Qwen3OmniMoeConfig.from_pretrained(directory).talker_config
     assert talker.code_predictor_config.num_hidden_layers == REAL_SHAPED["code_predictor_layers"]
     assert talker.text_config.num_hidden_layers == REAL_SHAPED["layers"]
+
+
+def test_a_code2wav_window_costs_about_the_same_ops_at_batch_8(tiny_model_dir):
+    """The engine's window at batch 8 dispatches at most 1.2x batch 1's ops (issue 23's target)."""
+    one, eight = (r.counts.total for r in measure(tiny_model_dir, F32, ("code2wav",), (1, 8)))
+    assert eight <= 1.2 * one, (one, eight)
