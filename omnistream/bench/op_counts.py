@@ -7,6 +7,7 @@ until it is in its steady state, then one more step is counted with `omnistream.
 - thinker token: a decode step of the whole batch (every prompt prefilled);
 - talker frame: the 15 code-predictor steps of every row, its sampling, and the talker forward that
   gives every row its next codebook 0 (the second such frame, so no first-frame work is counted);
+  `talker-static` is the same frame with static frames (omnistream/qwen3_omni/talker_frame.py);
 - Code2Wav window: every row's second window, decoded from its carried state.
 
 Ops are split into those inside graph-capturable regions (`omnistream.capture`) and those outside
@@ -17,6 +18,7 @@ repetition penalty), one seed each, unless `greedy`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +28,7 @@ from omnistream.load_options import LoadOptions
 from omnistream.op_count import OpCounter, OpCounts
 from omnistream.sampling_params import SamplingParams
 
-STAGES = ("thinker", "talker", "code2wav")
+STAGES = ("thinker", "talker", "talker-static", "code2wav")
 # The issue's "real-shaped" build: the real code predictor's depth, two talker layers.
 REAL_SHAPED = {"layers": 2, "code_predictor_layers": 5}
 
@@ -145,7 +147,17 @@ def code2wav_window(model_dir: str, batch: int, options: LoadOptions, greedy: bo
     return asyncio.run(run())
 
 
-MEASURES = {"thinker": thinker_token, "talker": talker_frame, "code2wav": code2wav_window}
+def static_talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
+    """`talker_frame` with static frames (omnistream/qwen3_omni/talker_frame.py)."""
+    return talker_frame(model_dir, batch, dataclasses.replace(options, static_frames=True), greedy)
+
+
+MEASURES = {
+    "thinker": thinker_token,
+    "talker": talker_frame,
+    "talker-static": static_talker_frame,
+    "code2wav": code2wav_window,
+}
 
 
 def measure(
