@@ -35,15 +35,17 @@ functions run eagerly, so everything but the capture is exercised on the CPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
 from omnistream.batch_sampler import BatchSampler, RowSampling, StepKnobs, draw_noise
 from omnistream.capture import capturable
 from omnistream.kvcache import SlotKVCache
-from omnistream.qwen3_omni.code_predictor import CAPTURE_WARMUP_RUNS, CodePredictorRunner, batch_buckets
+from omnistream.qwen3_omni.code_predictor import CAPTURE_WARMUP_RUNS, CodePredictorRunner
 from omnistream.qwen3_omni.talker_prompt import TTS_EOS, TTS_PAD, TalkerPromptBuilder
 from omnistream.sampling_params import SamplingParams
 
@@ -100,7 +102,11 @@ class StaticTalkerFrame:
         sampler: BatchSampler,
         cp_sampler: BatchSampler,
         graph_buckets: bool = False,
+        cuda_graphs: bool = False,
     ) -> None:
+        if cuda_graphs and cache.device.type != "cuda":
+            raise ValueError(f"CUDA graphs need a CUDA device; this talker runs on {cache.device}")
+        self.cuda_graphs = cuda_graphs
         self.talker = talker
         self.cp = code_predictor
         self.prompts = prompts
@@ -120,16 +126,17 @@ class StaticTalkerFrame:
         self.codec_sum = torch.zeros((slots, 1, width), dtype=dtype, device=self.device)
         self.key_index = torch.arange(cache.capacity, device=self.device)
         self.steps = code_predictor.num_steps
-        if graph_buckets:
-            self.buckets = batch_buckets(code_predictor.buckets[-1])
-        else:
-            self.buckets = code_predictor.buckets
-        self.graphs: dict[tuple, torch.cuda.CUDAGraph] = {}
+        self.buckets = code_predictor.buckets  # the code predictor's batch buckets, padded alike
+        # With CUDA graphs: per (step, bucket[, KV width], sampling variant) a captured graph and
+        # its output, captured on first use; per (step, bucket) the static inputs they read.
+        self.graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        self.static: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
+        self._pool: Any = None
 
     # --- host side ---------------------------------------------------------------------------------
     def bucket_for(self, batch: int) -> int:
         for bucket in self.buckets:
-            if batch <= bucket and bucket in self.cp.buckets:
+            if batch <= bucket:
                 return bucket
         raise ValueError(f"batch {batch} exceeds the talker's largest bucket {self.buckets[-1]}")
 
@@ -137,25 +144,47 @@ class StaticTalkerFrame:
         """A prefill's last hidden state [1, 1, H]: what the slot's first `predict` reads."""
         self.hidden[slot] = hidden[0]
 
-    def _plan(self, columns: Sequence[Sequence[float]], bucket: int, pad: Sequence[float]) -> torch.Tensor:
-        """The step's per-row values, padded to the bucket, in one host -> device copy (float64:
-        every id and position is exact, a rope delta rounds once, as the eager path rounds it)."""
-        rows = [list(r) for r in zip(*columns, strict=True)]
-        rows += [list(pad)] * (bucket - len(rows))
-        host = torch.tensor(rows, dtype=torch.float64)
+    def _inputs(
+        self,
+        kind: str,
+        bucket: int,
+        columns: Sequence[Sequence[float]],
+        pad: Sequence[float],
+        sampler: BatchSampler,
+        rows: Sequence[RowSampling],
+        draws: int,
+    ) -> tuple[torch.Tensor, StepKnobs, torch.Tensor | None]:
+        """The step's inputs on the device: its plan (each row's values, padded to the bucket, in
+        one host -> device copy; float64: every id and position is exact, a rope delta rounds once,
+        as the eager path rounds it), the rows' sampling knobs and their noise (None when no row
+        samples). With CUDA graphs they are copied into the bucket's static inputs."""
+        values = [list(r) for r in zip(*columns, strict=True)]
+        values += [list(pad)] * (bucket - len(values))
+        host = torch.tensor(values, dtype=torch.float64)
         if self.device.type == "cuda":
             host = host.pin_memory()
-        return host.to(self.device, non_blocking=True)
-
-    def _knobs(self, sampler: BatchSampler, rows: Sequence[RowSampling], bucket: int) -> StepKnobs:
-        return sampler.prepare(list(rows) + [GREEDY] * (bucket - len(rows)))
-
-    def _noise(self, rows: Sequence[RowSampling], bucket: int, draws: int, vocab: int) -> torch.Tensor | None:
-        if all(r.params.greedy for r in rows):
-            return None
-        noise = torch.empty((bucket, draws, vocab), dtype=torch.float32, device=self.device)
-        draw_noise(rows, noise)
-        return noise
+        knobs = sampler.prepare(list(rows) + [GREEDY] * (bucket - len(rows)))
+        sampled = any(not r.params.greedy for r in rows)
+        if not self.cuda_graphs:
+            noise = None
+            if sampled:
+                noise = torch.empty((bucket, draws, sampler.vocab), dtype=torch.float32, device=self.device)
+                draw_noise(rows, noise)
+            return host.to(self.device, non_blocking=True), knobs, noise
+        static = self.static.get((kind, bucket))
+        if static is None:
+            static = self.static[(kind, bucket)] = {
+                "plan": torch.zeros(host.shape, dtype=torch.float64, device=self.device),
+                "knobs": torch.zeros((bucket, 5), dtype=torch.float64, device=self.device),
+                "noise": torch.ones((bucket, draws, sampler.vocab), dtype=torch.float32, device=self.device),
+            }
+        static["plan"].copy_(host, non_blocking=True)
+        if knobs.knobs is not None:
+            static["knobs"].copy_(knobs.knobs)
+            knobs = dataclasses.replace(knobs, knobs=static["knobs"])
+        if sampled:
+            draw_noise(rows, static["noise"])
+        return static["plan"], knobs, static["noise"] if sampled else None
 
     def predict(
         self, slots: Sequence[int], code0: Sequence[int], rows: Sequence[RowSampling]
@@ -163,10 +192,11 @@ class StaticTalkerFrame:
         """Codebooks 0..15 of each row's frame ([B][16] on the host); writes the rows' codec sums."""
         batch = len(slots)
         bucket = self.bucket_for(batch)
-        plan = self._plan((slots, code0), bucket, (self.scratch, 0))
-        knobs = self._knobs(self.cp_sampler, rows, bucket)
-        noise = self._noise(rows, bucket, self.steps, self.cp_sampler.vocab)
-        codes = self.predict_step(plan, knobs, noise)
+        plan, knobs, noise = self._inputs(
+            "predict", bucket, (slots, code0), (self.scratch, 0), self.cp_sampler, rows, self.steps
+        )
+        key = ("predict", bucket, _variant(knobs, noise))
+        codes = self._replayed(key, lambda: self.predict_step(plan, knobs, noise))
         return codes[:batch].tolist()
 
     def decode(
@@ -181,10 +211,17 @@ class StaticTalkerFrame:
         bucket = self.bucket_for(batch)
         starts = [self.cache.lengths[s] for s in slots]
         width = kv_bucket(max(starts) + 1, self.cache.capacity, self.graph_buckets)
-        plan = self._plan((slots, starts, picks, deltas), bucket, (self.scratch, 0, TTS_PAD, 0.0))
-        knobs = self._knobs(self.sampler, rows, bucket)
-        noise = self._noise(rows, bucket, 1, self.sampler.vocab)
-        code0 = self.decode_step(plan, width, knobs, noise)
+        plan, knobs, noise = self._inputs(
+            "decode",
+            bucket,
+            (slots, starts, picks, deltas),
+            (self.scratch, 0, TTS_PAD, 0.0),
+            self.sampler,
+            rows,
+            1,
+        )
+        key = ("decode", bucket, width, _variant(knobs, noise))
+        code0 = self._replayed(key, lambda: self.decode_step(plan, width, knobs, noise))
         for slot, start in zip(slots, starts, strict=True):
             self.cache.lengths[slot] = start + 1
         return code0[:batch].tolist()
@@ -242,8 +279,50 @@ class StaticTalkerFrame:
         return rows.unsqueeze(1)
 
     # --- CUDA graphs -------------------------------------------------------------------------------
+    def _replayed(self, key: tuple, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """`step()` eagerly, or (CUDA graphs) the replay of its graph for `key`, captured on first
+        use. A step whose capture fails runs eagerly from then on (logged once): the frame is the
+        same either way. Capture and warm-up run the step on the real inputs: it is idempotent
+        (the same K/V, hidden states and presence bits written again), so the replay after them
+        gives the step's result."""
+        if not self.cuda_graphs:
+            return step()
+        entry = self.graphs.get(key)
+        if entry is None:
+            try:
+                entry = self._record(step)
+            except Exception:
+                log.exception("talker frame: capturing %s failed; it runs eagerly", key)
+                entry = (None, torch.empty(0))
+            self.graphs[key] = entry
+        graph, out = entry
+        if graph is None:
+            return step()
+        with self._current_device():
+            graph.replay()
+        return out
+
+    def _record(self, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """Warm the step up on a side stream, then capture it into one graph (all in one pool)."""
+        with self._current_device():
+            if self._pool is None:
+                self._pool = torch.cuda.graph_pool_handle()
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                for _ in range(CAPTURE_WARMUP_RUNS):
+                    step()
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                out = step()
+        log.info("talker frame: captured a CUDA graph (%d so far)", len(self.graphs) + 1)
+        return graph, out
+
     def _current_device(self) -> contextlib.AbstractContextManager:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
 
-__all__ = ["CAPTURE_WARMUP_RUNS", "FixedKVStep", "StaticTalkerFrame", "kv_bucket"]
+def _variant(knobs: StepKnobs, noise: torch.Tensor | None) -> tuple:
+    """What, besides the shapes, changes the ops a step's sampling dispatches."""
+    return (knobs.knobs is not None, knobs.penalized, noise is not None, knobs.max_top_k, knobs.top_p)

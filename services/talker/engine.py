@@ -25,7 +25,7 @@ from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage
-from omnistream.qwen3_omni.code_predictor import CodePredictorRunner
+from omnistream.qwen3_omni.code_predictor import CodePredictorRunner, batch_buckets
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.qwen3_omni.talker_frame import StaticTalkerFrame
 from omnistream.qwen3_omni.talker_prompt import (
@@ -91,6 +91,7 @@ class TalkerEngine(Engine):
         output_capacity: int = 512,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         static_frames: bool | None = None,
+        graph_buckets: bool | None = None,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         if prefill_chunk < 1:
@@ -127,8 +128,15 @@ class TalkerEngine(Engine):
             text, slots, max_model_len, options.torch_dtype(), options.device
         )
         # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
+        # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
+        graph_buckets = options.cuda_graphs if graph_buckets is None else graph_buckets
         self.code_predictor = CodePredictorRunner(
-            self.cp, max_batch, options.torch_dtype(), options.device, cuda_graphs=options.cuda_graphs
+            self.cp,
+            max_batch,
+            options.torch_dtype(),
+            options.device,
+            cuda_graphs=options.cuda_graphs and not static,  # static frames capture it themselves
+            buckets=batch_buckets(max_batch) if graph_buckets else None,
         )
         # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
         # over the request's codebook-0 history) and the code predictor's groups.
@@ -143,7 +151,8 @@ class TalkerEngine(Engine):
                 self.cache,
                 self.sampler,
                 self.cp_sampler,
-                graph_buckets=options.cuda_graphs,
+                graph_buckets=graph_buckets,
+                cuda_graphs=options.cuda_graphs,
             )
 
     # --- public API ---------------------------------------------------------------------------------

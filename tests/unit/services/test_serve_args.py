@@ -33,3 +33,12 @@ def test_serve_exits_before_loading_when_refused(capsys):
     # "unused" is no checkpoint: reaching the loader would raise instead of returning 2.
     assert asyncio.run(serve.serve(_parse("talker", "--cuda-graphs"))) == 2
     assert "omnistream serve talker: --cuda-graphs needs a CUDA --device" in capsys.readouterr().err
+
+
+def test_static_frames_is_a_talker_flag_and_off_by_default():
+    assert _parse("talker").static_frames is False
+    assert _parse("talker", "--static-frames").static_frames is True
+    assert serve_args.load_options_refusal(_parse("talker", "--static-frames")) is None  # CPU too
+    for stage in ("thinker", "code2wav"):
+        with pytest.raises(SystemExit):
+            _parse(stage, "--static-frames")
