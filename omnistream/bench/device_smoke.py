@@ -234,7 +234,8 @@ def smoke(
 def _op_counts(
     model: str, options: LoadOptions, devices: dict[str, str], stages: tuple[str, ...], max_batch: int
 ) -> dict:
-    """Aten ops of one steady step per stage (sampled requests), at batch 1 and `max_batch`."""
+    """Aten ops of one steady step per stage (sampled requests), at batch 1 and `max_batch`; the
+    talker's frame also with static frames (`talker-static`, captured with --cuda-graphs)."""
     from omnistream.bench.op_counts import measure
 
     batches = tuple(sorted({1, max_batch}))
@@ -242,6 +243,7 @@ def _op_counts(
         "per_step": [
             result.as_dict()
             for stage in stages
-            for result in measure(model, options.on(devices.get(stage)), (stage,), batches)
+            for kind in ((stage, "talker-static") if stage == "talker" else (stage,))
+            for result in measure(model, options.on(devices.get(stage)), (kind,), batches)
         ]
     }

@@ -36,7 +36,7 @@ def test_gpu_smoke_runs_every_stage_on_the_cpu(tiny_model_dir, tmp_path):
     ops = report["op_counts"]
     assert ops["ok"], ops
     assert {(r["stage"], r["batch"]) for r in ops["per_step"]} == {
-        (stage, batch) for stage in ("thinker", "talker", "code2wav") for batch in (1, 4)
+        (stage, batch) for stage in ("thinker", "talker", "talker-static", "code2wav") for batch in (1, 4)
     }
     for r in ops["per_step"]:
         assert r["total"] == r["inside"] + r["outside"] > 0, r

@@ -238,3 +238,40 @@ def test_cuda_graphs_refused_off_cuda(tiny_model_dir):
     options = LoadOptions(dtype="float32", cuda_graphs=True, static_frames=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
         TalkerEngine(tiny_model_dir, options, max_batch=2, max_model_len=64)
+
+
+def test_rows_decoding_at_a_rope_delta_give_the_eager_codes(tiny_model_dir):
+    """Prompts with vision decode at position + their rope delta (fractional here, and beside a
+    row without one): the static decode's positions round as the eager path's."""
+
+    def frames(static: bool) -> list[list[list[int]]]:
+        engine = TalkerEngine(tiny_model_dir, F32, max_batch=2, max_model_len=256, static_frames=static)
+        prompt = ThinkerEngine(tiny_model_dir, F32, max_batch=1, max_model_len=256).encode_chat(
+            [{"role": "user", "content": "hello"}]
+        )
+
+        def step() -> None:
+            with engine._cond:
+                work = engine._next_work()
+            assert work is not None
+            with torch.inference_mode():
+                engine._run(work)
+
+        async def run():
+            outputs = []
+            for row in range(2):
+                outputs.append(engine.add_request(f"r{row}", TalkerParams(max_frames=32)))
+                engine.feed(f"r{row}", list(range(5, 45)), last=False, prompt_ids=prompt)
+            states = list(engine._requests.values())
+            while not all(s.pending_code0 is not None for s in states):
+                step()
+            states[0].rope_delta = 2.5  # as talker_rope would set for an image prompt
+            for _ in range(8):
+                step()
+            return [list(out._items) for out in outputs]
+
+        return [[item.codes for item in items] for items in asyncio.run(run())]
+
+    eager = frames(static=False)
+    assert min(len(f) for f in eager) >= 8
+    assert frames(static=True) == eager
