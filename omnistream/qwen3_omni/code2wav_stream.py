@@ -69,6 +69,17 @@ class _Rows:
         self.pending: list[torch.Tensor] = []
         self.trim: list[list[int]] = []  # per transposed conv, per row
         self.host_drops: list[list[int]] = []  # per transposed conv, per row: left trim dropped now
+        self._tail_index: dict[tuple[int, int, int], torch.Tensor] = {}
+
+    def tail_index(self, stage: int, width: int, channels: int, offsets: torch.Tensor) -> torch.Tensor:
+        """[B, channels, width] gather index of each row's last `width` inputs at `stage`
+        (n_b + 0..width-1), made once per step for all the convs that share it."""
+        key = (stage, width, channels)
+        index = self._tail_index.get(key)
+        if index is None:
+            at = (self.lens(stage)[:, None] + offsets)[:, None, :]
+            index = self._tail_index[key] = at.expand(-1, channels, -1)
+        return index
 
     def lens(self, stage: int) -> torch.Tensor:
         """Device [B] valid length of each row after `stage` transposed convs (0: frames in)."""
@@ -300,8 +311,8 @@ class StreamingCode2Wav:
         tail = module.kernel_size - 1
         full = torch.cat([torch.stack([s.tails[index] for s in rows.states]), x], dim=-1)
         # Row b's new tail: its last `tail` inputs, full[b, :, n_b : n_b + tail].
-        at = (rows.lens(rows.trans)[:, None] + self._offsets[tail])[:, None, :]
-        rows.tails.append(full.gather(2, at.expand(-1, full.shape[1], -1)))
+        at = rows.tail_index(rows.trans, tail, full.shape[1], self._offsets[tail])
+        rows.tails.append(full.gather(2, at))
         return module.conv(full)
 
     def _trans_conv(
