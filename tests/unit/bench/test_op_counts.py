@@ -14,13 +14,17 @@ F32 = LoadOptions(dtype="float32")
 
 def test_every_stage_is_counted(tiny_model_dir):
     results = {(r.stage, r.batch): r.counts for r in measure(tiny_model_dir, F32, batches=(1, 2))}
-    assert set(results) == {(s, b) for s in ("thinker", "talker", "code2wav") for b in (1, 2)}
+    assert set(results) == {
+        (s, b) for s in ("thinker", "talker", "talker-static", "code2wav") for b in (1, 2)
+    }
     for key, counts in results.items():
         assert counts.total == counts.inside + counts.outside > 0, key
     # The code predictor's 15 static steps are a capturable region; its work does not grow per row.
     assert results["talker", 1].inside > 0
     assert results["talker", 1].inside == results["talker", 2].inside
     assert results["thinker", 1].outside > 0
+    # Static frames: nearly the whole frame is inside its two regions.
+    assert results["talker-static", 1].outside < results["talker", 1].outside // 10
 
 
 def test_the_same_step_counts_the_same_ops(tiny_model_dir):
