@@ -69,7 +69,8 @@ def add_talker_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="capture the code predictor's 15 steps per frame as CUDA graphs, one per batch bucket "
-        "and step, and replay them (CUDA --device only; refused elsewhere). Default: off",
+        "and step, and replay them (with --static-frames: the whole frame, two graphs per bucket) "
+        "(CUDA --device only; refused elsewhere). Default: off",
     )
     p.add_argument(
         "--static-frames",

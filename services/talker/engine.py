@@ -9,6 +9,11 @@ A request's prompt rows are prefilled in pieces: all prefills of a step together
 one piece at a time. A piece advances the KV length only once its forward has run; a failing piece
 fails its request alone (prefill forwards are one request each).
 
+With static frames (`LoadOptions.static_frames`, `--static-frames`) a frame runs as two fixed-shape,
+graph-capturable steps instead (omnistream/qwen3_omni/talker_frame.py: the code predictor's 15
+codebooks, then the talker's decode, each with its sampling), captured as CUDA graphs with
+`--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
+
 Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
