@@ -25,11 +25,17 @@ Numerics: the same modules, called on the same values in the same order as the e
 width is its own bucket, the CPU default) greedy and seeded codes equal the eager path's. With
 graph buckets (powers of two) a padded batch or a wider masked KV changes the row count of the
 matmuls and the softmax width, which may round an ulp differently: greedy float32 codes still
-agree on the tiny model (tested), but that is not guaranteed bit for bit. Padding rows read and
-write a scratch slot of their own, never a request's.
+agree on the tiny and the real-shaped builds (tested), but that is not guaranteed bit for bit.
+Padding rows read and write a scratch slot of their own, never a request's.
 
-CUDA graph capture itself is `capture()` (CUDA only, refused elsewhere); without it the same
-functions run eagerly, so everything but the capture is exercised on the CPU.
+With `cuda_graphs` (CUDA only, refused elsewhere) each step is captured on first use per (step,
+batch bucket, KV width, sampling variant) from static inputs and replayed after (`_replayed`,
+`_record`); without it the same step functions run eagerly, so everything but the capture itself
+runs on the CPU (the replay path with CUDA faked: tests/unit/qwen3_omni/test_talker_frame.py).
+Sampled rows on CUDA: their noise is drawn once per step ([15, V] for the code predictor) where
+the eager path draws [V] per codebook; on the CPU the two are the same numbers, on CUDA the same
+distribution from the same seed but not the same numbers, so seeded sampled codes differ between
+static frames and the eager path there (greedy codes do not).
 """
 
 from __future__ import annotations
