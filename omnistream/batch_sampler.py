@@ -103,10 +103,12 @@ class BatchSampler:
         logits: torch.Tensor,
         rows: Sequence[RowSampling] | StepKnobs,
         slots: torch.Tensor | None = None,
+        noise: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """Chosen ids [B] (long, on the logits' device; no sync). `slots` (long [B], on the device)
         names each row's presence mask: needed when any row has a repetition penalty, and then the
-        chosen ids are added to those masks."""
+        chosen ids are added to those masks. `noise` ([B, V], from `draw_noise`): the rows' draws,
+        made beforehand, so this call has no per-row op and no generator (graph-capturable)."""
         step = rows if isinstance(rows, StepKnobs) else self.prepare(rows, logits.device)
         if logits.dim() != 2 or logits.shape[0] != len(step.rows) or logits.shape[1] != self.vocab:
             raise ValueError(f"logits must be [{len(step.rows)}, {self.vocab}], got {tuple(logits.shape)}")
@@ -125,14 +127,14 @@ class BatchSampler:
         chosen = torch.argmax(logits, dim=-1)
         if any(step.sampled):
             assert knobs is not None
-            picked = self._draw(logits, step)
+            picked = self._draw(logits, step, noise)
             chosen = torch.where(knobs[:, 4] > 0, picked, chosen)
         if step.penalized:
             assert self.presence is not None and slots is not None
             self.presence[slots, chosen] = True
         return chosen
 
-    def _draw(self, logits: torch.Tensor, step: StepKnobs) -> torch.Tensor:
+    def _draw(self, logits: torch.Tensor, step: StepKnobs, noise: torch.Tensor | None = None) -> torch.Tensor:
         """Temperature, top-k, top-p, then one draw per sampled row (greedy rows get a dummy)."""
         knobs = step.knobs
         assert knobs is not None
@@ -152,11 +154,24 @@ class BatchSampler:
             remove = remove_sorted.scatter(-1, order, remove_sorted)
             logits = logits.masked_fill(remove, float("-inf"))
         probs = logits.softmax(-1)
-        noise = torch.ones_like(probs)
-        for row, state in enumerate(step.rows):
-            if step.sampled[row]:
-                noise[row].exponential_(1, generator=state.generator)
+        if noise is None:
+            noise = torch.ones_like(probs)
+            for row, state in enumerate(step.rows):
+                if step.sampled[row]:
+                    noise[row].exponential_(1, generator=state.generator)
         return torch.argmax(probs / noise, dim=-1)
+
+
+def draw_noise(rows: Sequence[RowSampling], out: torch.Tensor) -> None:
+    """Fill `out` [>= B, draws, vocab] with the noise of `draws` consecutive samplings of each row:
+    each sampled row's generator fills its [draws, vocab] at once (one kernel a row, not one a row
+    and draw), greedy and padding rows get ones. On the CPU this is bitwise the noise `draws`
+    successive `BatchSampler.sample` calls draw (the CPU kernel fills element by element from the
+    generator); on CUDA the same distribution from the same seed, but not the same numbers."""
+    out.fill_(1.0)
+    for row, state in enumerate(rows):
+        if not state.params.greedy:
+            out[row].exponential_(1, generator=state.generator)
 
 
 @dataclass

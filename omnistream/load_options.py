@@ -56,6 +56,9 @@ class LoadOptions:
     # The talker's code predictor replays CUDA graphs (omnistream/qwen3_omni/code_predictor.py);
     # CUDA devices only: asked for elsewhere, the engine refuses to start.
     cuda_graphs: bool = False
+    # The talker runs each frame as two fixed-shape, graph-capturable steps
+    # (omnistream/qwen3_omni/talker_frame.py); with `cuda_graphs` they are captured too.
+    static_frames: bool = False
 
     @property
     def dtype_name(self) -> str:

@@ -26,7 +26,11 @@ async def serve(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     options = LoadOptions(
-        args.device, args.dtype, args.allow_float64, cuda_graphs=getattr(args, "cuda_graphs", False)
+        args.device,
+        args.dtype,
+        args.allow_float64,
+        cuda_graphs=getattr(args, "cuda_graphs", False),
+        static_frames=getattr(args, "static_frames", False),
     )
     family = family_for(args.model)
     engine = family.engine(

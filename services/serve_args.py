@@ -99,7 +99,16 @@ def add_talker_arguments(p: argparse.ArgumentParser) -> None:
         "--cuda-graphs",
         action="store_true",
         help="capture the code predictor's 15 steps per frame as CUDA graphs, one per batch bucket "
-        "and step, and replay them (CUDA --device only; refused elsewhere). Default: off",
+        "and step, and replay them (with --static-frames: the whole frame, two graphs per bucket) "
+        "(CUDA --device only; refused elsewhere). Default: off",
+    )
+    p.add_argument(
+        "--static-frames",
+        action="store_true",
+        help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
+        "the talker's decode step, each with its sampling); with --cuda-graphs each is captured "
+        "once per batch bucket (and KV width) and replayed: a few replays per frame instead of "
+        "thousands of launches. Same codes as without. Default: off",
     )
 
 

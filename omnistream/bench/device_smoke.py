@@ -7,6 +7,10 @@ step's host syncs can be counted alone. A host sync is a call that hands a tenso
 (`.item()`, `.tolist()`, `int(t)`, ...): on a GPU each one waits for the device. The counter of
 tests/unit/test_host_syncs.py is used where that file exists; otherwise this module's own, which
 counts the same methods.
+
+It also counts the aten ops of one steady step per stage at batch 1 and `max_batch`, inside and
+outside graph-capturable regions (`omnistream/bench/op_counts.py`, what `tools/op-counts` prints):
+on a GPU each op outside a captured graph is one launch paid by the host.
 """
 
 from __future__ import annotations
@@ -155,8 +159,10 @@ def smoke(
     max_frames: int = 16,
     max_batch: int = 4,
     max_model_len: int = 512,
+    op_counts: bool = True,
 ) -> dict:
-    """Load each stage on its device, one request through it, step stats; a dict for JSON."""
+    """Load each stage on its device, one request through it, step stats; a dict for JSON. With
+    `op_counts`, also the ops of one steady step per stage (`results["op_counts"]`)."""
     from omnistream.family import family_for
     from omnistream.qwen3_omni.memory import stage_memory
 
@@ -220,4 +226,24 @@ def smoke(
             return report
 
         record(results, stage, run)
+    if op_counts:
+        record(results, "op_counts", lambda: _op_counts(model, options, devices, stages, max_batch))
     return results
+
+
+def _op_counts(
+    model: str, options: LoadOptions, devices: dict[str, str], stages: tuple[str, ...], max_batch: int
+) -> dict:
+    """Aten ops of one steady step per stage (sampled requests), at batch 1 and `max_batch`; the
+    talker's frame also with static frames (`talker-static`, captured with --cuda-graphs)."""
+    from omnistream.bench.op_counts import measure
+
+    batches = tuple(sorted({1, max_batch}))
+    return {
+        "per_step": [
+            result.as_dict()
+            for stage in stages
+            for kind in ((stage, "talker-static") if stage == "talker" else (stage,))
+            for result in measure(model, options.on(devices.get(stage)), (kind,), batches)
+        ]
+    }

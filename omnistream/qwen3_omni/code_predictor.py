@@ -46,6 +46,8 @@ import torch
 from transformers import DynamicCache
 from transformers.masking_utils import create_causal_mask
 
+from omnistream.capture import capturable
+
 log = logging.getLogger(__name__)
 
 # Eager runs per (bucket, step) on a side stream before a capture: lazily initialised kernels and
@@ -208,7 +210,9 @@ class CodePredictorRunner:
         static[:batch].copy_(embeds)
         graph = self.graphs.get((bucket, group))
         if graph is None:
-            return self.forward(group, static)[:batch]
+            with capturable("code predictor step"):
+                logits = self.forward(group, static)
+            return logits[:batch]
         with self._current_device():  # the talker's GPU, not whichever is current
             graph.replay()
         return self.outputs[(bucket, group)][:batch]

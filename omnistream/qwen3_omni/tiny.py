@@ -130,7 +130,13 @@ def build_tokenizer(directory: Path) -> dict[str, int]:
     return ids
 
 
-def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, experts: int = 4):
+def tiny_config(
+    ids: dict[str, int],
+    hidden_size: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+    code_predictor_layers: int = 1,
+):
     from transformers import Qwen3OmniMoeConfig
 
     heads = 4
@@ -209,7 +215,7 @@ def tiny_config(ids: dict[str, int], hidden_size: int = 64, layers: int = 2, exp
             "vocab_size": 2048,
             "hidden_size": hidden_size,
             "intermediate_size": hidden_size * 2,
-            "num_hidden_layers": 1,
+            "num_hidden_layers": code_predictor_layers,
             "num_attention_heads": heads,
             "num_key_value_heads": 2,
             "head_dim": head_dim,
@@ -325,16 +331,29 @@ def _rescale_code2wav(model, target_rms: float, seed: int) -> None:
 
 
 def make_tiny_model(
-    directory: str | Path, seed: int = 0, hidden_size: int = 64, layers: int = 2, experts: int = 4
+    directory: str | Path,
+    seed: int = 0,
+    hidden_size: int = 64,
+    layers: int = 2,
+    experts: int = 4,
+    code_predictor_layers: int = 1,
 ) -> Path:
-    """Write a deterministic tiny checkpoint (config, safetensors, tokenizer) into `directory`."""
+    """Write a deterministic tiny checkpoint (config, safetensors, tokenizer) into `directory`.
+    `code_predictor_layers=5` gives the real model's code-predictor depth (the talker frame's op
+    count grows with it: 15 steps x layers)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     ids = build_tokenizer(directory)
     write_processor_config(directory)
-    config = tiny_config(ids, hidden_size=hidden_size, layers=layers, experts=experts)
+    config = tiny_config(
+        ids,
+        hidden_size=hidden_size,
+        layers=layers,
+        experts=experts,
+        code_predictor_layers=code_predictor_layers,
+    )
     torch.manual_seed(seed)
     model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     _zero_uninitialized(model)
@@ -347,6 +366,7 @@ def make_tiny_model(
                 "hidden_size": hidden_size,
                 "layers": layers,
                 "experts": experts,
+                "code_predictor_layers": code_predictor_layers,
                 "builder": builder_version(),
             }
         )

@@ -16,6 +16,11 @@ prefill budget, the free KV slots and the frame rows alike. `max_step_batch` cap
 take a frame step (default: every slotted one, `max_batch`); a request left out for a more urgent
 one is counted in `stats.deferred`.
 
+With static frames (`LoadOptions.static_frames`, `--static-frames`) a frame runs as two fixed-shape,
+graph-capturable steps instead (omnistream/qwen3_omni/talker_frame.py: the code predictor's 15
+codebooks, then the talker's decode, each with its sampling), captured as CUDA graphs with
+`--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
+
 Part of the qwen3_omni family: built by `omnistream.qwen3_omni.family`, which callers go through.
 """
 
@@ -41,8 +46,9 @@ from omnistream.playout import (
     check_step_budget,
 )
 from omnistream.qwen3_omni.checkpoint import load_stage
-from omnistream.qwen3_omni.code_predictor import CodePredictorRunner
+from omnistream.qwen3_omni.code_predictor import CodePredictorRunner, batch_buckets
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
+from omnistream.qwen3_omni.talker_frame import StaticTalkerFrame
 from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
     TTS_EOS,
@@ -108,6 +114,8 @@ class TalkerEngine(Engine):
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         max_step_batch: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+        static_frames: bool | None = None,
+        graph_buckets: bool | None = None,
     ) -> None:
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         if prefill_chunk < 1:
@@ -144,17 +152,40 @@ class TalkerEngine(Engine):
         text = tc.text_config
         self.max_batch = max_batch
         self.max_model_len = max_model_len
+        # Static frames (omnistream/qwen3_omni/talker_frame.py): each frame as two fixed-shape,
+        # graph-capturable steps; one more cache slot, the padding rows' scratch.
+        static = options.static_frames if static_frames is None else static_frames
+        slots = max_batch + 1 if static else max_batch
         self.cache = SlotKVCache.for_text_config(
-            text, max_batch, max_model_len, options.torch_dtype(), options.device
+            text, slots, max_model_len, options.torch_dtype(), options.device
         )
         # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
+        # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
+        graph_buckets = options.cuda_graphs if graph_buckets is None else graph_buckets
         self.code_predictor = CodePredictorRunner(
-            self.cp, max_batch, options.torch_dtype(), options.device, cuda_graphs=options.cuda_graphs
+            self.cp,
+            max_batch,
+            options.torch_dtype(),
+            options.device,
+            cuda_graphs=options.cuda_graphs and not static,  # static frames capture it themselves
+            buckets=batch_buckets(max_batch) if graph_buckets else None,
         )
         # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
         # over the request's codebook-0 history) and the code predictor's groups.
-        self.sampler = BatchSampler(vocab, options.device, slots=max_batch, suppress=self.suppress)
+        self.sampler = BatchSampler(vocab, options.device, slots=slots, suppress=self.suppress)
         self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
+        self.frame: StaticTalkerFrame | None = None
+        if static:
+            self.frame = StaticTalkerFrame(
+                self.talker,
+                self.code_predictor,
+                self.prompts,
+                self.cache,
+                self.sampler,
+                self.cp_sampler,
+                graph_buckets=graph_buckets,
+                cuda_graphs=options.cuda_graphs,
+            )
 
     # --- public API ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
@@ -384,13 +415,17 @@ class TalkerEngine(Engine):
                 with self._row(state):
                     self._accept_code0(state, code0, hidden[row : row + 1])
 
-    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor) -> None:
+    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor | None) -> None:
         if code0 == self.codec_eos:
             state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
             self._finish(state)
             return
         state.pending_code0 = code0
-        state.past_hidden = hidden
+        if self.frame is not None:  # static frames: the slot's buffer, where the next step reads it
+            if hidden is not None:
+                self.frame.store_hidden(state.slot, hidden)
+        else:
+            state.past_hidden = hidden
 
     def _run(self, work) -> None:
         prefill, predict, decode = work
@@ -405,7 +440,10 @@ class TalkerEngine(Engine):
                 self._states_failed([state], exc)
         predict = [s for s in predict if not s.finished]
         if predict:
-            self._predict_residuals(predict)
+            if self.frame is not None:
+                self._predict_static(predict)
+            else:
+                self._predict_residuals(predict)
             # One step per frame: whoever has its next text row goes straight on to the talker forward.
             with self._cond:
                 decode += [
@@ -414,6 +452,9 @@ class TalkerEngine(Engine):
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
+            if self.frame is not None:
+                self._decode_static(decode)
+                return
             hidden = self._talker_forward(decode, self._next_inputs(decode), commit=False)
             self._take_code0(decode, hidden, commit=True)
 
@@ -445,9 +486,8 @@ class TalkerEngine(Engine):
         state.prompt_rows = state.prompt_positions = None  # spent
         return hidden
 
-    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
-        """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
-        tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
+    def _next_picks(self, states: list[_TalkerState]) -> list[int]:
+        """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad."""
         picks = []
         for state in states:
             index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
@@ -455,8 +495,43 @@ class TalkerEngine(Engine):
                 picks.append(state.stream[index])
             else:
                 picks.append(TTS_EOS if index == len(state.stream) else TTS_PAD)
+        return picks
+
+    def _cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
+        # The reference's code predictor samples with fixed knobs whenever the talker samples.
+        return [
+            RowSampling(
+                SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
+            )
+            for s in states
+        ]
+
+    def _predict_static(self, states: list[_TalkerState]) -> None:
+        """`_predict_residuals` as one capturable step (static frames)."""
+        assert self.frame is not None
+        slots = [s.slot for s in states]
+        frames = self.frame.predict(slots, [s.pending_code0 for s in states], self._cp_rows(states))
+        for state, frame in zip(states, frames, strict=True):
+            with self._row(state):
+                self._emit_frame(state, frame, None)
+
+    def _decode_static(self, states: list[_TalkerState]) -> None:
+        """The talker forward and codebook 0 as one capturable step (static frames)."""
+        assert self.frame is not None
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        codes = self.frame.decode(
+            [s.slot for s in states], self._next_picks(states), [s.rope_delta for s in states], rows
+        )
+        for state, code0 in zip(states, codes, strict=True):
+            if not state.finished:
+                with self._row(state):
+                    self._accept_code0(state, code0, None)
+
+    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
+        """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
+        tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
         codec = torch.cat([s.next_codec_sum for s in states], dim=0)
-        return codec + self.prompts.trailing_rows(picks)
+        return codec + self.prompts.trailing_rows(self._next_picks(states))
 
     def _predict_residuals(self, states: list[_TalkerState]) -> None:
         """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
@@ -468,16 +543,8 @@ class TalkerEngine(Engine):
         codes = [code0[:, 0]]
         hiddens = [code0_embed]
         embedding = self.cp.model.get_input_embeddings()
-        # The reference's code predictor samples with fixed knobs whenever the talker samples; the
-        # ids stay on the device until the frame is done (one copy to the host per frame).
-        knobs = self.cp_sampler.prepare(
-            [
-                RowSampling(
-                    SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
-                )
-                for s in states
-            ]
-        )
+        # The ids stay on the device until the frame is done (one copy to the host per frame).
+        knobs = self.cp_sampler.prepare(self._cp_rows(states))
         for group in range(self.num_groups - 1):
             logits = self.code_predictor.run(group, embeds)
             ids = self.cp_sampler.sample(logits, knobs)
@@ -490,7 +557,7 @@ class TalkerEngine(Engine):
             with self._row(state):
                 self._emit_frame(state, frames[row], codec_sum[row : row + 1])
 
-    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor) -> None:
+    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor | None) -> None:
         state.pending_code0 = None
         state.past_hidden = None
         state.next_codec_sum = codec_sum

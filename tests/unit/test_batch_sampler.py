@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from omnistream.batch_sampler import BatchSampler, RowSampling
+from omnistream.batch_sampler import BatchSampler, RowSampling, draw_noise
 from omnistream.sampling import choose
 from omnistream.sampling_params import SamplingParams
 
@@ -92,3 +92,30 @@ def test_reset_forgets_the_previous_request():
     sampler.reset(1, [3, 4])
     sampler.reset(1, [5])
     assert sampler.presence[1].nonzero().flatten().tolist() == [5]
+
+
+def test_noise_drawn_beforehand_gives_the_successive_draws():
+    """`draw_noise` fills each sampled row's noise for several steps at once; on the CPU those are
+    the numbers the same number of `sample` calls draw one by one, so the ids are the same and
+    each generator ends in the same state. Greedy rows draw nothing."""
+    vocab, draws = 700, 5
+    rows_a = [RowSampling(p, p.generator("cpu")) for p in KNOBS]
+    rows_b = [RowSampling(p, p.generator("cpu")) for p in KNOBS]
+    logits = [
+        torch.randn(len(KNOBS), vocab, generator=torch.Generator().manual_seed(d)) for d in range(draws)
+    ]
+    sampler = BatchSampler(vocab, slots=len(KNOBS))
+    slots = torch.arange(len(KNOBS))
+    knobs = sampler.prepare(rows_a)
+    one_by_one = [sampler.sample(x, knobs, slots) for x in logits]
+    sampler = BatchSampler(vocab, slots=len(KNOBS))
+    noise = torch.empty(len(KNOBS), draws, vocab)
+    draw_noise(rows_b, noise)
+    beforehand = [
+        sampler.sample(x, sampler.prepare(rows_b), slots, noise=noise[:, d]) for d, x in enumerate(logits)
+    ]
+    assert all(torch.equal(a, b) for a, b in zip(one_by_one, beforehand, strict=True))
+    for a, b in zip(rows_a, rows_b, strict=True):
+        if a.generator is not None:
+            assert torch.equal(a.generator.get_state(), b.generator.get_state())
+    assert torch.equal(noise[0], torch.ones(draws, vocab))  # the greedy row

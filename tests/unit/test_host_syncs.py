@@ -125,8 +125,11 @@ def thinker_decode_counts(model_dir: str, batch: int, counter: SyncCounter) -> C
     return asyncio.run(run())
 
 
-def talker_frame_counts(model_dir: str, batch: int, counter: SyncCounter) -> Counter[str]:
-    engine = TalkerEngine(model_dir, LoadOptions(dtype="float32"), max_batch=batch, max_model_len=256)
+def talker_frame_counts(
+    model_dir: str, batch: int, counter: SyncCounter, static_frames: bool = False
+) -> Counter[str]:
+    options = LoadOptions(dtype="float32", static_frames=static_frames)
+    engine = TalkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
     thinker = ThinkerEngine(model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=256)
 
     async def run():
@@ -157,7 +160,17 @@ def code2wav_counts(model_dir: str, batch: int, counter: SyncCounter) -> Counter
     return asyncio.run(run())
 
 
-CASES = {"thinker": thinker_decode_counts, "talker": talker_frame_counts, "code2wav": code2wav_counts}
+def static_talker_frame_counts(model_dir: str, batch: int, counter: SyncCounter) -> Counter[str]:
+    """The talker frame with static frames (omnistream/qwen3_omni/talker_frame.py)."""
+    return talker_frame_counts(model_dir, batch, counter, static_frames=True)
+
+
+CASES = {
+    "thinker": thinker_decode_counts,
+    "talker": talker_frame_counts,
+    "talker-static": static_talker_frame_counts,
+    "code2wav": code2wav_counts,
+}
 
 
 @pytest.mark.parametrize("stage", sorted(CASES))

@@ -1,5 +1,5 @@
 """tools/gpu-smoke on the CPU with the tiny model: every stage loads, runs its request to the end,
-and reports step times and host syncs per step (so the tool still works when a GPU comes)."""
+and reports step times, host syncs and aten ops per step (so the tool still works when a GPU comes)."""
 
 from __future__ import annotations
 
@@ -33,6 +33,13 @@ def test_gpu_smoke_runs_every_stage_on_the_cpu(tiny_model_dir, tmp_path):
         assert r["steps"] >= 1 and r["median_step_ms"] > 0 and r["estimated_gib"] > 0
         # Every stage hands something back to the host per step (ids, audio): counted, not zero.
         assert r["syncs_per_step"]["max"] >= 1 and sum(r["sync_calls"].values()) >= r["steps"]
+    ops = report["op_counts"]
+    assert ops["ok"], ops
+    assert {(r["stage"], r["batch"]) for r in ops["per_step"]} == {
+        (stage, batch) for stage in ("thinker", "talker", "talker-static", "code2wav") for batch in (1, 4)
+    }
+    for r in ops["per_step"]:
+        assert r["total"] == r["inside"] + r["outside"] > 0, r
 
 
 def test_own_counter_counts_only_inside_and_restores_the_methods():

@@ -19,6 +19,7 @@ from transformers import Qwen3OmniMoeConfig
 from transformers.models.qwen3_omni_moe.configuration_qwen3_omni_moe import Qwen3OmniMoeCode2WavConfig
 from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import Qwen3OmniMoeCode2Wav
 
+from omnistream.op_count import OpCounter
 from omnistream.qwen3_omni.chunk_plan import SCHEDULES, ChunkPlan
 from omnistream.qwen3_omni.code2wav_stream import StreamingCode2Wav
 
@@ -246,3 +247,25 @@ def test_stream_equals_one_shot_decode_long(models, name, dtype, schedule):
         check(model, requests, dtype)
 
     run()
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["carried", "first-chunk"])
+def test_a_step_dispatches_the_same_ops_at_any_batch(models, fresh):
+    """No per-row loop in the step: the rows' states are stacked and the new ones gathered, so
+    batch 8 dispatches exactly the ops of batch 1 (rows at different positions and lengths)."""
+    decoder = StreamingCode2Wav(models[("tiny", torch.float32)])
+    gen = torch.Generator().manual_seed(11)
+
+    def ops(batch: int) -> int:
+        states = []
+        for row in range(batch):
+            state = decoder.new_state()
+            if not fresh:  # carried state: every row already past its first chunk, at its own position
+                _, (state,) = decoder.step([state], [torch.randint(0, 2048, (16, 1 + row), generator=gen)])
+            states.append(state)
+        codes = [torch.randint(0, 2048, (16, 1 + row % 3), generator=gen) for row in range(batch)]
+        with OpCounter() as counter:
+            decoder.step_padded(states, codes)
+        return counter.counts.total
+
+    assert ops(8) == ops(3) == ops(1) > 0

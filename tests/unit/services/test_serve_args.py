@@ -77,3 +77,10 @@ def test_a_step_batch_above_the_batch_is_refused_before_loading():
     )
     refusal = serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "5"))
     assert refusal == "--max-step-batch 5 exceeds --max-batch 4"
+def test_static_frames_is_a_talker_flag_and_off_by_default():
+    assert _parse("talker").static_frames is False
+    assert _parse("talker", "--static-frames").static_frames is True
+    assert serve_args.load_options_refusal(_parse("talker", "--static-frames")) is None  # CPU too
+    for stage in ("thinker", "code2wav"):
+        with pytest.raises(SystemExit):
+            _parse(stage, "--static-frames")
