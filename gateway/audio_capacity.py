@@ -32,7 +32,7 @@ which with one replica measured at a batch no larger than S is C / (S x frame_ra
   is made, the first one's audio is shorter by what the streaming decoder holds back, and the
   listener model (omnistream/listener.py) plays the predicted arrivals. Under the fixed schedule
   that is `initial >= chunk / headroom` (the second, full-size window must be made while the first
-  plays); a growing schedule keeps the first chunk small down to a headroom of about 2.5. The
+  plays); a growing schedule keeps the first chunk small down to a headroom of about 1.7. The
   largest size when none suffices.
 
 Torch-free and pure: the numbers come from the replicas (`replica_speeds`).

@@ -5,11 +5,15 @@ the exact streaming Code2Wav ignores it (it stays on the wire so old and new pee
 
 Schedules (`ChunkPlan.schedule`), i.e. how long each window after the first one is:
 
-* ``"grow"`` (the default): window lengths double, ``initial, 2*initial, 4*initial, ...`` capped at
-  ``chunk`` (2, 4, 8, 16, 25, 25, ... for initial 2, chunk 25). Each window is about as long as all
-  the audio sent before it, so with audio made faster than real time the next chunk is ready before
-  what the client already has has played out. With a fixed schedule the 2-frame first chunk (137 ms
-  of audio after the decoder's trim) plays out long before the 25-frame second one exists, so nearly
+* ``"grow"`` (the default): each window after the first is as long as all the windows before it,
+  capped at ``chunk``: ``initial, initial, 2*initial, 4*initial, ...`` (2, 2, 4, 8, 16, 25, 25, ...
+  for initial 2, chunk 25), so the audio doubles with each window. A window is ready before the
+  audio already sent has played out whenever audio is made faster than real time (the second
+  window, as long as the first, needs only ~1.2x to beat the first one's 137 ms less the decoder's
+  trim). Plain doubling (2, 4, 8, ...) asks for the second window twice the first's length: a
+  stream's first half second is its slowest (its own and its neighbours' prefills), and at ~2x
+  there the 4-frame second window came ~35 ms after the first 137 ms had played. With a fixed
+  schedule the 2-frame first chunk plays out long before the 25-frame second one exists, so nearly
   every answer stalled ~100 ms after its first syllable. The exact streaming Code2Wav decodes any
   window length exactly, so the schedule changes when audio arrives, never what it is.
 * ``"fixed"``: ``initial``, then ``chunk`` frames per window: what every peer did before schedules
@@ -61,16 +65,17 @@ class ChunkPlan:
     def window_end(self, start: int) -> int:
         """The end frame of the window that starts at frame `start` (a window end, or 0).
 
-        Grow: walk the doubling windows until the one that holds `start` (at most log2(chunk)
-        steps); once they reach `chunk` every later window is `chunk` long, as in the fixed
-        schedule. A `start` inside a window (no caller makes one) gets that window's length.
+        Grow: walk the windows (each as long as all before it) until the one that holds `start`
+        (at most log2(chunk) steps); once they reach `chunk` every later window is `chunk` long, as
+        in the fixed schedule. A `start` inside a window (no caller makes one) gets that window's
+        length.
         """
         if self.schedule == SCHEDULE_FIXED:
             return self.initial if start == 0 else start + self.chunk
         begin, length = 0, min(self.initial, self.chunk)
         while length < self.chunk and begin + length <= start:
             begin += length
-            length = min(2 * length, self.chunk)
+            length = min(begin, self.chunk)
         return start + length
 
     def window_lengths(self, count: int) -> list[int]:

@@ -88,10 +88,10 @@ def test_under_the_fixed_schedule_the_first_chunk_grows_as_headroom_shrinks():
 
 
 def test_a_growing_schedule_keeps_the_first_chunk_small_while_doubling_stays_ahead():
-    for headroom in (math.inf, 12.0, 4.0, 3.0, 2.5):
+    for headroom in (math.inf, 12.0, 4.0, 3.0, 2.0):
         assert initial_frames_for(headroom, 25, "grow") == 2
-    assert initial_frames_for(2.3, 25, "grow") == 4  # 2 frames would run dry before the 4 after them
-    assert initial_frames_for(2.0, 25, "grow") == 16  # doubling outruns production: buffer first
+    assert initial_frames_for(1.6, 25, "grow") == 8  # 2 then 2 frames would run dry before the 4
+    assert initial_frames_for(1.4, 25, "grow") == 16  # barely faster than real time: buffer first
     assert initial_frames_for(0.0, 25, "grow") == 16
 
 

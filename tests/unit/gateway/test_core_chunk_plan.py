@@ -28,12 +28,12 @@ def test_the_plan_takes_the_requests_schedule():
     assert _plan().schedule == "grow"
     assert _plan(codec_chunk_schedule="fixed").schedule == "fixed"
     plan = _plan(initial_codec_chunk_frames=3, codec_chunk_frames=20, codec_chunk_schedule="grow")
-    assert (plan.initial, plan.chunk, plan.window_lengths(5)) == (3, 20, [3, 6, 12, 20, 20])
+    assert (plan.initial, plan.chunk, plan.window_lengths(5)) == (3, 20, [3, 3, 6, 12, 20])
 
 
 def test_under_load_the_first_window_is_larger_and_the_rest_still_grow():
     plan = _plan(active=8)
-    assert plan.initial == 16 and plan.window_lengths(3) == [16, 25, 25]
+    assert plan.initial == 16 and plan.window_lengths(4) == [16, 16, 25, 25]
 
 
 def test_an_unknown_schedule_is_invalid_naming_the_field():

@@ -17,13 +17,14 @@ def test_recompute_windows_follow_the_anchor_example():
 
 
 def test_recompute_windows_follow_the_growing_schedule():
-    # Windows 4, 8, 16, ... each with up to 25 frames of context and one of lookahead.
+    # Windows 4, 4, 8, 16, ... each with up to 25 frames of context and one of lookahead.
     plan = ChunkPlan(4, 25, 25, "grow")
     assert plan.span(0, 40, True) == (0, 4, 5, True)
-    assert plan.span(4, 40, True) == (0, 12, 13, True)
-    assert plan.span(12, 40, True) == (0, 28, 29, True)
-    assert plan.span(28, 40, True) == (3, 40, 40, False)
-    assert not plan.ready(4, 12, False) and plan.ready(4, 13, False)
+    assert plan.span(4, 40, True) == (0, 8, 9, True)
+    assert plan.span(8, 40, True) == (0, 16, 17, True)
+    assert plan.span(16, 40, True) == (0, 32, 33, True)
+    assert plan.span(32, 40, True) == (7, 40, 40, False)
+    assert not plan.ready(4, 8, False) and plan.ready(4, 9, False)
 
 
 @pytest.mark.parametrize("schedule", ["grow", "fixed"])
@@ -40,12 +41,12 @@ def test_flush_points_are_window_ends_for_the_exact_stream():
     assert list(itertools.islice(flush_points(fixed), 3)) == [4, 29, 54]
     assert list(itertools.islice(flush_points(fixed, lookahead=1), 3)) == [5, 30, 55]
     grow = ChunkPlan(2, 25, 25, "grow")
-    assert list(itertools.islice(flush_points(grow), 7)) == [2, 6, 14, 30, 55, 80, 105]
-    assert list(itertools.islice(flush_points(grow, lookahead=1), 4)) == [3, 7, 15, 31]
+    assert list(itertools.islice(flush_points(grow), 7)) == [2, 4, 8, 16, 32, 57, 82]
+    assert list(itertools.islice(flush_points(grow, lookahead=1), 4)) == [3, 5, 9, 17]
 
 
 def test_shipper_ships_each_window_end():
-    shipper = FrameShipper(ChunkPlan(2, 3, 0))
+    shipper = FrameShipper(ChunkPlan(2, 3, 0, "fixed"))
     shipped = []
     for frame in range(9):
         shipper.frames.append([frame] * 16)
@@ -69,14 +70,16 @@ def _ship(plan: ChunkPlan, total: int, per_step: int, lookahead: int = 0) -> lis
     return shipped
 
 
-def test_shipper_over_the_growing_plan_ships_doubling_windows():
-    assert _ship(ChunkPlan(2, 25, 0, "grow"), 70, 1) == [(0, 2), (2, 4), (6, 8), (14, 16), (30, 25), (55, 15)]
+def test_shipper_over_the_growing_plan_ships_windows_as_long_as_all_before_them():
+    assert _ship(ChunkPlan(2, 25, 0, "grow"), 70, 1) == [
+        (0, 2), (2, 2), (4, 4), (8, 8), (16, 16), (32, 25), (57, 13)
+    ]  # fmt: skip
     assert _ship(ChunkPlan(2, 25, 0, "grow"), 70, 1, lookahead=1) == [
-        (0, 3), (3, 4), (7, 8), (15, 16), (31, 25), (56, 14)
+        (0, 3), (3, 2), (5, 4), (9, 8), (17, 16), (33, 25), (58, 12)
     ]  # fmt: skip
     # Frames arriving several per step: a batch holds whatever is in, never splits a window, and
     # the next due point is the first window end past what was shipped.
-    assert _ship(ChunkPlan(2, 25, 0, "grow"), 40, 5) == [(0, 5), (5, 5), (10, 5), (15, 15), (30, 10)]
+    assert _ship(ChunkPlan(2, 25, 0, "grow"), 40, 5) == [(0, 5), (5, 5), (10, 10), (20, 15), (35, 5)]
     assert _ship(ChunkPlan(2, 25, 0, "fixed"), 40, 1) == [(0, 2), (2, 25), (27, 13)]
 
 

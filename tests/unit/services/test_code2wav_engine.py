@@ -65,7 +65,7 @@ def test_audio_chunks_follow_the_schedule(engine, schedule):
         return [c.audio.size async for c in out]
 
     sizes = asyncio.run(run())
-    windows = {"grow": [2, 4, 8, 16, 25, 15], "fixed": [2, 25, 25, 18]}[schedule]
+    windows = {"grow": [2, 2, 4, 8, 16, 25, 13], "fixed": [2, 25, 25, 18]}[schedule]
     assert sizes == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
 
 
