@@ -8,7 +8,9 @@ positions, are decoded in one batched step; requests join and leave between step
 A step takes at most `max_batch` windows (and, with `max_step_frames`, about that many frames),
 most urgent first: by deadline (omnistream/playout.py: when the request's listener runs dry, from
 the samples this stage emitted since its first audio; before it, arrival + the first-audio
-target). A ready window left for a more urgent one is counted in `stats.deferred`.
+target). A window longer than the most urgent one waits a step too: a batch pads every row to its
+longest window, so it would make the most urgent request wait for frames it does not need. A ready
+window left for a more urgent one is counted in `stats.deferred`.
 
 `decode="recompute"` keeps the previous path, only as the benchmark's baseline: each window is
 re-decoded with up to `left_context` frames before it and one lookahead frame after it and the
@@ -150,6 +152,7 @@ class Code2WavEngine(Engine):
         ready = []
         frames = self.max_step_frames  # what is left of the step's frame budget (None: no budget)
         deferred = 0
+        longest: int | None = None  # the step's padded window length: the most urgent window's
         for state in by_deadline(candidates):
             if state.finished or not state.output.has_room():
                 continue
@@ -157,9 +160,16 @@ class Code2WavEngine(Engine):
             if not (end_only or self._window_ready(state)):
                 continue
             size = 0 if end_only else self._window_frames(state)
-            if len(ready) >= self.max_batch or (frames is not None and ready and size > frames):
+            full = len(ready) >= self.max_batch or (frames is not None and ready and size > frames)
+            # A batched decode pads every row to the longest window: a longer window than the most
+            # urgent one's would make that one wait for frames it does not need (a new stream's
+            # 2-frame window held up by eight 25-frame ones: ~400 ms here). It waits a step, which
+            # its listener can afford: it is further from running dry.
+            if full or (longest is not None and size > longest):
                 deferred += 1  # the step is full of more urgent windows: this one waits a step
                 continue
+            if size:
+                longest = size if longest is None else max(longest, size)
             if frames is not None:
                 frames = max(0, frames - size)
             ready.append(state)

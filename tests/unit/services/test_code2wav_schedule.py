@@ -18,7 +18,7 @@ from omnistream.playout import Playout
 from omnistream.qwen3_omni.codec_chunks import ChunkPlan
 from services.code2wav.engine import Code2WavEngine
 
-PLAN = ChunkPlan(4, 8, 8)  # a first window of 4 frames, then 8 each
+PLAN = ChunkPlan(4, 8, 8, "fixed")  # a first window of 4 frames, then 8 each
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +80,26 @@ def test_the_least_buffered_windows_go_first_and_the_rest_wait(c2w):
     first, second, third = asyncio.run(run())
     assert first == ["behind", "middle"]  # most urgent first; "ahead" waits
     assert second == ["middle", "behind"]
-    assert third == ["ahead", "middle"]
+    # ahead's 4-frame first window is the most urgent: the others' 8 frames would pad it to 8.
+    assert third == ["ahead"]
+
+
+def test_a_longer_window_waits_for_a_step_of_its_own_instead_of_padding_the_most_urgent(c2w):
+    async def run():
+        c2w.max_batch = 3
+        _open(c2w, "old")
+        _step(c2w)  # its first window: the next one is 8 frames
+        _open(c2w, "new", "newer")
+        _set_buffered(c2w, {"old": 1.0, "new": 0.0, "newer": 0.1})
+        urgent = _step(c2w)  # the new ones' 4-frame windows; old's 8 would pad them
+        assert c2w.stats.last_deferred == 1
+        _set_buffered(c2w, {"old": 0.0, "new": 1.0, "newer": 1.0})
+        padded = _step(c2w)  # old's 8 frames go first now: the shorter ones may join
+        return urgent, padded
+
+    urgent, padded = asyncio.run(run())
+    assert urgent == ["new", "newer"]
+    assert padded == ["old", "new", "newer"]
 
 
 def test_a_frame_budget_takes_the_most_urgent_window_however_long_then_what_fits(c2w):
