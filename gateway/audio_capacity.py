@@ -134,9 +134,13 @@ def chunk_sizes(chunk: int) -> list[int]:
     return sizes or [1]
 
 
-def predicted_stalls(headroom: float, plan: ChunkPlan, frame_rate: float = DEFAULT_FRAME_RATE) -> int:
+def predicted_stalls(
+    headroom: float, plan: ChunkPlan, frame_rate: float = DEFAULT_FRAME_RATE, pause: float = 0.0
+) -> int:
     """Stalls the listener model predicts for a stream made `headroom` times faster than real time
-    and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows."""
+    and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows;
+    every window after the first arrives `pause` seconds later still (the other streams' work that
+    runs between two of this one's, `code2wav_pause`)."""
     if headroom <= 0:
         return PREDICTED_WINDOWS
     made = headroom * frame_rate  # frames a second
@@ -145,17 +149,33 @@ def predicted_stalls(headroom: float, plan: ChunkPlan, frame_rate: float = DEFAU
     for index, length in enumerate(plan.window_lengths(PREDICTED_WINDOWS)):
         end += length
         seconds = length / frame_rate - (FIRST_CHUNK_HOLDBACK_S if index == 0 else 0.0)
-        arrivals.append(AudioArrival(end / made, max(0, round(seconds * rate)), rate))
+        late = pause if index else 0.0
+        arrivals.append(AudioArrival(end / made + late, max(0, round(seconds * rate)), rate))
     return listen(arrivals).stalls
 
 
+def code2wav_pause(streams: int, chunk: int, code2wav_capacity: float | None) -> float:
+    """How long a new stream's next window may wait behind the others' at Code2Wav: one full window
+    of each other stream (`chunk` frames) decoded first, at its measured frames per busy second
+    (0 when unknown). A stream's first windows are its most fragile: on a loaded 2-core machine a
+    prediction from speed alone kept 2-frame first chunks that then ran dry at concurrency 10-16."""
+    if not code2wav_capacity or code2wav_capacity <= 0 or streams <= 1:
+        return 0.0
+    return (streams - 1) * chunk / code2wav_capacity
+
+
 def initial_frames_for(
-    headroom: float, chunk: int, schedule: str = "grow", frame_rate: float = DEFAULT_FRAME_RATE
+    headroom: float,
+    chunk: int,
+    schedule: str = "grow",
+    frame_rate: float = DEFAULT_FRAME_RATE,
+    pause: float = 0.0,
 ) -> int:
     """The smallest first chunk of the load rule's sizes under which the predicted listener never
     waits (module docstring); the largest when none does."""
     sizes = chunk_sizes(chunk)
     for size in sizes:
-        if predicted_stalls(headroom, ChunkPlan(size, chunk, schedule=schedule), frame_rate) == 0:
+        plan = ChunkPlan(size, chunk, schedule=schedule)
+        if predicted_stalls(headroom, plan, frame_rate, pause) == 0:
             return size
     return sizes[-1]

@@ -22,6 +22,7 @@ from gateway.audio_capacity import (
     AUDIO_STAGES,
     DEFAULT_FRAME_RATE,
     AudioCapacity,
+    code2wav_pause,
     initial_frames_for,
     measured_capacity,
     replica_speeds,
@@ -374,11 +375,14 @@ class GatewayCore:
                 chunk = request.codec_chunk_frames
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
+                chunk = request.codec_chunk_frames
+                pause = code2wav_pause(streams, chunk, self.stage_capacity("code2wav"))
                 initial = initial_frames_for(
                     headroom,
-                    request.codec_chunk_frames,
+                    chunk,
                     request.codec_chunk_schedule,
                     self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
+                    pause,
                 )
         return ChunkPlan(
             initial,

@@ -16,6 +16,7 @@ from gateway.audio_capacity import (
     AudioCapacity,
     ReplicaSpeed,
     chunk_sizes,
+    code2wav_pause,
     initial_frames_for,
     measured_capacity,
     predicted_stalls,
@@ -364,3 +365,15 @@ async def test_the_hold_can_be_turned_off():
             permit.release()
     finally:
         await close(core)
+
+
+def test_the_other_streams_windows_at_code2wav_make_a_new_stream_start_with_more_audio():
+    # Alone, or with Code2Wav's speed unknown, nothing waits ahead of the new stream's windows.
+    assert code2wav_pause(1, 25, 450.0) == 0.0 and code2wav_pause(8, 25, None) == 0.0
+    # Three others' 25-frame windows at 450 frames per busy second: 1/6 s.
+    assert code2wav_pause(4, 25, 450.0) == pytest.approx(75 / 450)
+    assert initial_frames_for(4.0, 25, "grow") == 2
+    assert initial_frames_for(4.0, 25, "grow", pause=code2wav_pause(4, 25, 450.0)) == 4
+    assert initial_frames_for(4.0, 25, "grow", pause=code2wav_pause(16, 25, 450.0)) == 16
+    plan = ChunkPlan(2, 25)
+    assert predicted_stalls(4.0, plan) == 0 and predicted_stalls(4.0, plan, pause=0.2) == 1
