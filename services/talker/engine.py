@@ -61,6 +61,12 @@ from omnistream.qwen3_omni.talker_rope import talker_rope
 from omnistream.sampling import SamplingParams
 from omnistream.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
+# A listener with less audio than this left is near running dry: new prompts then prefill at most
+# URGENT_PREFILL_ROWS rows a step (a stream's first 2-frame chunk plays 137 ms; a step prefilling
+# several 100-row prompts took about that long here).
+NEAR_DRY_S = 0.4
+URGENT_PREFILL_ROWS = 32
+
 # The reference's code predictor samples with these whenever the talker samples.
 CODE_PREDICTOR_TOP_K = 50
 CODE_PREDICTOR_TOP_P = 0.8
@@ -327,6 +333,11 @@ class TalkerEngine(Engine):
         prefill: list[tuple[_TalkerState, int]] = []  # (request, rows it may prefill this step)
         predict, decode = [], []
         rows = self.prefill_chunk  # prefill budget of this step
+        if self._listener_near_dry(candidates, now):
+            # New requests' prompts are work for listeners still far from running dry: while one
+            # that is already playing has little left, they get a small piece a step, so the step
+            # that brings its next frame stays short.
+            rows = min(rows, URGENT_PREFILL_ROWS)
         free = self.cache.free_slots
         room = self.max_step_batch  # requests that may take a frame step
         deferred = 0
@@ -361,6 +372,14 @@ class TalkerEngine(Engine):
         self._deferred(deferred)
         self.stats.last_buffered = buffered_seconds([s for s, _ in prefill] + predict + decode, now)
         return prefill, predict, decode
+
+    def _listener_near_dry(self, candidates, now: float) -> bool:
+        """Is a request that has started playing within `NEAR_DRY_S` of running dry?"""
+        return any(
+            s.prefill_done and s.playout.first_output is not None and s.playout.buffered(now) < NEAR_DRY_S
+            for s in candidates
+            if not s.finished
+        )
 
     def _work_states(self, work):
         _, predict, decode = work  # not the prefills: each runs alone and answers for itself

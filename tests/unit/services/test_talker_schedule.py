@@ -136,3 +136,34 @@ def test_frame_seconds_and_cap_validation(talker, tiny_model_dir):
         TalkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_step_batch=3)
     with pytest.raises(ValueError, match="max_step_batch must be at least 1"):
         TalkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_step_batch=0)
+
+
+def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_pieces(
+    talker, prompt, tiny_model_dir
+):
+    from services.talker.engine import NEAR_DRY_S, URGENT_PREFILL_ROWS
+
+    long_prompt = ChatEncoder(load_tokenizer(tiny_model_dir), 256).encode(
+        [{"role": "user", "content": "hello there " * 30}]
+    )
+
+    async def run():
+        talker.max_step_batch = 3
+        _open(talker, prompt, "playing")
+        _prefill_all(talker)
+        state = talker._requests["playing"]
+        _open(talker, long_prompt, "new")
+        new = talker._requests["new"]
+        # Its listener has little left: the new prompt gets a small piece this step.
+        state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=0.1)
+        _step(talker)
+        small = new.prefilled
+        # Far from dry: the rest of the prompt goes in at the full budget.
+        state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=10.0)
+        _step(talker)
+        return small, new.prefilled, new.prefill_done
+
+    small, after, done = asyncio.run(run())
+    assert NEAR_DRY_S > 0.1
+    assert small == URGENT_PREFILL_ROWS
+    assert done and after > URGENT_PREFILL_ROWS
