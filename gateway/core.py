@@ -370,12 +370,11 @@ class GatewayCore:
             admitted = permit is not None
             streams = self.admission.audio_active + (0 if admitted and permit.audio else 1)
             headroom = self.audio_capacity().headroom(streams)
+            chunk = request.codec_chunk_frames
             if headroom is None:
                 others = self.admission.active - (1 if admitted else 0)
-                chunk = request.codec_chunk_frames
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
-                chunk = request.codec_chunk_frames
                 pause = code2wav_pause(streams, chunk, self.stage_capacity("code2wav"))
                 initial = initial_frames_for(
                     headroom,
@@ -384,12 +383,7 @@ class GatewayCore:
                     self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
                     pause,
                 )
-        return ChunkPlan(
-            initial,
-            request.codec_chunk_frames,
-            request.codec_left_context_frames,
-            request.codec_chunk_schedule,
-        ).validate()
+        return request.chunk_plan(initial)
 
     async def open(
         self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None

@@ -98,12 +98,7 @@ class Pipeline:
         initial = request.initial_codec_chunk_frames
         if initial is None:
             initial = dynamic_initial_frames(self._active, self.max_batch, request.codec_chunk_frames)
-        return ChunkPlan(
-            initial,
-            request.codec_chunk_frames,
-            request.codec_left_context_frames,
-            request.codec_chunk_schedule,
-        ).validate()
+        return request.chunk_plan(initial)
 
     async def generate(
         self, request: GenerationRequest, request_id: str | None = None

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from omnistream.errors import InvalidRequest
-from omnistream.qwen3_omni.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES
+from omnistream.qwen3_omni.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES, ChunkPlan
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
 from omnistream.sampling_params import SamplingParams
 
@@ -37,8 +37,8 @@ class GenerationRequest:
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
     codec_chunk_frames: int = 25
     codec_left_context_frames: int = 25
-    # How codec windows after the first grow: "grow" (doubling up to codec_chunk_frames) or "fixed"
-    # (all codec_chunk_frames); see omnistream/qwen3_omni/chunk_plan.py.
+    # How codec windows after the first are sized: "grow" (each as long as all before it, up to
+    # codec_chunk_frames) or "fixed" (all codec_chunk_frames); see omnistream/qwen3_omni/chunk_plan.py.
     codec_chunk_schedule: str = DEFAULT_SCHEDULE
     mode: str = "async"
     # Video parts: also hear their sound track (placed with the frames, as the reference processor
@@ -59,6 +59,13 @@ class GenerationRequest:
             )
         if self.assistant_text is not None and not self.assistant_text:
             raise InvalidRequest("the text to speak is empty", field="input")
+
+    def chunk_plan(self, initial: int) -> ChunkPlan:
+        """This request's codec chunk plan with a first window of `initial` frames (the runner
+        chooses it from load when the request left it open), validated."""
+        return ChunkPlan(
+            initial, self.codec_chunk_frames, self.codec_left_context_frames, self.codec_chunk_schedule
+        ).validate()
 
 
 @dataclass

@@ -168,8 +168,8 @@ class Code2WavEngine(Engine):
             if full or (longest is not None and size > longest):
                 deferred += 1  # the step is full of more urgent windows: this one waits a step
                 continue
-            if size:
-                longest = size if longest is None else max(longest, size)
+            if size and longest is None:
+                longest = size  # no later window is longer: those wait
             if frames is not None:
                 frames = max(0, frames - size)
             ready.append(state)
