@@ -48,6 +48,10 @@ class GatewayConfig:
     audio_hold: bool = True
     audio_hold_margin: float = 0.2
     audio_hold_queue: int | None = None
+    # Start guard (part of the audio hold, admission.py): while a stream whose first chunk is
+    # shorter than this many seconds has less than this in hand, new audio requests wait, then start
+    # together; 0 turns it off.
+    audio_start_guard: float = 1.0
     request_timeout: float = 600.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = DEFAULTS.max_tokens
@@ -143,6 +147,8 @@ class GatewayConfig:
             raise ValueError("stage_tls_cert and stage_tls_key go together")
         if self.audio_hold_margin < 0:
             raise ValueError("audio_hold_margin must be at least 0")
+        if self.audio_start_guard < 0:
+            raise ValueError("audio_start_guard must be at least 0")
         if self.audio_hold_queue is not None and self.audio_hold_queue < 0:
             raise ValueError("audio_hold_queue must be at least 0")
         if self.discovery_interval <= 0:

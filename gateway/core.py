@@ -46,6 +46,9 @@ from omnistream.stage_chain import stages_for
 
 log = logging.getLogger(__name__)
 
+# The longest a fragile stream holds new audio starts (the start guard, admission.py), whatever it
+# has in hand.
+START_GUARD_TIMEOUT_S = 3.0
 AUDIO_BUFFER = 64  # audio chunks held for a slow reader before the stages feel backpressure
 
 Event = TextEvent | AudioEvent | DoneEvent
@@ -110,7 +113,12 @@ class Session:
         replicas: list[Replica],
         body: Callable[[Emit], Awaitable[DoneEvent]],
         deadline: float,
+        first_chunk_s: float | None = None,
+        start_guard: float = 0.0,
     ) -> None:
+        """`first_chunk_s`: the audio seconds of the request's first chunk, when it has audio; while
+        a stream that started with less than `start_guard` seconds has less than that in hand, new
+        audio starts wait (the start guard, admission.py)."""
         self.core = core
         self.request_id = request_id
         self._permit = permit
@@ -124,6 +132,18 @@ class Session:
         self._closed = False
         self._status = "cancelled"
         self._first: Event | None = None
+        self._guard = start_guard
+        self._guard_timer: asyncio.TimerHandle | None = None
+        if first_chunk_s is not None and first_chunk_s < self._guard and permit.audio:
+            permit.mark_starting()
+            # A stream that never gets ahead (no audio, or slower than real time) holds no one for long.
+            self._guard_timer = asyncio.get_running_loop().call_later(START_GUARD_TIMEOUT_S, permit.settle)
+
+    def _audio_in_hand(self, now: float) -> float:
+        """Seconds of audio the listener has received but not yet played (listener model)."""
+        t = self.timings
+        played = now - t.first_audio - self.listening().stall_s
+        return t.audio_seconds - played
 
     async def _run_source(self) -> None:
         try:
@@ -166,6 +186,9 @@ class Session:
             t.last_audio = now
             t.audio_seconds += item.audio.size / item.sample_rate
             t.audio_chunks.append(AudioArrival(now, item.audio.size, item.sample_rate))
+            guarded = self._guard_timer is not None and self._permit.starting
+            if guarded and self._audio_in_hand(now) >= self._guard:
+                self._permit.settle()
         elif isinstance(item, DoneEvent):
             self.done = item
             m.e2e.observe(now - t.started)
@@ -219,6 +242,8 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self._guard_timer is not None:
+            self._guard_timer.cancel()
         if self._pump is not None:
             self._pump.cancel()
             with contextlib.suppress(BaseException):
@@ -424,7 +449,10 @@ class GatewayCore:
             # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
             stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
             body = functools.partial(run_stages, stubs, request, stage_rid, plan, timeout=timeout)
-            session = Session(self, rid, permit, picked, body, deadline)
+            first_chunk_s = plan.initial / (self.deployment.frames_per_second or DEFAULT_FRAME_RATE)
+            audio_s = first_chunk_s if request.return_audio else None
+            guard = self.config.audio_start_guard if self.config.audio_hold else 0.0
+            session = Session(self, rid, permit, picked, body, deadline, audio_s, guard)
             session.start()
             try:
                 await session.prime()

@@ -35,6 +35,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "queue_timeout",
         "audio_hold",
         "audio_hold_margin",
+        "audio_start_guard",
         "audio_hold_queue",
         "request_timeout",
         "max_request_bytes",

@@ -30,6 +30,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="speed to spare: admit while capacity >= (1 + margin) x streams x 12.5 frames/s (0.2)",
     )
     p.add_argument(
+        "--audio-start-guard",
+        type=float,
+        default=None,
+        help="seconds: while a stream with a first chunk shorter than this has less audio than this in "
+        "hand, new audio requests wait, then start together, each sized knowing the others (1.0; 0: off)",
+    )
+    p.add_argument(
         "--audio-hold-queue",
         type=int,
         default=None,

@@ -18,6 +18,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Sequence
 
 from omnistream.launcher import (
     WAIT_STEP_S,
@@ -135,6 +136,7 @@ def start_stack(
     code2wav_replicas: int = 1,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     audio_hold: bool = True,
+    gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
@@ -144,6 +146,7 @@ def start_stack(
     weights and KV cache fit the free memory of its device (omnistream/qwen3_omni/memory.py).
 
     `audio_hold`: False starts the gateway with `--no-audio-hold` (README "Admission").
+    `gateway_flags`: more `omnistream serve gateway` flags (e.g. `--audio-start-guard 0`).
 
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
     already in `services` or killed by `start_services`.
@@ -173,6 +176,7 @@ def start_stack(
         "--max-concurrency",
         str(max_concurrency),
         *([] if audio_hold else ["--no-audio-hold"]),
+        *gateway_flags,
     ]
     for name, service in list(services.items()):
         gateway_args += [f"--{name.split('-')[0]}", service.address]

@@ -156,6 +156,54 @@ async def test_no_headroom_holds_then_admits_when_a_stream_ends():
     assert (admission.active, admission.audio_active) == (0, 0)
 
 
+async def test_a_fragile_stream_holds_new_audio_starts_and_lets_them_in_together_when_it_settles():
+    admission = Admission(16, audio_gate=Gate(None))
+    first = await admission.acquire(audio=True)
+    first.mark_starting()
+    assert admission.audio_starting == 1
+    waves = [asyncio.create_task(admission.acquire(audio=True)) for _ in range(5)]
+    await asyncio.sleep(0.01)
+    assert admission.audio_held == 5 and not any(w.done() for w in waves)
+    text = await asyncio.wait_for(admission.acquire(audio=False), 1)  # text never waits for the guard
+    text.release()
+    first.settle()
+    # All five in at once, each counted in before it resumes: each sizes its first chunk knowing the rest.
+    assert admission.audio_active == 6 and admission.audio_held == 0
+    permits = [await asyncio.wait_for(w, 1) for w in waves]
+    for permit in [first, *permits]:
+        permit.release()
+    assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)
+
+
+async def test_the_guard_waits_for_every_fragile_stream_and_an_ended_one_counts_as_settled():
+    admission = Admission(16, audio_gate=Gate(None))
+    a, b = await admission.acquire(audio=True), await admission.acquire(audio=True)
+    a.mark_starting()
+    b.mark_starting()
+    b.mark_starting()  # counted once
+    held = asyncio.create_task(admission.acquire(audio=True))
+    await asyncio.sleep(0.01)
+    a.settle()
+    await asyncio.sleep(0.01)
+    assert not held.done()  # b is still fragile
+    b.release()  # ending settles it
+    permit = await asyncio.wait_for(held, 1)
+    assert admission.audio_starting == 0
+    for p in (a, permit):
+        p.release()
+    a.settle()  # settling twice or after release changes nothing
+    assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)
+
+
+async def test_the_guard_is_part_of_the_audio_hold():
+    admission = Admission(16)  # no audio gate: the hold is off, and so is the guard
+    first = await admission.acquire(audio=True)
+    first.mark_starting()
+    second = await asyncio.wait_for(admission.acquire(audio=True), 1)
+    for permit in (first, second):
+        permit.release()
+
+
 async def test_a_new_measure_lets_a_held_request_in():
     gate = Gate(1)
     admission = Admission(16, audio_gate=gate)

@@ -101,3 +101,51 @@ async def test_a_request_without_audio_is_not_judged(monkeypatch):
     session, metrics = await _play(monkeypatch, [(0.2, TextEvent([1], "a")), (0.4, _done())])
     assert not session.listening().heard
     assert _sample(metrics, "omnistream_audio_underrun_seconds_count") == 0
+
+
+async def test_a_stream_with_a_short_first_chunk_holds_new_starts_until_it_has_the_guard_in_hand(monkeypatch):
+    """The start guard (gateway/admission.py), driven by what the session hands out: 0.16 s first,
+    then 0.16 s, 0.32 s, 0.64 s at 0.1 s steps; in hand after each: 0.16, 0.22, 0.44, 0.98, then
+    1.0 s of guard reached only with the fifth chunk (1.28 s more at 0.5: 2.16 in hand)."""
+    from gateway.admission import Admission
+
+    clock = Clock()
+    monkeypatch.setattr(gateway.core.time, "perf_counter", clock)
+    admission = Admission(16, audio_gate=lambda running: True)
+    permit = await admission.acquire(audio=True)
+    timeline = [
+        (0.1, _audio(0.16)),
+        (0.2, _audio(0.16)),
+        (0.3, _audio(0.32)),
+        (0.4, _audio(0.64)),
+        (0.5, _audio(1.28)),
+        (0.6, _done()),
+    ]
+    events = [event for _, event in timeline]
+
+    async def body(emit):
+        for event in events[:-1]:
+            await emit(event)
+        return events[-1]
+
+    metrics = GatewayMetrics()
+    core = SimpleNamespace(metrics=metrics)
+    loop = asyncio.get_running_loop()
+    session = Session(core, "r", permit, [], body, loop.time() + 30, 0.16, 1.0)  # type: ignore[arg-type]
+    metrics.in_flight.inc()
+    assert admission.audio_starting == 1
+    session.start()
+    fragile = []
+    for at, _ in timeline:
+        clock.now = at
+        await session.next_event()
+        fragile.append(admission.audio_starting)
+    assert fragile == [1, 1, 1, 1, 0, 0]
+    await session.aclose()
+    assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)
+
+    # A first chunk of the guard or more is not fragile at all.
+    permit = await admission.acquire(audio=True)
+    session = Session(core, "s", permit, [], body, loop.time() + 30, 1.28, 1.0)  # type: ignore[arg-type]
+    assert admission.audio_starting == 0
+    permit.release()
