@@ -53,12 +53,21 @@ class LoadOptions:
     device: str = "cpu"
     dtype: str = AUTO_DTYPE
     allow_float64: bool = False
-    # The talker's code predictor replays CUDA graphs (omnistream/qwen3_omni/code_predictor.py);
-    # CUDA devices only: asked for elsewhere, the engine refuses to start.
-    cuda_graphs: bool = False
+    # The talker replays CUDA graphs of its frame's steps (omnistream/qwen3_omni/talker_frame.py;
+    # without static frames, of the code predictor's: code_predictor.py). None (the default): on
+    # for a CUDA device, off elsewhere; True off CUDA: the engine refuses to start.
+    cuda_graphs: bool | None = None
     # The talker runs each frame as two fixed-shape, graph-capturable steps
-    # (omnistream/qwen3_omni/talker_frame.py); with `cuda_graphs` they are captured too.
-    static_frames: bool = False
+    # (omnistream/qwen3_omni/talker_frame.py), the same codes as the eager frame on the CPU, where
+    # it is also a little faster (docs/benchmarks.md); with graphs they are captured too.
+    static_frames: bool = True
+
+    @property
+    def graphs(self) -> bool:
+        """Whether CUDA graphs are used: as asked, or (not asked) whenever the device is CUDA."""
+        if self.cuda_graphs is None:
+            return self.device.split(":")[0] == "cuda"
+        return self.cuda_graphs
 
     @property
     def dtype_name(self) -> str:

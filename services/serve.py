@@ -29,8 +29,8 @@ async def serve(args: argparse.Namespace) -> int:
         args.device,
         args.dtype,
         args.allow_float64,
-        cuda_graphs=getattr(args, "cuda_graphs", False),
-        static_frames=getattr(args, "static_frames", False),
+        cuda_graphs=getattr(args, "cuda_graphs", None),
+        static_frames=getattr(args, "static_frames", True),
     )
     family = family_for(args.model)
     engine = family.engine(

@@ -97,18 +97,21 @@ def add_talker_arguments(p: argparse.ArgumentParser) -> None:
     _add_first_audio_target(p)
     p.add_argument(
         "--cuda-graphs",
-        action="store_true",
-        help="capture the code predictor's 15 steps per frame as CUDA graphs, one per batch bucket "
-        "and step, and replay them (with --static-frames: the whole frame, two graphs per bucket) "
-        "(CUDA --device only; refused elsewhere). Default: off",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="capture the talker frame's two steps (with --no-static-frames: the code predictor's 15) "
+        "as CUDA graphs, once per batch bucket (and KV width), and replay them: a few replays per "
+        "frame instead of thousands of launches. Each graph is checked against its eager run when "
+        "captured; one that differs or fails to capture runs eagerly (logged). Default: on for a "
+        "CUDA --device, off elsewhere (asked for off CUDA: refused)",
     )
     p.add_argument(
         "--static-frames",
-        action="store_true",
+        action=argparse.BooleanOptionalAction,
+        default=True,
         help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
-        "the talker's decode step, each with its sampling); with --cuda-graphs each is captured "
-        "once per batch bucket (and KV width) and replayed: a few replays per frame instead of "
-        "thousands of launches. Same codes as without. Default: off",
+        "the talker's decode step, each with its sampling); the same codes as the eager frame "
+        "(default: on; --no-static-frames: the eager frame, dynamic shapes)",
     )
 
 
@@ -127,7 +130,7 @@ def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
 
 def load_options_refusal(args: argparse.Namespace) -> str | None:
     """Why these serve arguments cannot load, said before any weight is read; None if they can."""
-    if getattr(args, "cuda_graphs", False) and args.device.split(":")[0] != "cuda":
+    if getattr(args, "cuda_graphs", None) and args.device.split(":")[0] != "cuda":
         return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {args.device!r}"
     step_batch = getattr(args, "max_step_batch", None)
     if step_batch is not None and step_batch > args.max_batch:

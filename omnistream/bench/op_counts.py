@@ -7,7 +7,8 @@ until it is in its steady state, then one more step is counted with `omnistream.
 - thinker token: a decode step of the whole batch (every prompt prefilled);
 - talker frame: the 15 code-predictor steps of every row, its sampling, and the talker forward that
   gives every row its next codebook 0 (the second such frame, so no first-frame work is counted);
-  `talker-static` is the same frame with static frames (omnistream/qwen3_omni/talker_frame.py);
+  `talker` is the eager frame (`--no-static-frames`), `talker-static` the same frame with static
+  frames (omnistream/qwen3_omni/talker_frame.py, the default);
 - Code2Wav window: every row's second window, decoded from its carried state.
 
 Ops are split into those inside graph-capturable regions (`omnistream.capture`) and those outside
@@ -152,9 +153,14 @@ def static_talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy
     return talker_frame(model_dir, batch, dataclasses.replace(options, static_frames=True), greedy)
 
 
+def eager_talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
+    """`talker_frame` without static frames: the eager frame, dynamic shapes."""
+    return talker_frame(model_dir, batch, dataclasses.replace(options, static_frames=False), greedy)
+
+
 MEASURES = {
     "thinker": thinker_token,
-    "talker": talker_frame,
+    "talker": eager_talker_frame,
     "talker-static": static_talker_frame,
     "code2wav": code2wav_window,
 }

@@ -287,26 +287,43 @@ class StaticTalkerFrame:
     # --- CUDA graphs -------------------------------------------------------------------------------
     def _replayed(self, key: tuple, step: Callable[[], torch.Tensor]) -> torch.Tensor:
         """`step()` eagerly, or (CUDA graphs) the replay of its graph for `key`, captured on first
-        use. A step whose capture fails runs eagerly from then on (logged once): the frame is the
-        same either way. Capture and warm-up run the step on the real inputs: it is idempotent
-        (the same K/V, hidden states and presence bits written again), so the replay after them
-        gives the step's result."""
+        use. Capture and warm-up run the step on the real inputs: it is idempotent (the same K/V,
+        hidden states and presence bits written again), so a replay after them gives the step's
+        result, and the first replay is checked against an eager run of the same step on the same
+        inputs: a graph that fails to capture or replays anything else runs eagerly from then on
+        (logged once), so graphs on by default can cost speed but never change a frame."""
         if not self.cuda_graphs:
             return step()
         entry = self.graphs.get(key)
         if entry is None:
-            try:
-                entry = self._record(step)
-            except Exception:
-                log.exception("talker frame: capturing %s failed; it runs eagerly", key)
-                entry = (None, torch.empty(0))
+            entry = self._checked_record(key, step)
             self.graphs[key] = entry
+            if entry[0] is not None:
+                return entry[1]  # the check's replay is this step's result
         graph, out = entry
         if graph is None:
             return step()
         with self._current_device():
             graph.replay()
         return out
+
+    def _checked_record(self, key: tuple, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+        """A graph of `step` whose first replay equals the eager step, else (None, _): eager."""
+        try:
+            expected = step().clone()
+            graph, out = self._record(step)
+            with self._current_device():
+                graph.replay()
+            if not torch.equal(out, expected):
+                log.error(
+                    "talker frame: the graph of %s replays other values than its eager step; it runs eagerly",
+                    key,
+                )
+                return None, torch.empty(0)
+            return graph, out
+        except Exception:
+            log.exception("talker frame: capturing %s failed; it runs eagerly", key)
+            return None, torch.empty(0)
 
     def _record(self, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         """Warm the step up on a side stream, then capture it into one graph (all in one pool)."""

@@ -167,13 +167,13 @@ class TalkerEngine(Engine):
         )
         # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
         # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
-        graph_buckets = options.cuda_graphs if graph_buckets is None else graph_buckets
+        graph_buckets = options.graphs if graph_buckets is None else graph_buckets
         self.code_predictor = CodePredictorRunner(
             self.cp,
             max_batch,
             options.torch_dtype(),
             options.device,
-            cuda_graphs=options.cuda_graphs and not static,  # static frames capture it themselves
+            cuda_graphs=options.graphs and not static,  # static frames capture it themselves
             buckets=batch_buckets(max_batch) if graph_buckets else None,
         )
         # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
@@ -190,7 +190,7 @@ class TalkerEngine(Engine):
                 self.sampler,
                 self.cp_sampler,
                 graph_buckets=graph_buckets,
-                cuda_graphs=options.cuda_graphs,
+                cuda_graphs=options.graphs,
             )
 
     # --- public API ---------------------------------------------------------------------------------

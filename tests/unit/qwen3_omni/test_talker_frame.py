@@ -234,6 +234,48 @@ def test_graph_path_replays_static_inputs_and_gives_the_eager_codes(tiny_model_d
     assert kinds == {"predict", "decode"}  # both steps of the frame replay
 
 
+class _WrongGraph(_FakeGraph):
+    """A graph that replays something else than its step (what the capture check must catch)."""
+
+    def replay(self) -> None:
+        super().replay()
+        self.out.add_(1)
+
+
+def test_a_graph_that_replays_other_values_than_its_eager_step_is_dropped_for_eager(
+    tiny_model_dir, monkeypatch, caplog
+):
+    """Graphs are on by default on CUDA and have to be safe there: each one's first replay is
+    compared with an eager run of the same step, and one that differs never serves a frame."""
+    from omnistream.qwen3_omni import talker_frame
+
+    recorded: list[_FakeGraph] = []
+
+    def record(self, step):
+        graph = _WrongGraph(step)
+        recorded.append(graph)
+        return graph, graph.out
+
+    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "_record", record)
+    monkeypatch.setattr(
+        talker_frame.StaticTalkerFrame, "_current_device", lambda self: contextlib.nullcontext()
+    )
+    original = talker_frame.StaticTalkerFrame.__init__
+
+    def cpu_graphs(self, *args, **kwargs):
+        kwargs["cuda_graphs"] = False
+        original(self, *args, **kwargs)
+        self.cuda_graphs = True
+
+    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", cpu_graphs)
+    sampling = [SamplingParams(), SamplingParams()]
+    graphs = _codes(tiny_model_dir, sampling, static=True, graph_buckets=True)
+    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", original)
+    assert graphs == _codes(tiny_model_dir, sampling, static=False)
+    assert recorded and all(g.replays == 1 for g in recorded)  # checked once, never replayed again
+    assert "replays other values than its eager step" in caplog.text
+
+
 def test_cuda_graphs_refused_off_cuda(tiny_model_dir):
     options = LoadOptions(dtype="float32", cuda_graphs=True, static_frames=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):

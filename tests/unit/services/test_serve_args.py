@@ -1,4 +1,5 @@
-"""Stage service flags: --cuda-graphs belongs to the talker and is refused off CUDA before loading;
+"""Stage service flags: --cuda-graphs belongs to the talker, is on by default for CUDA only and is
+refused off CUDA before loading;
 the per-step scheduling flags belong to the talker and Code2Wav."""
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ def _parse(*argv: str):
     return build_parser().parse_args(["serve", *argv, "--model", "unused"])
 
 
-def test_cuda_graphs_is_a_talker_flag_and_off_by_default():
-    assert _parse("talker").cuda_graphs is False
+def test_cuda_graphs_is_a_talker_flag_on_by_default_for_cuda_only():
+    from omnistream.load_options import LoadOptions
+
+    assert _parse("talker").cuda_graphs is None  # not asked: decided by the device
     assert _parse("talker", "--cuda-graphs").cuda_graphs is True
+    assert _parse("talker", "--no-cuda-graphs").cuda_graphs is False
+    assert LoadOptions("cuda:1").graphs and LoadOptions("cuda").graphs
+    assert not LoadOptions("cpu").graphs and not LoadOptions("cuda", cuda_graphs=False).graphs
     for stage in ("thinker", "code2wav"):
         with pytest.raises(SystemExit):
             _parse(stage, "--cuda-graphs")
@@ -26,6 +32,7 @@ def test_cuda_graphs_is_a_talker_flag_and_off_by_default():
 
 def test_cuda_graphs_refused_off_cuda():
     assert serve_args.load_options_refusal(_parse("talker")) is None
+    assert serve_args.load_options_refusal(_parse("talker", "--no-cuda-graphs")) is None
     assert serve_args.load_options_refusal(_parse("talker", "--cuda-graphs", "--device", "cuda:0")) is None
     refusal = serve_args.load_options_refusal(_parse("talker", "--cuda-graphs"))
     assert refusal is not None and "--cuda-graphs needs a CUDA --device" in refusal and "'cpu'" in refusal
@@ -77,9 +84,9 @@ def test_a_step_batch_above_the_batch_is_refused_before_loading():
     )
     refusal = serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "5"))
     assert refusal == "--max-step-batch 5 exceeds --max-batch 4"
-def test_static_frames_is_a_talker_flag_and_off_by_default():
-    assert _parse("talker").static_frames is False
-    assert _parse("talker", "--static-frames").static_frames is True
+def test_static_frames_is_a_talker_flag_and_on_by_default():
+    assert _parse("talker").static_frames is True
+    assert _parse("talker", "--no-static-frames").static_frames is False
     assert serve_args.load_options_refusal(_parse("talker", "--static-frames")) is None  # CPU too
     for stage in ("thinker", "code2wav"):
         with pytest.raises(SystemExit):
