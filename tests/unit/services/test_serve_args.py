@@ -84,6 +84,8 @@ def test_a_step_batch_above_the_batch_is_refused_before_loading():
     )
     refusal = serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "5"))
     assert refusal == "--max-step-batch 5 exceeds --max-batch 4"
+
+
 def test_static_frames_is_a_talker_flag_and_on_by_default():
     assert _parse("talker").static_frames is True
     assert _parse("talker", "--no-static-frames").static_frames is False
