@@ -34,15 +34,15 @@ from gateway.media_parts import pending
 from gateway.metrics import GatewayMetrics
 from gateway.replicas import Replica, Replicas
 from gateway.wiring import StageStubs, run_stages
-from omnistream.chunk_key import validate_request_id
-from omnistream.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
-from omnistream.listener import AudioArrival, Listening, listen
-from omnistream.media import text_of
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
-from omnistream.relay import Emit
-from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.security import channel_credentials
-from omnistream.stage_chain import stages_for
+from omnistream.audio.listener import AudioArrival, Listening, listen
+from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
+from omnistream.request.errors import DeadlineExceeded, InvalidRequest, OmniError, TooLarge, Unavailable
+from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.request.media import text_of
+from omnistream.request.relay import Emit
+from omnistream.request.stage_chain import stages_for
+from omnistream.service.security import channel_credentials
+from omnistream.wire.chunk_key import validate_request_id
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ class Timings:
     first_audio: float | None = None
     last_audio: float | None = None
     audio_seconds: float = 0.0
-    # Each audio chunk as the client was handed it (the listener model, omnistream/listener.py)
+    # Each audio chunk as the client was handed it (the listener model, omnistream/audio/listener.py)
     audio_chunks: list[AudioArrival] = field(default_factory=list)
 
 

@@ -17,7 +17,7 @@ after a failure: it may be another process now), and a replica that cannot answe
 a later health round gets an answer.
 
 Every later health round of a healthy replica reads its Info again for the one part that changes,
-its measured speed (`StageInfo.load`, see omnistream/speed.py), which admission uses
+its measured speed (`StageInfo.load`, see omnistream/service/speed.py), which admission uses
 (gateway/audio_capacity.py); its identity is not judged again (the process is the same one as long
 as its health never failed). A stage too old to report a load, or one whose Info fails in a round,
 has no load until it reports one: its speed is unknown.
@@ -37,10 +37,10 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.deployment import Deployment, StageInfo
-from omnistream.errors import Unavailable
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.security import open_channel
-from omnistream.server import client_channel_options
+from omnistream.request.errors import Unavailable
+from omnistream.service.security import open_channel
+from omnistream.service.server import client_channel_options
 
 log = logging.getLogger(__name__)
 

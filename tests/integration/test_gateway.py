@@ -18,14 +18,14 @@ import pytest
 import torch
 from openai import OpenAI
 
-from omnistream.load_options import LoadOptions
+from omnistream.audio.wav import read_float32_wav, to_pcm16
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
-from omnistream.qwen3_omni.checkpoint import load_stage
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan
-from omnistream.request_defaults import RequestInput, resolve
-from omnistream.tensors import numpy_from_proto
-from omnistream.wav import read_float32_wav, to_pcm16
+from omnistream.request.chunk_plan import ChunkPlan
+from omnistream.request.defaults import RequestInput, resolve
+from omnistream.wire.tensors import numpy_from_proto
 
 from .conftest import gateway_idle, gateway_process, metric, wait_for
 from .stage_calls import collect_services
@@ -501,7 +501,8 @@ def test_same_prompt_and_seed_give_the_same_output_through_every_entry_point(
     out = tmp_path / "generate"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in limits.items()]
     proc = subprocess.run(
-        [sys.executable, "-m", "omnistream.cli", "generate", "--model", tiny_model_dir, "--dtype", "float64",
+        [sys.executable, "-m", "omnistream.cli.main", "generate", "--model", tiny_model_dir,
+         "--dtype", "float64",
          "--prompt", MESSAGES[0]["content"], "--seed", str(seed), *flags, "--output-dir", str(out)],
         capture_output=True, text=True, timeout=300,
     )  # fmt: skip

@@ -13,7 +13,7 @@ import pytest
 import gateway.core
 from gateway.core import Session
 from gateway.metrics import GatewayMetrics
-from omnistream.request import AudioEvent, DoneEvent, TextEvent
+from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 
 
 class Clock:

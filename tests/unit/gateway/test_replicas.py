@@ -10,7 +10,7 @@ import pytest
 
 from gateway import replicas as replicas_module
 from gateway.replicas import Replicas, Target, resolve_addresses
-from omnistream.errors import Unavailable
+from omnistream.request.errors import Unavailable
 from tests.unit.gateway.infos import stage_info
 
 

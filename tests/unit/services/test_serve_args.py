@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from omnistream.cli import build_parser
-from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.cli.main import build_parser
+from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from services import serve, serve_args
 
 

@@ -12,8 +12,8 @@ from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import Item
-from omnistream.listener import AudioArrival
-from omnistream.request import GenerationRequest
+from omnistream.audio.listener import AudioArrival
+from omnistream.request.generation import GenerationRequest
 
 
 class _NoCore:
