@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLI_MODULES = ("omnistream.cli.main", "omnistream.cli.services", "omnistream.cli.common")
 
 

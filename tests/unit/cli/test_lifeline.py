@@ -44,7 +44,7 @@ PARENT = textwrap.dedent(
     time.sleep(600)
     """
 )
-ROOT = str(Path(__file__).resolve().parents[2])
+ROOT = str(Path(__file__).resolve().parents[3])
 
 
 def _env() -> dict[str, str]:

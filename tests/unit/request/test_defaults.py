@@ -24,7 +24,7 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.sampling_params import SamplingParams
 
-README = Path(__file__).resolve().parents[2] / "README.md"
+README = Path(__file__).resolve().parents[3] / "README.md"
 HI = [{"role": "user", "content": "hi"}]
 
 

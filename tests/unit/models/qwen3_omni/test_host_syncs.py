@@ -36,7 +36,7 @@ SYNC_METHODS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__
 FACTORIES = ("tensor", "as_tensor", "arange")
 # Factories count when our code calls them: transformers' own per-layer ones (the grouped-MoE
 # `arange(device=...)`, `DynamicCache`'s empty tensors) are device-side and carry no host data.
-_ROOT = Path(__file__).resolve().parents[2]
+_ROOT = Path(__file__).resolve().parents[4]
 OUR_CODE = (str(_ROOT / "omnistream"), str(_ROOT / "services"))
 # A step may sync a few times (the chosen ids back, the planned indices there), never per row/layer.
 MAX_PER_STEP = 24

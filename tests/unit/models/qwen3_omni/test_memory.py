@@ -14,7 +14,7 @@ from omnistream.models.qwen3_omni import memory
 from omnistream.models.qwen3_omni.checkpoint import load_config, load_stage
 from omnistream.request.errors import InvalidRequest
 
-README = Path(__file__).resolve().parents[3] / "README.md"
+README = Path(__file__).resolve().parents[4] / "README.md"
 
 
 def test_kv_cache_is_layers_heads_dim_capacity_slots_two_bytes(tiny_model_dir):
