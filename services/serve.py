@@ -13,8 +13,8 @@ import torch
 
 from omnistream.engine.load_options import LoadOptions
 from omnistream.models.family import family_for
+from omnistream.service.bootstrap import ServeOptions, run_stage_server
 from omnistream.service.metrics import StageMetrics
-from omnistream.service.stage_service import ServeOptions, run_stage_server
 from services import serve_args
 
 

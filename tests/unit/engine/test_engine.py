@@ -6,7 +6,8 @@ import asyncio
 
 import pytest
 
-from omnistream.engine.engine import Engine, OutputStream, RequestState
+from omnistream.engine.engine import Engine, RequestState
+from omnistream.engine.output_stream import OutputStream
 
 
 def test_consumer_wakes_the_engine_without_holding_the_stream_lock():

@@ -27,8 +27,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from omnistream.engine.engine import Engine, OutputStream, RequestState
+from omnistream.engine.engine import Engine, RequestState
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
     Playout,

@@ -32,9 +32,10 @@ from dataclasses import dataclass, field
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
-from omnistream.engine.engine import Engine, OutputStream, RequestState
+from omnistream.engine.engine import Engine, RequestState
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
     Playout,

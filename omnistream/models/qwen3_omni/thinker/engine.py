@@ -30,9 +30,10 @@ import torch
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.chat_encoding import ChatEncoder
 from omnistream.engine.detokenizer import IncrementalDetokenizer
-from omnistream.engine.engine import Engine, OutputStream, RequestState
+from omnistream.engine.engine import Engine, RequestState
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
