@@ -22,92 +22,46 @@ codebooks, then the talker's decode, each with its sampling), captured as CUDA g
 `--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
 
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
+Its parts: the per-request state (`state.py`), deadline scheduling and the prefill budget
+(`schedule.py`), one frame's steps, eager and static (`frame_steps.py`); admission, the inputs and
+each prompt's prefill stay here.
 """
 
 from __future__ import annotations
 
-import time
-from dataclasses import dataclass, field
-
 import torch
 
-from omnistream.engine.batch_sampler import BatchSampler, RowSampling
-from omnistream.engine.engine import Engine, RequestState
+from omnistream.engine.batch_sampler import BatchSampler
+from omnistream.engine.engine import Engine
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
     Playout,
-    buffered_seconds,
-    by_deadline,
     check_step_budget,
 )
-from omnistream.engine.sampling import SamplingParams
 from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
+from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
 from omnistream.models.qwen3_omni.talker.prompt import (
     ASSISTANT_PROMPT_TOKENS,
-    TTS_EOS,
-    TTS_PAD,
     TalkerPromptBuilder,
     assistant_start,
     user_positions,
 )
 from omnistream.models.qwen3_omni.talker.rope import talker_rope
+from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule
+from omnistream.models.qwen3_omni.talker.state import _TalkerState
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
-# A listener with less audio than this left is near running dry: new prompts then prefill at most
-# URGENT_PREFILL_ROWS rows a step (a stream's first 2-frame chunk plays 137 ms; a step prefilling
-# several 100-row prompts took about that long here).
-NEAR_DRY_S = 0.4
-URGENT_PREFILL_ROWS = 32
 
-# The reference's code predictor samples with these whenever the talker samples.
-CODE_PREDICTOR_TOP_K = 50
-CODE_PREDICTOR_TOP_P = 0.8
-CODE_PREDICTOR_SAMPLING = SamplingParams(
-    temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P
-)
-
-
-@dataclass
-class TalkerOutput:
-    codes: list[int] | None  # 16 codes of one frame, or None on a bare end marker
-    frame: int
-    finished: bool = False
-    finish_reason: str | None = None
-
-
-@dataclass
-class _TalkerState(RequestState):
-    params: TalkerParams = field(default_factory=TalkerParams)
-    speaker_id: int = 0
-    generator: torch.Generator | None = None
-    cp_generator: torch.Generator | None = None
-    prompt_ids: list[int] | None = None
-    multimodal_hidden: dict[int, torch.Tensor] | None = None
-    media_layout: MediaLayout | None = None  # images/videos: the prompt takes 3-D positions
-    rope_delta: float = 0.0
-    stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
-    input_done: bool = False
-    frames: int = 0
-    pending_code0: int | None = None
-    past_hidden: torch.Tensor | None = None
-    next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
-    prefill_done: bool = False  # the whole prompt is in the KV cache (its first code 0 was taken)
-    prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
-    prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
-    prefilled: int = 0  # prompt rows already in the KV cache
-    playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission
-
-
-class TalkerEngine(Engine):
+class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
     name = "talker"
 
     def __init__(
@@ -325,127 +279,9 @@ class TalkerEngine(Engine):
             self.cache.release(state.slot)
             state.slot = None
 
-    def _text_row_ready(self, state: _TalkerState) -> bool:
-        # Frame k+1 consumes assistant-stream token 4 + k, or the end marker once the stream ended.
-        return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
-
-    def _schedule(self, candidates):
-        now = time.monotonic()
-        prefill: list[tuple[_TalkerState, int]] = []  # (request, rows it may prefill this step)
-        predict, decode = [], []
-        rows = self.prefill_chunk  # prefill budget of this step
-        if self._listener_near_dry(candidates, now):
-            # New requests' prompts are work for listeners still far from running dry: while one
-            # that is already playing has little left, they get a small piece a step, so the step
-            # that brings its next frame stays short.
-            rows = min(rows, URGENT_PREFILL_ROWS)
-        free = self.cache.free_slots
-        room = self.max_step_batch  # requests that may take a frame step
-        deferred = 0
-        for state in by_deadline(candidates):
-            if state.finished or not state.output.has_room():
-                continue
-            if not state.prefill_done:
-                if rows <= 0:
-                    continue
-                if state.slot is None:
-                    ready = state.prompt_ids is not None and len(state.stream) >= ASSISTANT_PROMPT_TOKENS
-                    if not ready or free <= 0:
-                        continue
-                    free -= 1
-                if state.prompt_rows is None:  # its row count is known once its rows are built
-                    take = rows
-                else:
-                    take = min(rows, state.prompt_rows.shape[1] - state.prefilled)
-                rows -= take
-                prefill.append((state, take))
-            elif state.pending_code0 is not None or self._text_row_ready(state):
-                if room <= 0:  # the step is full of more urgent requests: this one waits a step
-                    deferred += 1
-                    continue
-                room -= 1
-                (predict if state.pending_code0 is not None else decode).append(state)
-        for state, _ in prefill:
-            if state.slot is None:
-                state.slot = self.cache.allocate()
-        if not (prefill or predict or decode):
-            return None
-        self._deferred(deferred)
-        self.stats.last_buffered = buffered_seconds([s for s, _ in prefill] + predict + decode, now)
-        return prefill, predict, decode
-
-    def _listener_near_dry(self, candidates, now: float) -> bool:
-        """Is a request that has started playing within `NEAR_DRY_S` of running dry?"""
-        return any(
-            s.prefill_done and s.playout.first_output is not None and s.playout.buffered(now) < NEAR_DRY_S
-            for s in candidates
-            if not s.finished
-        )
-
     def _work_states(self, work):
         _, predict, decode = work  # not the prefills: each runs alone and answers for itself
         return predict + decode
-
-    def _talker_forward(
-        self,
-        states: list[_TalkerState],
-        embeds: torch.Tensor,
-        positions: torch.Tensor | None = None,
-        commit: bool = True,
-    ) -> torch.Tensor:
-        """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H].
-        `commit=False`: the caller advances the lengths once codebook 0 is chosen (a batched step
-        retried alone after a failed choice must find the lengths as they were)."""
-        self.cache.plan([s.slot for s in states], embeds.shape[1])
-        if positions is None:
-            positions = self.cache.positions()
-            deltas = [s.rope_delta for s in states]
-            if any(deltas):  # prompts with vision decode at sequence position + their delta
-                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
-                positions = positions.float() + offset
-            positions = positions.unsqueeze(0).expand(3, -1, -1)
-        out = self.talker.model(
-            inputs_embeds=embeds,
-            position_ids=positions,
-            attention_mask=self.cache.attention_mask(),
-            cache=self.cache,
-            use_cache=True,
-        )
-        if commit:
-            self.cache.commit()
-        return out.last_hidden_state[:, -1:]
-
-    def _take_code0(
-        self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False, commit: bool = False
-    ) -> None:
-        """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
-        ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
-        presence mask, which its first frame starts afresh."""
-        logits = self.talker.codec_head(hidden[:, -1])
-        if first:
-            for state in states:
-                if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.slot)
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
-        codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
-        if commit:  # the forward's lengths advance only once its codes are chosen
-            self.cache.commit()
-        for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
-            if not state.finished:
-                with self._row(state):
-                    self._accept_code0(state, code0, hidden[row : row + 1])
-
-    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor | None) -> None:
-        if code0 == self.codec_eos:
-            state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
-            self._finish(state)
-            return
-        state.pending_code0 = code0
-        if self.frame is not None:  # static frames: the slot's buffer, where the next step reads it
-            if hidden is not None:
-                self.frame.store_hidden(state.slot, hidden)
-        else:
-            state.past_hidden = hidden
 
     def _run(self, work) -> None:
         prefill, predict, decode = work
@@ -505,88 +341,3 @@ class TalkerEngine(Engine):
         state.prefill_done = True
         state.prompt_rows = state.prompt_positions = None  # spent
         return hidden
-
-    def _next_picks(self, states: list[_TalkerState]) -> list[int]:
-        """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad."""
-        picks = []
-        for state in states:
-            index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
-            if index < len(state.stream):
-                picks.append(state.stream[index])
-            else:
-                picks.append(TTS_EOS if index == len(state.stream) else TTS_PAD)
-        return picks
-
-    def _cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
-        # The reference's code predictor samples with fixed knobs whenever the talker samples.
-        return [
-            RowSampling(
-                SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
-            )
-            for s in states
-        ]
-
-    def _predict_static(self, states: list[_TalkerState]) -> None:
-        """`_predict_residuals` as one capturable step (static frames)."""
-        assert self.frame is not None
-        slots = [s.slot for s in states]
-        frames = self.frame.predict(slots, [s.pending_code0 for s in states], self._cp_rows(states))
-        for state, frame in zip(states, frames, strict=True):
-            with self._row(state):
-                self._emit_frame(state, frame, None)
-
-    def _decode_static(self, states: list[_TalkerState]) -> None:
-        """The talker forward and codebook 0 as one capturable step (static frames)."""
-        assert self.frame is not None
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
-        codes = self.frame.decode(
-            [s.slot for s in states], self._next_picks(states), [s.rope_delta for s in states], rows
-        )
-        for state, code0 in zip(states, codes, strict=True):
-            if not state.finished:
-                with self._row(state):
-                    self._accept_code0(state, code0, None)
-
-    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
-        """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
-        tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
-        codec = torch.cat([s.next_codec_sum for s in states], dim=0)
-        return codec + self.prompts.trailing_rows(self._next_picks(states))
-
-    def _predict_residuals(self, states: list[_TalkerState]) -> None:
-        """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
-        device = self.device
-        code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
-        code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
-        past = torch.cat([s.past_hidden for s in states], dim=0)
-        embeds = torch.cat((past, code0_embed), dim=1)
-        codes = [code0[:, 0]]
-        hiddens = [code0_embed]
-        embedding = self.cp.model.get_input_embeddings()
-        # The ids stay on the device until the frame is done (one copy to the host per frame).
-        knobs = self.cp_sampler.prepare(self._cp_rows(states))
-        for group in range(self.num_groups - 1):
-            logits = self.code_predictor.run(group, embeds)
-            ids = self.cp_sampler.sample(logits, knobs)
-            codes.append(ids)
-            embeds = embedding[group](ids.view(-1, 1))
-            hiddens.append(embeds)
-        codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
-        frames = torch.stack(codes, dim=1).tolist()  # [B, 16]
-        for row, state in enumerate(states):
-            with self._row(state):
-                self._emit_frame(state, frames[row], codec_sum[row : row + 1])
-
-    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor | None) -> None:
-        state.pending_code0 = None
-        state.past_hidden = None
-        state.next_codec_sum = codec_sum
-        state.frames += 1
-        state.playout.emitted(self.frame_seconds, time.monotonic())
-        self.stats.last_units += 1  # the stage's measured speed counts frames (omnistream/service/speed.py)
-        done = state.frames >= state.params.max_frames
-        state.output.put(
-            TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
-        )
-        if done:
-            self._finish(state)

@@ -1,6 +1,9 @@
 """Thinker engine: prefill + batched decode of the Qwen3-Omni text model.
 
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
+Its parts: the per-request state (`state.py`), a prompt's prefill pieces (`prefill.py`), given
+answers streamed without generation (`given_answers.py`); scheduling, the batched forward and the
+batched choice stay here.
 
 Per step it emits the new token id and its text delta. The talker needs nothing else for text
 prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
@@ -21,8 +24,6 @@ sequence position + its rope delta, batched with everyone else.
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -30,73 +31,26 @@ import torch
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.chat_encoding import ChatEncoder
 from omnistream.engine.detokenizer import IncrementalDetokenizer
-from omnistream.engine.engine import Engine, RequestState
+from omnistream.engine.engine import Engine
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
+from omnistream.models.qwen3_omni.thinker.given_answers import GivenAnswers
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
+from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
+from omnistream.models.qwen3_omni.thinker.state import ThinkerOutput, _Step, _ThinkerState
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
-    Encoded,
-    LayerTap,
-    PromptEmbedding,
     Slice,
     check_media_prompt,
-    embed_prompt,
     encode_slices,
     plan_slices,
 )
 from omnistream.request.errors import InvalidRequest
-from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
-# Tokens of a given answer (speech) per output: about what a decode step makes at a time when the
-# consumer lags, small enough that the talker starts on the first piece at once.
-SPOKEN_PIECE_TOKENS = 8
 
-
-@dataclass
-class ThinkerOutput:
-    token_ids: list[int]
-    text_delta: str
-    index: int  # index of the first token in `token_ids` among the generated tokens
-    finished: bool = False
-    finish_reason: str | None = None
-    prompt_ids: list[int] | None = None  # only on the first output
-    # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
-    prompt_hidden: torch.Tensor | None = None
-    multimodal_positions: list[int] | None = None
-    media_layout: MediaLayout | None = None  # first output of a prompt with media
-
-
-@dataclass
-class _ThinkerState(RequestState):
-    prompt_ids: list[int] = field(default_factory=list)
-    params: ThinkerParams = field(default_factory=ThinkerParams)
-    generator: torch.Generator | None = None
-    generated: list[int] = field(default_factory=list)
-    detok: IncrementalDetokenizer | None = None
-    next_token: int | None = None  # sampled, not yet fed back
-    media: MediaPrompt | None = None
-    slices: list[Slice] = field(default_factory=list)  # media slices not yet encoded
-    encoded: Encoded = field(default_factory=Encoded)
-    rope_delta: float = 0.0
-    embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
-    prefilled: int = 0  # prompt positions already in the KV cache
-    deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
-    spoken: list[int] | None = None  # speech: the given answer's ids, streamed instead of generated
-
-
-@dataclass
-class _Step:
-    encode: list[tuple[_ThinkerState, Slice]]
-    prefill: list[tuple[_ThinkerState, int]]  # (request, positions of its prompt this step)
-    decode: list[_ThinkerState]
-    spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
-    encoded: bool = False  # the encode results are in their states (a later failure keeps them)
-
-
-class ThinkerEngine(Engine):
+class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
     name = "thinker"
 
     def __init__(
@@ -153,17 +107,6 @@ class ThinkerEngine(Engine):
         that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
         prompts: servicers call it off the event loop."""
         return self.chat.encode(messages)
-
-    def encode_assistant_text(self, text: str) -> list[int]:
-        """The ids the thinker streams for a given answer (speech): the text tokenized as plain text
-        (special-token strings in it stay text), then the end-of-turn token, as a generated answer
-        ends. Slow for long texts: servicers call it off the event loop."""
-        if not text:
-            raise InvalidRequest("the text to speak is empty", field="input")
-        if len(text.encode("utf-8", "surrogatepass")) > self.chat.max_token_bytes * self.max_model_len:
-            limit = self.max_model_len
-            raise InvalidRequest(f"the text to speak cannot fit in {limit} tokens", field="input")
-        return [*self.chat.encode_text(text), self.config.im_end_token_id]
 
     def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
@@ -223,20 +166,6 @@ class ThinkerEngine(Engine):
             state.rope_delta = media.rope_delta
         self._admit(state)
         return state.output
-
-    def _check_spoken(self, prompt_ids: list[int], spoken: list[int], params: ThinkerParams) -> None:
-        if len(spoken) > params.max_tokens:
-            raise InvalidRequest(
-                f"the text to speak is {len(spoken)} tokens (with the end of turn), over the limit of "
-                f"{params.max_tokens}",
-                field="input",
-            )
-        if len(prompt_ids) + len(spoken) > self.max_model_len:
-            raise InvalidRequest(
-                f"the prompt ({len(prompt_ids)} tokens) + the text to speak ({len(spoken)} tokens) "
-                f"exceed the model length {self.max_model_len}",
-                field="input",
-            )
 
     # --- engine thread ------------------------------------------------------------------------------
     def _release(self, state: _ThinkerState) -> None:
@@ -383,82 +312,6 @@ class ThinkerEngine(Engine):
                     self.sampler.reset(state.slot, state.prompt_ids)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
-
-    def _speak(self, state: _ThinkerState) -> None:
-        """The next piece of a given answer, as the outputs a generated one would have been: the
-        same chunk path to the talker, no model work. Pieces are small so the talker can start on
-        the first while the rest queues (the output's bound paces them)."""
-        if state.finished:  # aborted while the step ran
-            return
-        assert state.spoken is not None and state.detok is not None
-        first = not state.generated
-        start = len(state.generated)
-        piece = state.spoken[start : start + SPOKEN_PIECE_TOKENS]
-        state.generated.extend(piece)
-        finished = len(state.generated) == len(state.spoken)
-        delta = "".join(state.detok.add(t) for t in piece)
-        if finished:
-            delta += state.detok.flush()
-        state.output.put(
-            ThinkerOutput(
-                token_ids=piece,
-                text_delta=delta,
-                index=start,
-                finished=finished,
-                finish_reason="stop" if finished else None,
-                prompt_ids=list(state.prompt_ids) if first else None,
-            )
-        )
-        if finished:
-            self._finish(state)
-
-    def _prefill_piece(
-        self, state: _ThinkerState, take: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
-        """The next `take` positions of a prompt into the KV cache. After the last piece: (logits
-        [1, V] of the last position, deep rows [multimodal positions, H] for a prompt with media, else None);
-        before it, None. `prefilled` advances only once the piece's forward has run."""
-        start = state.prefilled
-        end = min(len(state.prompt_ids), start + take)
-        if state.media is None:
-            ids = torch.tensor([state.prompt_ids[start:end]], dtype=torch.long, device=self.device)
-            logits, _ = self._forward([state], ids)
-            state.prefilled = end
-            return (logits, None) if end == len(state.prompt_ids) else None
-        return self._prefill_media_chunk(state, start, end)
-
-    def _prefill_media_chunk(
-        self, state: _ThinkerState, start: int, end: int
-    ) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """Positions [start, end) of a prompt with media (its encoder rows in, at its M-RoPE
-        positions). Keeps the deep rows of its multimodal positions (what the talker reads there).
-        After the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
-        assert state.media is not None
-        if state.embedding is None:
-            ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=self.device)
-            state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
-            state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
-            state.media = dataclasses.replace(
-                state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
-            )
-        whole = state.embedding
-        chunk = PromptEmbedding(whole.embeds[:, start:end], None, None)
-        if whole.visual_mask is not None and whole.deepstack is not None:
-            before = int(whole.visual_mask[0, :start].sum())
-            count = int(whole.visual_mask[0, start:end].sum())
-            if count:
-                rows = [layer[before : before + count] for layer in whole.deepstack]
-                chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, start:end], rows)
-        positions = state.media.positions[:, start:end].to(self.device).unsqueeze(1)  # [3, 1, q]
-        with LayerTap(self.lm, self.accept_layer) as tap:
-            logits, last = self._forward([state], None, chunk, positions)
-        hidden = tap.take(chunk.embeds, last)[0]
-        mm = [i for i in range(start, end) if state.prompt_ids[i] in self.multimodal_ids]
-        state.deep_rows.append(hidden[[i - start for i in mm]].detach().clone())
-        state.prefilled = end
-        if end < len(state.prompt_ids):
-            return None
-        return logits, torch.cat(state.deep_rows)
 
     def _accept(
         self, state: _ThinkerState, token: int, first: bool, hidden: torch.Tensor | None = None

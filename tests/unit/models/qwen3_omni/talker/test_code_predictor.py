@@ -13,7 +13,7 @@ from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams, choose
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
-from omnistream.models.qwen3_omni.talker.engine import CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P
+from omnistream.models.qwen3_omni.talker.frame_steps import CODE_PREDICTOR_TOP_K, CODE_PREDICTOR_TOP_P
 
 SAMPLED = SamplingParams(temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P)
 GREEDY = SamplingParams()

@@ -141,7 +141,7 @@ def test_frame_seconds_and_cap_validation(talker, tiny_model_dir):
 def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_pieces(
     talker, prompt, tiny_model_dir
 ):
-    from omnistream.models.qwen3_omni.talker.engine import NEAR_DRY_S, URGENT_PREFILL_ROWS
+    from omnistream.models.qwen3_omni.talker.schedule import NEAR_DRY_S, URGENT_PREFILL_ROWS
 
     long_prompt = ChatEncoder(load_tokenizer(tiny_model_dir), 256).encode(
         [{"role": "user", "content": "hello there " * 30}]
