@@ -21,8 +21,8 @@ import numpy as np
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.audio_encode import wav_stream_header
-from gateway.core import Session
 from gateway.rest_errors import error_body, error_response
+from gateway.session import Session
 from omnistream.audio.wav import pcm16_wav_bytes, to_pcm16
 from omnistream.request.errors import InvalidRequest, OmniError, status_of
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent

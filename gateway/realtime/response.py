@@ -17,12 +17,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.core import GatewayCore, Session
+from gateway.core import GatewayCore
 from gateway.realtime.audio import OutputAudio
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.session import Item
 from gateway.realtime.vad import INPUT_RATE
+from gateway.session import Session
 from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 

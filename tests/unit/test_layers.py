@@ -111,11 +111,9 @@ def _imports_of(module: str, file: Path, known: set[str]) -> list[Import]:
 
     def visit(node: ast.AST, module_level: bool) -> None:
         for child in ast.iter_child_nodes(node):
-            level = module_level
-            if isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
-                level = False
-            elif isinstance(child, ast.If) and _is_type_checking(child):
-                level = False
+            runs_later = isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda)
+            type_only = isinstance(child, ast.If) and _is_type_checking(child)
+            level = module_level and not (runs_later or type_only)
             if isinstance(child, ast.Import | ast.ImportFrom):
                 text = lines[child.lineno - 1].strip()
                 for target in _targets(child, package, known):

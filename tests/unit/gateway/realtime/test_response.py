@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.core import Session, Timings
 from gateway.metrics import GatewayMetrics
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import Item
+from gateway.session import Session, Timings
 from omnistream.audio.listener import AudioArrival
 from omnistream.request.generation import GenerationRequest
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import gateway.core
-from gateway.core import Session
+import gateway.session
 from gateway.metrics import GatewayMetrics
+from gateway.session import Session
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 
 
@@ -36,7 +36,7 @@ def _audio(seconds: float, rate: int = 24_000) -> AudioEvent:
 async def _play(monkeypatch, timeline: list[tuple[float, object]]) -> tuple[Session, GatewayMetrics]:
     """Hand out the events of `timeline` at its times, as a client reading them would be."""
     clock = Clock()
-    monkeypatch.setattr(gateway.core.time, "perf_counter", clock)
+    monkeypatch.setattr(gateway.session.time, "perf_counter", clock)
     events = [event for _, event in timeline]
 
     async def body(emit):
