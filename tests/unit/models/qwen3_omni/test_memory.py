@@ -98,7 +98,7 @@ def test_the_table_defaults_are_the_serving_defaults():
 
 def test_the_family_refuses_a_stage_that_does_not_fit_before_loading_it(monkeypatch, tiny_model_dir):
     from omnistream.models.qwen3_omni.family import FAMILY
-    from services.thinker import engine as thinker_engine
+    from omnistream.models.qwen3_omni.thinker import engine as thinker_engine
 
     _fake_gpu(monkeypatch, free_gib=0.5, total_gib=1.0)
     monkeypatch.setattr(thinker_engine, "load_stage", lambda *a, **k: pytest.fail("loaded weights anyway"))
