@@ -20,10 +20,10 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 proto: $(STAMP)
-	$(PY) -m omnistream.protogen
+	$(PY) -m omnistream.wire.protogen
 
 tiny-model: setup
-	$(PY) -c "from omnistream.cli_common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
+	$(PY) -c "from omnistream.cli.common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
 
 HTTP_PORT ?= 8000
 GRPC_PORT ?= 50051

@@ -28,7 +28,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
-from omnistream.errors import Overloaded
+from omnistream.request.errors import Overloaded
 
 # running audio streams -> may one more start? (None as the gate: no audio hold)
 AudioGate = Callable[[int], bool]

@@ -1,7 +1,7 @@
 """Audio admission by measured speed: protect the listeners already playing.
 
 Every listener consumes `frame_rate` codec frames a second (12.5 for Qwen3-Omni). The talker and
-code2wav report what they sustain (`StageInfo.load`, omnistream/speed.py): C, frames per second of
+code2wav report what they sustain (`StageInfo.load`, omnistream/service/speed.py): C, frames per second of
 engine busy time, measured at a mean batch B (so one step took t = B / C, and each of the B streams
 in it got C / B frames a second).
 
@@ -30,7 +30,7 @@ which with one replica measured at a batch no larger than S is C / (S x frame_ra
   which the listener, as predicted, never waits: frames come at `headroom x frame_rate` a second,
   each window of the request's plan (fixed or growing, chunk_plan.py) arrives once its last frame
   is made, the first one's audio is shorter by what the streaming decoder holds back, and the
-  listener model (omnistream/listener.py) plays the predicted arrivals. Under the fixed schedule
+  listener model (omnistream/audio/listener.py) plays the predicted arrivals. Under the fixed schedule
   that is `initial >= chunk / headroom` (the second, full-size window must be made while the first
   plays); a growing schedule keeps the first chunk small down to a headroom of about 1.7. The
   largest size when none suffices.
@@ -45,8 +45,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from gateway.replicas import Replica
-from omnistream.listener import AudioArrival, listen
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan
+from omnistream.audio.listener import AudioArrival, listen
+from omnistream.request.chunk_plan import ChunkPlan
 
 DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
 DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time

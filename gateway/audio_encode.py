@@ -23,7 +23,7 @@ from typing import Protocol
 
 import numpy as np
 
-from omnistream.wav import pcm16_wav_bytes, to_pcm16
+from omnistream.audio.wav import pcm16_wav_bytes, to_pcm16
 
 FORMATS = ("mp3", "opus", "aac", "flac", "wav", "pcm")
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 
 from gateway.media_limits import MediaLimits
-from omnistream.request_defaults import DEFAULTS
+from omnistream.request.defaults import DEFAULTS
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
 
@@ -33,7 +33,7 @@ class GatewayConfig:
     thinker: list[str] = field(default_factory=list)
     talker: list[str] = field(default_factory=list)
     code2wav: list[str] = field(default_factory=list)
-    # What a request gets when it does not say (omnistream/request_defaults.py, README's table).
+    # What a request gets when it does not say (omnistream/request/defaults.py, README's table).
     async_chunk: bool = DEFAULTS.async_chunk
     codec_chunk_frames: int = DEFAULTS.codec_chunk_frames
     codec_left_context_frames: int = DEFAULTS.codec_left_context_frames

@@ -17,8 +17,8 @@ import logging
 from collections.abc import Mapping
 from typing import Any
 
-from omnistream.protogen import ensure_generated
-from omnistream.stage_chain import STAGES
+from omnistream.request.stage_chain import STAGES
+from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()
 

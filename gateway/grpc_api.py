@@ -25,19 +25,19 @@ import numpy as np
 
 from gateway.admission import Rejected
 from gateway.media_parts import from_bytes
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.errors import InvalidRequest, OmniError, Unavailable
-from omnistream.protogen import ensure_generated
-from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.errors import InvalidRequest, OmniError, Unavailable
+from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()
 
-from omnistream.convert import schedule_from_proto, wire_float  # noqa: E402  (generated just above)
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
-from omnistream.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
-from omnistream.tensors import to_proto  # noqa: E402
-from omnistream.wire import Method, add_service, checked  # noqa: E402
+from omnistream.service.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
+from omnistream.wire.convert import schedule_from_proto, wire_float  # noqa: E402  (generated just above)
+from omnistream.wire.grpc_codec import Method, add_service, checked  # noqa: E402
+from omnistream.wire.tensors import to_proto  # noqa: E402
 
 if TYPE_CHECKING:
     from gateway.config import GatewayConfig
@@ -131,7 +131,7 @@ def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
 def to_generation_request(
     request: gateway_pb2.GenerateRequest, config: GatewayConfig, voices: tuple[str, ...] | None = None
 ) -> GenerationRequest:
-    """The request the wire message asks for, defaults from the one table (`omnistream.request_defaults`).
+    """The request the wire message asks for, defaults from the one table (`omnistream.request.defaults`).
 
     Only what the request alone can get wrong is checked here (prompt shape, roles, sampling);
     limits that depend on the deployment are checked by `GatewayCore.open()`.
@@ -259,7 +259,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
 
 def add_gateway_api(server: grpc.aio.Server, core: GatewayCore) -> str:
     """Serve `omni.v1.Gateway` on `server` from `core`; returns the service's full name (for health
-    and reflection, see `omnistream.server.add_health_and_reflection`)."""
+    and reflection, see `omnistream.service.server.add_health_and_reflection`)."""
     servicer = GatewayServicer(core)
     add_service(
         server,

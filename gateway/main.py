@@ -14,9 +14,9 @@ import uvicorn
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest import build_app
-from omnistream.ports import listen_socket
-from omnistream.security import ApiKeyInterceptor, add_port, server_credentials
-from omnistream.server import add_health_and_reflection, build_server, set_serving
+from omnistream.service.ports import listen_socket
+from omnistream.service.security import ApiKeyInterceptor, add_port, server_credentials
+from omnistream.service.server import add_health_and_reflection, build_server, set_serving
 
 log = logging.getLogger(__name__)
 

@@ -32,8 +32,8 @@ from PIL import Image, UnidentifiedImageError
 
 from gateway.media_limits import MediaLimits, Tally
 from gateway.media_sizes import frame_indices, smart_nframes, smart_resize
-from omnistream.errors import InvalidRequest, TooLarge
-from omnistream.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, VideoInput
+from omnistream.request.errors import InvalidRequest, TooLarge
+from omnistream.request.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, VideoInput
 
 # MIME type -> FFmpeg demuxer. Naming the demuxer (instead of letting FFmpeg probe) keeps the attack
 # surface to the formats the API documents, and is what makes a wrong MIME type an error.

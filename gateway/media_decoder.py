@@ -31,8 +31,8 @@ from gateway.admission import Rejected
 from gateway.media_decode import Deadline, decode_audio, decode_image, decode_video
 from gateway.media_limits import MediaLimits, Tally
 from gateway.media_parts import EncodedMedia, pending
-from omnistream.errors import InvalidRequest, TooLarge
-from omnistream.media import Media
+from omnistream.request.errors import InvalidRequest, TooLarge
+from omnistream.request.media import Media
 
 # Requests that may wait for a decoding slot, per worker; more are refused at once (429).
 MAX_WAITING_PER_WORKER = 8

@@ -17,8 +17,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from omnistream.errors import TooLarge
-from omnistream.media import AUDIO_SAMPLE_RATE
+from omnistream.request.errors import TooLarge
+from omnistream.request.media import AUDIO_SAMPLE_RATE
 
 AUDIO_BYTES_PER_SECOND = AUDIO_SAMPLE_RATE * 4  # float32 mono
 # Qwen3-Omni's vision encoder: patch_size 16 x spatial_merge_size 2. Resized sides are multiples of

@@ -3,7 +3,7 @@
 REST (OpenAI's `input_audio` and `image_url`, vLLM's `audio_url` and `video_url`) and the gRPC API
 (`ContentPart.media`) both map a media part to an `EncodedMedia`, which stands in the message's
 parts (`{"type": "audio", "audio": EncodedMedia(...)}`) until `gateway.media_decoder` replaces it
-with the decoded `omnistream.media` object. Only cheap, syntactic checks happen here, on the event
+with the decoded `omnistream.request.media` object. Only cheap, syntactic checks happen here, on the event
 loop: the data URL's form, the MIME type's kind, the URL's scheme and prefix, a size estimate.
 Base64 decoding and everything heavier runs in the decoder's worker threads.
 """
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from omnistream.errors import InvalidRequest
-from omnistream.media import MEDIA_TYPES
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.media import MEDIA_TYPES
 
 # OpenAI's `input_audio.format` -> MIME type (gateway.media_decode knows the demuxer of each).
 INPUT_AUDIO_FORMATS = {

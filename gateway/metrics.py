@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-from omnistream.listener import Listening
+from omnistream.audio.listener import Listening
 
 if TYPE_CHECKING:
     from gateway.core import GatewayCore
@@ -52,7 +52,7 @@ class GatewayMetrics:
             buckets=RTF_BUCKETS,
             registry=r,
         )
-        # The listener model (omnistream/listener.py) over each completed request's audio, as sent.
+        # The listener model (omnistream/audio/listener.py) over each completed request's audio, as sent.
         self.underrun = Histogram(
             "omnistream_audio_underrun_seconds",
             "Per request with audio: its underrun, the time a real-time player started at the first "

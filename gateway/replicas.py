@@ -3,8 +3,9 @@
 A replica leaves the rotation when its health check fails or a call to it fails with UNAVAILABLE,
 and comes back as soon as its health check answers SERVING again.
 
-Replicas come from the configured entries of each stage. An IP literal (`10.0.0.7:50051`,
-`[fd00::7]:50051`) or a `unix:` path is one static replica. A DNS name (`talker:50051`, or explicitly
+Replicas come from the configured entries of each stage (parsed and looked up in
+gateway/discovery.py). An IP literal (`10.0.0.7:50051`, `[fd00::7]:50051`) or a `unix:` path is one
+static replica. A DNS name (`talker:50051`, or explicitly
 `dns:///talker.omnistream.svc:50051`) is looked up every `discovery_interval` seconds and every
 address it resolves to is a replica: a Kubernetes headless Service (or a Compose service with several
 replicas) answers with one address per ready pod, so scaling a stage needs no gateway restart.
@@ -17,7 +18,7 @@ after a failure: it may be another process now), and a replica that cannot answe
 a later health round gets an answer.
 
 Every later health round of a healthy replica reads its Info again for the one part that changes,
-its measured speed (`StageInfo.load`, see omnistream/speed.py), which admission uses
+its measured speed (`StageInfo.load`, see omnistream/service/speed.py), which admission uses
 (gateway/audio_capacity.py); its identity is not judged again (the process is the same one as long
 as its health never failed). A stage too old to report a load, or one whose Info fails in a round,
 has no load until it reports one: its speed is unknown.
@@ -27,20 +28,19 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
-import socket
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.deployment import Deployment, StageInfo
-from omnistream.errors import Unavailable
+from gateway.discovery import Resolver, Target, resolve_addresses
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.security import open_channel
-from omnistream.server import client_channel_options
+from omnistream.request.errors import Unavailable
+from omnistream.service.security import open_channel
+from omnistream.service.server import client_channel_options
 
 log = logging.getLogger(__name__)
 
@@ -51,79 +51,8 @@ STUBS = {
 }
 
 
-# (host, port) -> ["ip:port", ...]; raises OSError when the name cannot be looked up right now.
-Resolver = Callable[[str, int], Awaitable[list[str]]]
-
-DNS_SCHEME = "dns:"
 INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
 LOAD_TIMEOUT = 2.0  # seconds for the per-round Info read of the load (as the health check's)
-
-
-@dataclass(frozen=True)
-class Target:
-    """One configured entry of a stage: a fixed address, or a DNS name to look up periodically."""
-
-    stage: str
-    entry: str
-    host: str
-    port: int
-    dynamic: bool
-
-    @classmethod
-    def parse(cls, stage: str, entry: str) -> Target:
-        text = entry.strip()
-        explicit_dns = text.startswith(DNS_SCHEME)
-        if explicit_dns:
-            # dns:///name:port, or dns://authority/name:port (the authority is the system's resolver)
-            text = text[len(DNS_SCHEME) :].lstrip("/")
-            if "/" in text:
-                text = text.split("/", 1)[1]
-        elif text.startswith("unix:"):
-            return cls(stage, entry, text, 0, False)
-        host, sep, port = text.rpartition(":")
-        if not sep or not host or not port.isdigit():
-            raise ValueError(f"{stage} replica {entry!r}: expected host:port")
-        host = host.strip("[]")
-        try:
-            ipaddress.ip_address(host)
-            is_ip = True
-        except ValueError:
-            is_ip = False
-        if explicit_dns and is_ip:
-            raise ValueError(f"{stage} replica {entry!r}: dns: needs a name, not an address")
-        return cls(stage, entry, host, int(port), not is_ip)
-
-    @property
-    def address(self) -> str:
-        """The address to dial for a static entry."""
-        if self.port == 0:
-            return self.host
-        return format_address(self.host, self.port)
-
-
-def format_address(ip: str, port: int) -> str:
-    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
-
-
-async def resolve_addresses(host: str, port: int) -> list[str]:
-    """All addresses of `host` (getaddrinfo in the loop's thread pool), IPv4 ones when there are any.
-
-    A dual-stack name lists each pod under both families: taking one family keeps one replica per
-    pod. A name that does not exist (a headless Service with no ready pod) resolves to no address.
-    """
-    loop = asyncio.get_running_loop()
-    try:
-        infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except socket.gaierror as exc:
-        if exc.errno in _NO_SUCH_NAME:
-            return []
-        raise
-    v4 = {info[4][0] for info in infos if info[0] == socket.AF_INET}
-    v6 = {info[4][0] for info in infos if info[0] == socket.AF_INET6}
-    return [format_address(ip, port) for ip in sorted(v4 or v6)]
-
-
-_NO_SUCH_NAME = {socket.EAI_NONAME, getattr(socket, "EAI_NODATA", socket.EAI_NONAME)}
 
 
 def load_of(info: StageInfo) -> stage_pb2.StageLoad | None:

@@ -16,7 +16,7 @@ from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from omnistream.errors import TooLarge
+from omnistream.request.errors import TooLarge
 
 Path = tuple[str | int, ...]
 

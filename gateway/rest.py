@@ -28,10 +28,10 @@ from gateway.rest_errors import (
 )
 from gateway.rest_responses import SessionStream, complete, sse_stream
 from gateway.rest_speech import add_speech_route
-from omnistream.errors import InternalError, OmniError, Unauthenticated
-from omnistream.request import GenerationRequest
-from omnistream.request_defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
-from omnistream.security import bearer_matches
+from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
+from omnistream.request.errors import InternalError, OmniError, Unauthenticated
+from omnistream.request.generation import GenerationRequest
+from omnistream.service.security import bearer_matches
 
 # Unknown fields are refused, and no type is coerced ("stream": "yes", "max_tokens": "12", 0 for
 # false): as OpenAI's API does, and as the published JSON schema says (an integer is still a number).
@@ -192,7 +192,7 @@ def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] 
 
 
 def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
-    """The request the body asks for, defaults from the one table (`omnistream.request_defaults`)."""
+    """The request the body asks for, defaults from the one table (`omnistream.request.defaults`)."""
     audio_format = body.audio.format if body.audio else "wav"
     serving = ServingDefaults.of(core.config, core.deployment.voices)
     given = to_request_input(body, tuple(core.config.media_url_prefixes))
@@ -339,6 +339,6 @@ def build_app(core: GatewayCore) -> FastAPI:
 
 
 def _unavailable() -> OmniError:
-    from omnistream.errors import Unavailable
+    from omnistream.request.errors import Unavailable
 
     return Unavailable("the gateway has no healthy replica for every stage yet")

@@ -1,6 +1,6 @@
 """The REST API's errors: OpenAI's error body for every non-2xx answer, from the one error table.
 
-Domain errors (`omnistream.errors`), pydantic validation errors and Starlette's own HTTP errors all
+Domain errors (`omnistream.request.errors`), pydantic validation errors and Starlette's own HTTP errors all
 become `{"error": {"message", "type", "param", "code"}}` here, so no path answers in another shape.
 """
 
@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from gateway.admission import Rejected
 from gateway.request_guards import printable
 from gateway.rest_content import PART_TAGS
-from omnistream.errors import InvalidRequest, OmniError, status_of
+from omnistream.request.errors import InvalidRequest, OmniError, status_of
 
 # Tags of the message-content union: pydantic puts them in error locations, `param` leaves them out.
 UNION_TAGS = frozenset({"<string>", "<parts>"}) | PART_TAGS

@@ -21,11 +21,11 @@ import numpy as np
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from gateway.audio_encode import wav_stream_header
-from gateway.core import Session
 from gateway.rest_errors import error_body, error_response
-from omnistream.errors import InvalidRequest, OmniError, status_of
-from omnistream.request import AudioEvent, DoneEvent, TextEvent
-from omnistream.wav import pcm16_wav_bytes, to_pcm16
+from gateway.session import Session
+from omnistream.audio.wav import pcm16_wav_bytes, to_pcm16
+from omnistream.request.errors import InvalidRequest, OmniError, status_of
+from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 
 
 class SessionStream(StreamingResponse):

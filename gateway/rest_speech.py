@@ -41,14 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.audio_encode import MEDIA_TYPES, AudioEncoder, encoder
-from gateway.core import GatewayCore, Session
+from gateway.core import GatewayCore
 from gateway.request_guards import first_invalid_unicode, printable
 from gateway.rest_errors import ErrorResponse, error_body, error_response
 from gateway.rest_responses import SessionStream
-from omnistream.errors import InvalidRequest, OmniError, Unavailable, status_of
-from omnistream.qwen3_omni.constants import SAMPLE_RATE
-from omnistream.request import AudioEvent, DoneEvent, GenerationRequest
-from omnistream.request_defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
+from gateway.session import Session
+from omnistream.models.qwen3_omni.constants import SAMPLE_RATE
+from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
+from omnistream.request.errors import InvalidRequest, OmniError, Unavailable, status_of
+from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
 

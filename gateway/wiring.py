@@ -16,22 +16,22 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.convert import (
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.request.chunk_plan import ChunkPlan
+from omnistream.request.errors import InternalError, OmniError, from_grpc
+from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.request.relay import Emit, relay
+from omnistream.request.stage_chain import TALKER, stage_opens, stages_for
+from omnistream.service.server import ERROR_KIND_METADATA_KEY, client_channel_options
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.convert import (
     code2wav_open_proto,
     codec_input_proto,
     talker_input_proto,
     talker_open_proto,
     thinker_open_proto,
 )
-from omnistream.errors import InternalError, OmniError, from_grpc
-from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan
-from omnistream.relay import Emit, relay
-from omnistream.request import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.server import ERROR_KIND_METADATA_KEY, client_channel_options
-from omnistream.stage_chain import TALKER, stage_opens, stages_for
-from omnistream.tensors import numpy_from_proto
+from omnistream.wire.tensors import numpy_from_proto
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 

@@ -16,12 +16,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnistream.family import family_for
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
-from omnistream.media import has_media
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
-from omnistream.relay import Emit, relay
-from omnistream.request import (  # re-exported: the pipeline's API speaks the request model
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.models.family import family_for
+from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
+from omnistream.request.generation import (  # re-exported: the pipeline's API speaks the request model
     MODES,
     AudioEvent,
     CodesEvent,
@@ -30,7 +28,9 @@ from omnistream.request import (  # re-exported: the pipeline's API speaks the r
     GenerationRequest,
     TextEvent,
 )
-from omnistream.stage_chain import STAGES, CodecFeed, InputHold, TalkerFeed, stage_opens
+from omnistream.request.media import has_media
+from omnistream.request.relay import Emit, relay
+from omnistream.request.stage_chain import STAGES, CodecFeed, InputHold, TalkerFeed, stage_opens
 
 __all__ = [
     "MODES",

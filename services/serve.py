@@ -11,10 +11,10 @@ import sys
 
 import torch
 
-from omnistream.family import family_for
-from omnistream.load_options import LoadOptions
-from omnistream.metrics import StageMetrics
-from omnistream.stage_service import ServeOptions, run_stage_server
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.family import family_for
+from omnistream.service.bootstrap import ServeOptions, run_stage_server
+from omnistream.service.metrics import StageMetrics
 from services import serve_args
 
 
@@ -52,7 +52,7 @@ async def serve(args: argparse.Namespace) -> int:
 
         servicer_cls = TalkerServicer
     else:
-        from omnistream.heap_trim import HeapTrimmer
+        from omnistream.service.heap_trim import HeapTrimmer
         from services.code2wav.servicer import Code2WavServicer
 
         engine.add_step_listener(HeapTrimmer())  # freed activations back to the OS: see heap_trim.py

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from omnistream.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
-from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
+from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 
 MODEL_ENV = "OMNISTREAM_MODEL"
 

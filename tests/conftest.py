@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from omnistream.qwen3_omni import tiny
-from omnistream.qwen3_omni.tiny import make_tiny_model
+from omnistream.models.qwen3_omni import tiny
+from omnistream.models.qwen3_omni.tiny import make_tiny_model
 
 # Keyed by the builder's source so a change to the tiny model rebuilds it.
 _DIGEST = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]

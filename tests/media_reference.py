@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from omnistream.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.qwen3_omni.media_prompt import check_media, load_processor, processor_inputs
+from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
+from omnistream.models.qwen3_omni.thinker.media_prompt import check_media, load_processor, processor_inputs
 from tests.media_samples import conversations
 
 MAX_TOKENS = 12

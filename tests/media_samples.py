@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from omnistream.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, VideoInput
+from omnistream.request.media import AUDIO_SAMPLE_RATE, AudioInput, ImageInput, VideoInput
 
 
 def tone(seconds: float, hz: float = 440.0, seed: int = 0) -> AudioInput:

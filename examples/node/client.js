@@ -36,7 +36,7 @@ function loadGateway() {
   return grpc.loadPackageDefinition(definition).omni.v1.Gateway;
 }
 
-// The same bytes as omnistream.wav.float32_wav_bytes: IEEE float (format 3), mono, with a fact chunk.
+// The same bytes as omnistream.audio.wav.float32_wav_bytes: IEEE float (format 3), mono, with a fact chunk.
 function float32Wav(samples, sampleRate) {
   const data = Buffer.alloc(samples.length * 4);
   samples.forEach((v, i) => data.writeFloatLE(v, i * 4));

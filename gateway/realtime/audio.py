@@ -20,7 +20,7 @@ import numpy as np
 from gateway.media_parts import EncodedMedia
 from gateway.realtime.events import EventError
 from gateway.realtime.vad import INPUT_RATE
-from omnistream.wav import to_pcm16
+from omnistream.audio.wav import to_pcm16
 
 
 def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | None) -> bytes:

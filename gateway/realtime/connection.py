@@ -25,8 +25,8 @@ from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
 from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
-from omnistream.errors import OmniError
-from omnistream.request_defaults import ServingDefaults
+from omnistream.request.defaults import ServingDefaults
+from omnistream.request.errors import OmniError
 
 log = logging.getLogger(__name__)
 

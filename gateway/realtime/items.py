@@ -15,7 +15,7 @@ from gateway.realtime.audio import decode_base64_pcm, encoded_turn
 from gateway.realtime.events import EventError
 from gateway.realtime.events import Item as GivenItem
 from gateway.realtime.vad import INPUT_RATE
-from omnistream.errors import OmniError
+from omnistream.request.errors import OmniError
 
 
 def check_modality(modalities: tuple[str, ...] | None, kind: str, param: str) -> None:

@@ -17,14 +17,15 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.core import GatewayCore, Session
+from gateway.core import GatewayCore
 from gateway.realtime.audio import OutputAudio
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.session import Item
 from gateway.realtime.vad import INPUT_RATE
-from omnistream.errors import InternalError, OmniError
-from omnistream.request import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from gateway.session import Session
+from omnistream.request.errors import InternalError, OmniError
+from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
 STAGES = ("thinker", "talker", "code2wav")
 LISTENER_FIELDS = ("stalls", "stall_ms", "underrun_ms", "longest_stall_ms", "continuity_ok")
@@ -235,7 +236,7 @@ class ResponseRun:
 
     def timings(self) -> dict[str, Any]:
         """omnistream's per-turn numbers (the playground shows them; keep the names). The listener's
-        (omnistream/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
+        (omnistream/audio/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
         longest stall, continuity) are of the audio as the gateway handed it out, None without
         audio."""
         out: dict[str, Any] = {

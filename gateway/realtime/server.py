@@ -26,7 +26,7 @@ from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.rest_errors import error_body
-from omnistream.security import bearer_matches
+from omnistream.service.security import bearer_matches
 
 KEY_PROTOCOL = "openai-insecure-api-key."
 BETA_PROTOCOL = "openai-beta.realtime-v1"

@@ -166,7 +166,7 @@ class InputBuffer:
 
 @dataclass
 class Item:
-    """A conversation item: `parts` as the thinker takes them (omnistream/media.py parts), `content`
+    """A conversation item: `parts` as the thinker takes them (omnistream/request/media.py parts), `content`
     as the client sees it (GA part types)."""
 
     id: str

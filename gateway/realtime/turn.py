@@ -4,7 +4,7 @@ items (the bounded history, kept by the gateway so a client never re-sends it) a
 User items keep their media (audio as the decoded 16 kHz samples, images as decoded pixels), so the
 thinker hears earlier turns, not a transcript it never made; assistant items are their text. System
 items join the instructions (one system message, as the chat template expects).
-Defaults come from the one table (`omnistream.request_defaults.resolve`), as for REST and gRPC.
+Defaults come from the one table (`omnistream.request.defaults.resolve`), as for REST and gRPC.
 """
 
 from __future__ import annotations
@@ -14,8 +14,8 @@ from typing import Any
 
 from gateway.realtime.events import ResponseFields
 from gateway.realtime.session import Conversation, SessionConfig, apply_shared_fields
-from omnistream.request import GenerationRequest
-from omnistream.request_defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.generation import GenerationRequest
 
 
 @dataclass

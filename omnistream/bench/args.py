@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from omnistream.cli_common import DEFAULT_TINY_DIR
+from omnistream.cli.common import DEFAULT_TINY_DIR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--continuity-threshold-ms",
         type=float,
         default=100.0,
-        help="a request keeps continuity when its underrun (omnistream/listener.py) is at most this",
+        help="a request keeps continuity when its underrun (omnistream/audio/listener.py) is at most this",
     )
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")
     p.add_argument("--repeats", type=int, default=2, help="runs per target and cell, in A B B A order")

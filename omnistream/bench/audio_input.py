@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from omnistream.media import AUDIO_SAMPLE_RATE, AudioInput
-from omnistream.wav import pcm16_wav_bytes
+from omnistream.audio.wav import pcm16_wav_bytes
+from omnistream.request.media import AUDIO_SAMPLE_RATE, AudioInput
 
 QUESTION = "Answer what you heard."
 

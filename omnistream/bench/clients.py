@@ -13,7 +13,7 @@ from typing import Any
 
 from omnistream.bench.stats import RequestResult
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, Pipeline, TextEvent
-from omnistream.request_defaults import DEFAULTS, RequestInput, resolve
+from omnistream.request.defaults import DEFAULTS, RequestInput, resolve
 
 REQUEST_TIMEOUT = 300.0  # a stuck request counts as a failure instead of stalling the run
 
@@ -102,7 +102,7 @@ def grpc_request(given: RequestInput, timeout: float | None = None):
     if given.initial_codec_chunk_frames is not None:
         request.initial_codec_chunk_frames = given.initial_codec_chunk_frames
     if given.codec_chunk_schedule is not None:
-        from omnistream.convert import SCHEDULE_TO_PROTO
+        from omnistream.wire.convert import SCHEDULE_TO_PROTO
 
         request.codec_chunk_schedule = SCHEDULE_TO_PROTO[given.codec_chunk_schedule]
     if given.async_chunk is not None:
@@ -181,7 +181,7 @@ class GrpcGatewayClient:
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         import grpc
 
-        from omnistream.tensors import numpy_from_proto
+        from omnistream.wire.tensors import numpy_from_proto
 
         given = workload.request_input(prompt_ids, async_chunk, encoded=True)
         request = grpc_request(given, timeout=REQUEST_TIMEOUT)

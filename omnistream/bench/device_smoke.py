@@ -5,8 +5,8 @@ test suite keeps it from rotting while no GPU is around.
 Steps are taken by hand on this thread (`_next_work` + `_run`, as the engine thread does), so each
 step's host syncs can be counted alone. A host sync is a call that hands a tensor's value to Python
 (`.item()`, `.tolist()`, `int(t)`, ...): on a GPU each one waits for the device. The counter of
-tests/unit/test_host_syncs.py is used where that file exists; otherwise this module's own, which
-counts the same methods.
+tests/unit/models/qwen3_omni/test_host_syncs.py is used where that file exists; otherwise this
+module's own, which counts the same methods.
 
 It also counts the aten ops of one steady step per stage at batch 1 and `max_batch`, inside and
 outside graph-capturable regions (`omnistream/bench/op_counts.py`, what `tools/op-counts` prints):
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from omnistream.load_options import LoadOptions, is_accelerator
+from omnistream.engine.load_options import LoadOptions, is_accelerator
 
 SYNC_METHODS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__", "cpu", "numpy")
 STAGE_ORDER = ("thinker", "talker", "code2wav")
@@ -76,9 +76,10 @@ class _OwnSyncCounter:
 
 
 def sync_counter() -> Any:
-    """tests/unit/test_host_syncs.py's counter when it is there (one definition of a sync), else ours."""
+    """tests/unit/models/qwen3_omni/test_host_syncs.py's counter when it is there (one definition of a
+    sync), else ours."""
     try:
-        from tests.unit.test_host_syncs import SyncCounter  # type: ignore[import-not-found]
+        from tests.unit.models.qwen3_omni.test_host_syncs import SyncCounter  # type: ignore[import-not-found]
     except ImportError:
         return _OwnSyncCounter()
     return SyncCounter()
@@ -111,8 +112,8 @@ def step_until_done(engine, device: str, counter) -> list[dict]:
 
 
 async def _submit(stage: str, engine, max_tokens: int, max_frames: int, prompt: list[int]):
-    from omnistream.qwen3_omni.codec_chunks import ChunkPlan
-    from omnistream.stage_chain import TalkerParams, ThinkerParams
+    from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
+    from omnistream.request.stage_chain import TalkerParams, ThinkerParams
 
     if stage == "thinker":
         return engine.add_request("smoke", prompt, ThinkerParams(max_tokens=max_tokens, ignore_eos=True))
@@ -163,8 +164,8 @@ def smoke(
 ) -> dict:
     """Load each stage on its device, one request through it, step stats; a dict for JSON. With
     `op_counts`, also the ops of one steady step per stage (`results["op_counts"]`)."""
-    from omnistream.family import family_for
-    from omnistream.qwen3_omni.memory import stage_memory
+    from omnistream.models.family import family_for
+    from omnistream.models.qwen3_omni.memory import stage_memory
 
     family = family_for(model)
     devices = devices or {}

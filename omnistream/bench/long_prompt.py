@@ -99,7 +99,7 @@ def _state(engine, request_id: str):
 
 
 async def _thinker(engine, short: list[int], long: list[int], running: int, warm: int) -> dict[str, Any]:
-    from services.thinker.engine import ThinkerParams
+    from omnistream.models.qwen3_omni.thinker.engine import ThinkerParams
 
     budget = engine.max_model_len - len(short)
     outs = [engine.add_request(f"run-{i}", short, ThinkerParams(budget, True)) for i in range(running)]
@@ -127,7 +127,7 @@ async def _thinker(engine, short: list[int], long: list[int], running: int, warm
 
 
 async def _talker(engine, short: list[int], long: list[int], running: int, warm: int) -> dict[str, Any]:
-    from services.talker.engine import TalkerParams
+    from omnistream.models.qwen3_omni.talker.engine import TalkerParams
 
     stream = list(range(5, 5 + 64))  # the thinker's tokens after the prompt (any text ids)
     frames = engine.max_model_len - len(short) - 16
@@ -171,10 +171,10 @@ async def measure(
     torch thread, as the services run). `prefill_chunk` None: the engines' default."""
     import torch
 
-    from omnistream.family import family_for
-    from omnistream.load_options import LoadOptions
-    from services.talker.engine import TalkerEngine
-    from services.thinker.engine import ThinkerEngine
+    from omnistream.engine.load_options import LoadOptions
+    from omnistream.models.family import family_for
+    from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
+    from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 
     torch.set_num_threads(1)
     family = family_for(model)

@@ -1,17 +1,18 @@
 """Aten ops one engine step dispatches: a thinker token, a talker frame, a Code2Wav window.
 
 What `tools/op-counts` prints and `tools/gpu-smoke` reports. Each engine is stepped by hand on this
-thread (`_next_work` + `_run`, as its own thread does, and as tests/unit/test_host_syncs.py does)
-until it is in its steady state, then one more step is counted with `omnistream.op_count.OpCounter`:
+thread (`_next_work` + `_run`, as its own thread does, and as
+tests/unit/models/qwen3_omni/test_host_syncs.py does) until it is in its steady state, then one
+more step is counted with `omnistream.engine.op_count.OpCounter`:
 
 - thinker token: a decode step of the whole batch (every prompt prefilled);
 - talker frame: the 15 code-predictor steps of every row, its sampling, and the talker forward that
   gives every row its next codebook 0 (the second such frame, so no first-frame work is counted);
   `talker` is the eager frame (`--no-static-frames`), `talker-static` the same frame with static
-  frames (omnistream/qwen3_omni/talker_frame.py, the default);
+  frames (omnistream/models/qwen3_omni/talker/frame.py, the default);
 - Code2Wav window: every row's second window, decoded from its carried state.
 
-Ops are split into those inside graph-capturable regions (`omnistream.capture`) and those outside
+Ops are split into those inside graph-capturable regions (`omnistream.engine.capture`) and those outside
 (host work between graph replays). Requests sample with every knob (temperature, top-k, top-p,
 repetition penalty), one seed each, unless `greedy`.
 """
@@ -25,9 +26,9 @@ from pathlib import Path
 
 import torch
 
-from omnistream.load_options import LoadOptions
-from omnistream.op_count import OpCounter, OpCounts
-from omnistream.sampling_params import SamplingParams
+from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.op_count import OpCounter, OpCounts
+from omnistream.request.sampling_params import SamplingParams
 
 STAGES = ("thinker", "talker", "talker-static", "code2wav")
 # The issue's "real-shaped" build: the real code predictor's depth, two talker layers.
@@ -46,7 +47,7 @@ class StepOps:
 
 def real_shaped_model(directory: str | Path) -> str:
     """The tiny checkpoint with the real model's code-predictor depth (built once, then reused)."""
-    from omnistream.qwen3_omni import tiny
+    from omnistream.models.qwen3_omni import tiny
 
     directory = Path(directory)
     if not tiny.is_current(directory):
@@ -84,8 +85,8 @@ def _prefill(engine, started, limit: int = 1000) -> None:
 
 
 def thinker_token(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
-    from omnistream.stage_chain import ThinkerParams
-    from services.thinker.engine import ThinkerEngine
+    from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+    from omnistream.request.stage_chain import ThinkerParams
 
     engine = ThinkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
 
@@ -104,9 +105,9 @@ def thinker_token(model_dir: str, batch: int, options: LoadOptions, greedy: bool
 
 
 def talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
-    from omnistream.stage_chain import TalkerParams
-    from services.talker.engine import TalkerEngine
-    from services.thinker.engine import ThinkerEngine
+    from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
+    from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+    from omnistream.request.stage_chain import TalkerParams
 
     engine = TalkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
     chat = ThinkerEngine(model_dir, options, max_batch=1, max_model_len=256)
@@ -129,8 +130,8 @@ def talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool 
 
 
 def code2wav_window(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
-    from omnistream.qwen3_omni.codec_chunks import ChunkPlan
-    from services.code2wav.engine import Code2WavEngine
+    from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
+    from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 
     engine = Code2WavEngine(model_dir, options, max_batch=batch)
     gen = torch.Generator().manual_seed(0)
@@ -149,7 +150,7 @@ def code2wav_window(model_dir: str, batch: int, options: LoadOptions, greedy: bo
 
 
 def static_talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool = False) -> OpCounts:
-    """`talker_frame` with static frames (omnistream/qwen3_omni/talker_frame.py)."""
+    """`talker_frame` with static frames (omnistream/models/qwen3_omni/talker/frame.py)."""
     return talker_frame(model_dir, batch, dataclasses.replace(options, static_frames=True), greedy)
 
 

@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.gateway:
         result = asyncio.run(run(args, args.gateway, args.stage_metrics))
     else:
-        from omnistream.launcher import start_services
+        from omnistream.cli.launcher import start_services
 
         stages = {
             s: ["serve", s, "--model", args.model, "--dtype", args.dtype]

@@ -40,7 +40,7 @@ def _cell(row: dict, key: str) -> str:
     return str(value)
 
 
-# What the listener heard (omnistream/listener.py), over the requests with audio.
+# What the listener heard (omnistream/audio/listener.py), over the requests with audio.
 LISTENER_COLUMNS = ("stalled", "continuity", "underrun p50 ms", "underrun p99 ms", "stall ms")
 
 

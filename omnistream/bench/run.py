@@ -105,7 +105,7 @@ async def chunk_cost(
 def chunk_schedules(given: str) -> list[str | None]:
     """`--codec-chunk-schedules` as the schedules to run, each its own target; [None] (the request table's
     default, no suffix on the target names) when none is given."""
-    from omnistream.qwen3_omni.chunk_plan import SCHEDULES
+    from omnistream.request.chunk_plan import SCHEDULES
 
     names = [s.strip() for s in given.split(",") if s.strip()]
     unknown = [n for n in names if n not in SCHEDULES]
@@ -185,8 +185,8 @@ async def run_bench(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from omnistream.family import family_for, model_info
-    from omnistream.load_options import LoadOptions
+    from omnistream.engine.load_options import LoadOptions
+    from omnistream.models.family import family_for, model_info
     from omnistream.pipeline import Pipeline
 
     torch.set_num_threads(1)  # as each stage service runs (see `omnistream serve --threads`)
@@ -232,7 +232,7 @@ async def run_bench(args: argparse.Namespace) -> int:
             if args.gateway:
                 clients["services"] = GrpcGatewayClient(args.gateway)
             else:
-                from omnistream.up import start_stack
+                from omnistream.cli.up import start_stack
 
                 gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2, **prefill)
                 clients["services"] = (

@@ -10,12 +10,12 @@ import statistics
 
 import torch
 
-from omnistream.family import STAGES, family_for
-from omnistream.load_options import LoadOptions
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan
-from services.code2wav.engine import Code2WavEngine
-from services.talker.engine import TalkerEngine, TalkerParams
-from services.thinker.engine import ThinkerEngine, ThinkerParams
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.family import STAGES, family_for
+from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
+from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
+from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 
 
 async def _drain(outs) -> None:

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from omnistream.listener import CONTINUITY_THRESHOLD_S, AudioArrival, Listening, listen
+from omnistream.audio.listener import CONTINUITY_THRESHOLD_S, AudioArrival, Listening, listen
 
 METRICS = ("ttft", "tpot", "itl", "ttfp", "e2e", "rtf")
 # underrun_ms: vLLM-Omni's audio_underrun per request (= total stall); stall_ms the same per-request

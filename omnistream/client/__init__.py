@@ -7,12 +7,12 @@
             ...  # TextDelta, AudioChunk (float32 numpy + sample rate), Usage, End
 
 `AsyncClient` is the asyncio twin; `RestClient`/`AsyncRestClient` speak REST/SSE for callers that can
-reach only HTTP. Errors are the project's typed errors (`omnistream.errors`): `DeadlineExceeded`,
+reach only HTTP. Errors are the project's typed errors (`omnistream.request.errors`): `DeadlineExceeded`,
 `Overloaded` (with `retry_after`), `Unavailable`, `InvalidRequest` (with `field`), `Unauthenticated`,
 each with the gRPC `code` (or `http_status`) and the server's error `kind`.
 """
 
-from omnistream.protogen import ensure_generated
+from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()  # a checkout run without `make setup` still gets its stubs
 
@@ -22,7 +22,7 @@ from omnistream.client.events import AudioChunk, End, Event, Result, TextDelta, 
 from omnistream.client.request import build_request, media  # noqa: E402
 from omnistream.client.rest import AsyncRestClient, RestClient  # noqa: E402
 from omnistream.client.sync import Client  # noqa: E402
-from omnistream.errors import (  # noqa: E402
+from omnistream.request.errors import (  # noqa: E402
     Cancelled,
     DeadlineExceeded,
     InvalidRequest,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import grpc
 
-from omnistream.security import AUTHORIZATION_METADATA_KEY
+from omnistream.service.security import AUTHORIZATION_METADATA_KEY
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-from omnistream.wav import write_float32_wav
+from omnistream.audio.wav import write_float32_wav
 
 
 @dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 Sampling: the gRPC API takes a `Sampling` message as given once it is set (its zeros mean greedy /
 off), so a caller who names only `seed` would silently get greedy text. Here every knob the caller
-leaves out is filled from the project's one table of defaults (`omnistream.request_defaults`), so a
+leaves out is filled from the project's one table of defaults (`omnistream.request.defaults`), so a
 client call means the same as the same REST request.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omnistream.convert import SCHEDULE_TO_PROTO
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
-from omnistream.request_defaults import DEFAULTS
+from omnistream.request.defaults import DEFAULTS
+from omnistream.wire.convert import SCHEDULE_TO_PROTO
 
 Messages = str | Sequence[Mapping[str, Any]]
 MEDIA_KINDS = ("audio", "image", "video")

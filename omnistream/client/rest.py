@@ -17,7 +17,7 @@ import numpy as np
 
 from omnistream.client.events import AudioChunk, End, Event, Result, TextDelta, Usage
 from omnistream.client.request import MEDIA_KINDS, Messages
-from omnistream.errors import OmniError, from_kind
+from omnistream.request.errors import OmniError, from_kind
 
 SAMPLE_RATE_HEADER = 24000  # REST pcm16 audio carries no rate: the deployment's (GET /v1/models)
 MEDIA_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/ogg": "ogg"}

@@ -9,10 +9,10 @@ import grpc
 import numpy as np
 
 from omnistream.client.events import AudioChunk, End, Event, TextDelta, Usage
-from omnistream.errors import OmniError, from_grpc
 from omnistream.proto.omni.v1 import gateway_pb2
-from omnistream.server import ERROR_KIND_METADATA_KEY
-from omnistream.tensors import numpy_from_proto
+from omnistream.request.errors import OmniError, from_grpc
+from omnistream.service.server import ERROR_KIND_METADATA_KEY
+from omnistream.wire.tensors import numpy_from_proto
 
 RETRY_AFTER_METADATA_KEY = "retry-after"
 
@@ -43,7 +43,7 @@ def to_event(message: gateway_pb2.GenerateEvent) -> Event | None:
 
 
 def to_error(code: grpc.StatusCode, details: str | None, metadata: Iterable | None) -> OmniError:
-    """The project's typed error for a status (one table: omnistream/errors.py), carrying the gRPC
+    """The project's typed error for a status (one table: omnistream/request/errors.py), carrying the gRPC
     `code`, the server's error `kind` and, for overload, `retry_after` seconds."""
     error = from_grpc(code, details or code.name)
     error.code = code  # type: ignore[attr-defined]

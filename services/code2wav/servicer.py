@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.errors import InvalidRequest, SequenceError
-from omnistream.family import describe_loaded
+from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.stage_chain import CodecFeed, InputHold
-from omnistream.stage_service import Admitted, StageServicer
-from omnistream.tensors import from_proto, to_proto
+from omnistream.request.errors import InvalidRequest, SequenceError
+from omnistream.request.stage_chain import CodecFeed, InputHold
+from omnistream.service.stage_service import Admitted, StageServicer
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.tensors import from_proto, to_proto
 
 MAX_FRAMES_PER_CHUNK = 4096
 

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.convert import media_layout_from_proto, sampling_from_proto
-from omnistream.errors import InvalidRequest
-from omnistream.family import describe_loaded
+from omnistream.models.family import describe_loaded
+from omnistream.models.qwen3_omni.codec_chunks import FrameShipper
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.qwen3_omni.codec_chunks import FrameShipper
-from omnistream.stage_chain import InputHold, TalkerFeed, TalkerParams
-from omnistream.stage_service import Admitted, StageServicer
-from omnistream.tensors import from_proto, to_proto
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.stage_chain import InputHold, TalkerFeed, TalkerParams
+from omnistream.service.stage_service import Admitted, StageServicer
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.convert import media_layout_from_proto, sampling_from_proto
+from omnistream.wire.tensors import from_proto, to_proto
 
 DEFAULT_MAX_FRAMES = 2048
 HIDDEN_DTYPES = ("float32", "float64", "bfloat16", "float16")

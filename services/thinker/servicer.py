@@ -7,15 +7,15 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from omnistream.chunk_key import ChunkKey, Stage, validate_request_id
-from omnistream.convert import media_layout_to_proto, messages_from_proto, sampling_from_proto
-from omnistream.errors import InvalidRequest
-from omnistream.family import describe_loaded
-from omnistream.media import has_media
+from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
-from omnistream.stage_chain import ThinkerParams
-from omnistream.stage_service import Admitted, StageServicer
-from omnistream.tensors import to_proto
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.media import has_media
+from omnistream.request.stage_chain import ThinkerParams
+from omnistream.service.stage_service import Admitted, StageServicer
+from omnistream.wire.chunk_key import ChunkKey, Stage, validate_request_id
+from omnistream.wire.convert import media_layout_to_proto, messages_from_proto, sampling_from_proto
+from omnistream.wire.tensors import to_proto
 
 DEFAULT_MAX_TOKENS = 256
 # Tokenizing and media preprocessing (the processor's feature extraction) run here, off the event

@@ -32,7 +32,7 @@ def run(*cmd: str | Path, timeout: float = 120, **kwargs) -> subprocess.Complete
 def cli_args(argv: list[str], env: dict[str, str] | None = None):
     """Parse a service command line with the real `omnistream` parser (fails on an unknown flag),
     as it would run with `env` (the container's environment) on top of ours."""
-    from omnistream.cli import build_parser
+    from omnistream.cli.main import build_parser
 
     saved = dict(os.environ)
     os.environ.update(env or {})

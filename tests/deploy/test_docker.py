@@ -20,7 +20,7 @@ import time
 import tomllib
 from pathlib import Path
 
-from omnistream.lifeline import spawn
+from omnistream.cli.lifeline import spawn
 
 from .conftest import BIN, DEPLOY, ROOT, cli_args, run, tool
 
@@ -65,7 +65,7 @@ def test_dockerfile_shape():
     assert users and users[-1].split(":")[0] not in ("0", "root")
     run_lines = " ".join(args for word, args in steps if word == "RUN")
     assert re.search(r"--index-url \S+ torch==2\.13\.0", run_lines) and "whl/cpu" in DOCKERFILE.read_text()
-    assert "omnistream.protogen" in run_lines and "omnistream make-tiny-model /models/tiny" in run_lines
+    assert "omnistream.wire.protogen" in run_lines and "omnistream make-tiny-model /models/tiny" in run_lines
     assert "[dev]" not in run_lines  # runtime dependencies only
     env = " ".join(args for word, args in final if word == "ENV")
     assert "OMNISTREAM_MODEL=/models/tiny" in env
@@ -130,7 +130,7 @@ for _name in {blocked!r}:
 
 def _start(cmd: list[str], cwd: Path, env: dict) -> tuple[subprocess.Popen, dict]:
     """Start an installed `omnistream` command tied to this test process, as every launcher does:
-    it dies with pytest even when pytest is killed (see omnistream/lifeline.py)."""
+    it dies with pytest even when pytest is killed (see omnistream/cli/lifeline.py)."""
     proc = spawn(cmd, env, cwd=cwd, stdout=subprocess.PIPE, text=True, start_new_session=True)
     for line in proc.stdout:
         if line.startswith("{") and json.loads(line).get("event") == "listening":
@@ -160,7 +160,7 @@ def test_image_install_steps_work(tmp_path):
         skip = shutil.ignore_patterns("__pycache__", "proto", "*.pyc", ".protogen-*")
         shutil.copytree(ROOT / name, src / name, ignore=skip)
     python = str(BIN / "python")
-    assert run(python, "-m", "omnistream.protogen", cwd=src).returncode == 0
+    assert run(python, "-m", "omnistream.wire.protogen", cwd=src).returncode == 0
     dist = tmp_path / "dist"
     wheel = run(
         python, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", ".", "-w", dist, cwd=src

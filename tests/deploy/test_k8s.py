@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from gateway.config import GatewayConfig
-from gateway.replicas import Target
+from gateway.discovery import Target
 
 from .conftest import DEPLOY, cli_args, flag, run, tool
 

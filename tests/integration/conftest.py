@@ -12,8 +12,8 @@ import grpc
 import pytest
 import yaml
 
-from omnistream.launcher import ServiceProcess, start_services
-from omnistream.protogen import ensure_generated
+from omnistream.cli.launcher import ServiceProcess, start_services
+from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()
 

@@ -6,11 +6,11 @@ import grpc
 import numpy as np
 
 from gateway.wiring import StageStubs, run_request
-from omnistream.chunk_key import ChunkKey, Stage
+from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.pipeline import AudioEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
-from omnistream.qwen3_omni.codec_chunks import ChunkPlan
-from omnistream.tensors import to_proto
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.tensors import to_proto
 
 
 def make_request(messages, mode="async", **kw) -> GenerationRequest:

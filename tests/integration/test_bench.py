@@ -23,7 +23,7 @@ def test_bench_smoke_reports_every_metric(tiny_model_dir, tmp_path):
         [
             sys.executable,
             "-m",
-            "omnistream.cli",
+            "omnistream.cli.main",
             "bench",
             "--model",
             tiny_model_dir,

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from omnistream.audio.wav import float32_wav_bytes, to_pcm16
 from omnistream.client import (
     AsyncClient,
     AsyncRestClient,
@@ -24,7 +25,6 @@ from omnistream.client import (
     TextDelta,
     media,
 )
-from omnistream.wav import float32_wav_bytes, to_pcm16
 
 from .conftest import gateway_idle, gateway_process, gateway_url, wait_for
 
@@ -132,7 +132,7 @@ def test_chat_writes_the_clients_samples_and_the_rest_text(gateway, reference, t
     args = [
         sys.executable,
         "-m",
-        "omnistream.cli",
+        "omnistream.cli.main",
         "chat",
         "--gateway",
         gateway.address,

@@ -29,7 +29,7 @@ from schemathesis.specs.openapi.checks import (
 )
 
 from gateway.config import GatewayConfig
-from omnistream.launcher import ServiceProcess
+from omnistream.cli.launcher import ServiceProcess
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 
 from .conftest import configured_gateway, grpc_refusal, thinker_requests

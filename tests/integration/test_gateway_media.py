@@ -11,7 +11,7 @@ import httpx
 import openai
 import pytest
 
-from omnistream.launcher import ServiceProcess
+from omnistream.cli.launcher import ServiceProcess
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 from tests.media_files import audio_file, image_file, video_file
 

@@ -17,10 +17,10 @@ import soundfile as sf
 from openai import OpenAI
 
 from gateway.audio_encode import encode_whole
-from omnistream.load_options import LoadOptions
+from omnistream.audio.wav import to_pcm16
+from omnistream.engine.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.wav import to_pcm16
 
 from .conftest import configured_gateway, gateway_idle, gateway_process, wait_for
 

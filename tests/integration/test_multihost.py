@@ -15,7 +15,7 @@ import time
 import httpx
 import pytest
 
-from omnistream.launcher import start_services
+from omnistream.cli.launcher import start_services
 from tests.procs import wait_until
 
 from .conftest import metric, stage_args
@@ -24,7 +24,7 @@ from .netns import Network, netns_unavailable
 STAGE_PORT = 50051
 METRICS_PORT = 9100
 HTTP_PORT = 8000
-# A dead peer must be found by gRPC keepalive (omnistream.server): ping interval + ping timeout.
+# A dead peer must be found by gRPC keepalive (omnistream.service.server): ping interval + ping timeout.
 DETECTION_BOUND_S = 35.0
 
 SHORT = {

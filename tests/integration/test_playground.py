@@ -242,7 +242,7 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
 
         # The metrics panel shows the server's per-turn numbers.
         row = page.evaluate("window.playground.metrics[0]")
-        listener = {"stalls", "stall_ms", "underrun_ms", "continuity_ok"}  # omnistream/listener.py
+        listener = {"stalls", "stall_ms", "underrun_ms", "continuity_ok"}  # omnistream/audio/listener.py
         assert {"ttft_ms", "ttfa_ms", "rtf", "replicas", *listener} <= set(row), row
         assert set(row["replicas"]) == {"thinker", "talker", "code2wav"}
         assert page.locator("#metrics tbody tr").count() >= 3

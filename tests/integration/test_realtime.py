@@ -120,7 +120,7 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
             extra = done1.response.model_extra["omnistream"]
             assert extra["ttft_ms"] > 0 and extra["ttfa_ms"] > 0 and extra["rtf"] > 0
             assert set(extra["replicas"]) == {"thinker", "talker", "code2wav"}
-            # What a listener heard of the spoken answer (omnistream/listener.py).
+            # What a listener heard of the spoken answer (omnistream/audio/listener.py).
             assert extra["stalls"] >= 0 and extra["underrun_ms"] >= 0 and extra["stall_ms"] >= 0
             assert isinstance(extra["continuity_ok"], bool)
 

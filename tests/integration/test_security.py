@@ -13,11 +13,11 @@ import pytest
 from grpc_health.v1 import health_pb2
 from openai import OpenAI
 
-from omnistream import cli
+from omnistream.cli import main as cli
+from omnistream.cli.launcher import ClientTLS, check_health, start_services
 from omnistream.client import Client, Unauthenticated, Unavailable
-from omnistream.launcher import ClientTLS, check_health, start_services
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc
-from omnistream.security import channel_credentials
+from omnistream.service.security import channel_credentials
 from tests.certs import make_pki
 
 from .conftest import STAGES

@@ -14,9 +14,9 @@ import time
 import pytest
 
 from omnistream.bench.clients import GrpcGatewayClient, Workload
-from omnistream.qwen3_omni.checkpoint import load_config, load_tokenizer
-from omnistream.qwen3_omni.random_prompts import random_prompts
-from omnistream.up import start_stack
+from omnistream.cli.up import start_stack
+from omnistream.models.qwen3_omni.checkpoint import load_config, load_tokenizer
+from omnistream.models.qwen3_omni.random_prompts import random_prompts
 
 SOAK_SECONDS = float(os.environ.get("OMNISTREAM_SOAK_SECONDS", "240"))
 

@@ -12,10 +12,10 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.launcher import start_services
+from omnistream.cli.launcher import start_services
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.stage_service import EXIT_DEVICE_POISONED
+from omnistream.service.bootstrap import EXIT_DEVICE_POISONED
+from omnistream.wire.chunk_key import ChunkKey, Stage
 from tests.integration.conftest import stage_args
 
 HOOK = Path(__file__).parent / "device_fault_hook"

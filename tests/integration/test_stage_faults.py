@@ -12,10 +12,10 @@ import grpc
 import numpy as np
 import pytest
 
-from omnistream.chunk_key import ChunkKey, Stage
+from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.tensors import to_proto
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.tensors import to_proto
 
 from .conftest import metric, wait_for
 from .stage_calls import (

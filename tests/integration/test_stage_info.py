@@ -1,7 +1,7 @@
 """Stages describe themselves (Info), and the gateway learns the deployment from them: real processes.
 
 The expected values are read from the tiny checkpoint's config.json here, independently of
-`omnistream.qwen3_omni.describe`, so a wrong reading there fails these tests.
+`omnistream.models.qwen3_omni.describe`, so a wrong reading there fails these tests.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import grpc
 import httpx
 import pytest
 
-from omnistream.launcher import start_services
+from omnistream.cli.launcher import start_services
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2, stage_pb2_grpc
 
 from .conftest import gateway_args, gateway_url, stage_args

@@ -21,11 +21,11 @@ import grpc
 import numpy as np
 import pytest
 
-from omnistream.chat_encoding import ChatEncoder
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.launcher import ServiceProcess, start_services
+from omnistream.cli.launcher import ServiceProcess, start_services
+from omnistream.engine.chat_encoding import ChatEncoder
+from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.checkpoint import load_tokenizer
+from omnistream.wire.chunk_key import ChunkKey, Stage
 
 from .conftest import metric, stage_args, wait_for
 from .stage_calls import c2w_input, talker_input

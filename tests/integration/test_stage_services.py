@@ -12,13 +12,13 @@ import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.wiring import run_request
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.launcher import start_services
-from omnistream.load_options import LoadOptions
+from omnistream.cli.launcher import start_services
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
+from omnistream.models.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
 from omnistream.pipeline import AudioEvent, Pipeline, TextEvent, collect
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
+from omnistream.wire.chunk_key import ChunkKey, Stage
 
 from .conftest import metric, stage_args, wait_for
 from .stage_calls import (

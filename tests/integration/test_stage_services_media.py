@@ -10,11 +10,11 @@ import grpc
 import numpy as np
 import pytest
 
-from omnistream.chunk_key import ChunkKey, Stage
-from omnistream.convert import message_proto
-from omnistream.media import AudioInput
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
-from omnistream.tensors import to_proto
+from omnistream.request.media import AudioInput
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.convert import message_proto
+from omnistream.wire.tensors import to_proto
 from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations
 

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from omnistream.lifeline import spawn
-from omnistream.ports import port_in_use
+from omnistream.cli.lifeline import spawn
+from omnistream.service.ports import port_in_use
 from tests.procs import kill_all, marked_pids, wait_until
 
 MARK = "OMNISTREAM_TEST_UP_MARK"
@@ -78,7 +78,7 @@ def run_up(tmp_path: Path, model: str, *args: str) -> Iterator[Up]:
     stderr = tmp_path / f"up-{mark}.stderr"
     with stderr.open("w") as err:
         proc = spawn(
-            [sys.executable, "-m", "omnistream.cli", "up", "--model", model, *args],
+            [sys.executable, "-m", "omnistream.cli.main", "up", "--model", model, *args],
             {**os.environ, MARK: mark},
             stdout=subprocess.PIPE,
             stderr=err,
@@ -131,12 +131,13 @@ def _playground_served(text: str) -> None:
 def _chat_works(grpc_port: int, http_port: int, tmp_path) -> None:
     """`omnistream chat` against the stack `up` serves: its WAV holds the client's samples and its
     transcript is the REST text, for the same seeded request."""
+    from omnistream.audio.wav import float32_wav_bytes
     from omnistream.client import Client, RestClient
-    from omnistream.wav import float32_wav_bytes
 
     seeded = {"seed": 3, "max_tokens": 8, "max_audio_frames": 12}
     out = tmp_path / "chat.wav"
-    chat = [sys.executable, "-m", "omnistream.cli", "chat", "Hello", "--gateway", f"127.0.0.1:{grpc_port}"]
+    chat = [sys.executable, "-m", "omnistream.cli.main", "chat", "Hello"]
+    chat += ["--gateway", f"127.0.0.1:{grpc_port}"]
     chat += ["--output", str(out), "--seed", "3", "--max-tokens", "8", "--max-audio-frames", "12"]
     done = subprocess.run(chat, capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
@@ -202,7 +203,7 @@ def test_services_report_a_busy_port_in_one_line(tiny_model_dir):
         gateway += ["--thinker", "127.0.0.1:1", "--talker", "127.0.0.1:1", "--code2wav", "127.0.0.1:1"]
         procs = {
             args[1]: spawn(
-                [sys.executable, "-m", "omnistream.cli", *args],
+                [sys.executable, "-m", "omnistream.cli.main", *args],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,

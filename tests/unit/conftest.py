@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistream.protogen import ensure_generated
+from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()
 

@@ -9,9 +9,9 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from omnistream.load_options import LoadOptions
+from omnistream.engine.load_options import LoadOptions
 from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, collect
-from omnistream.qwen3_omni.chunk_plan import SCHEDULES, ChunkPlan
+from omnistream.request.chunk_plan import SCHEDULES, ChunkPlan
 
 PROMPTS = [
     [

@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from omnistream.load_options import LoadOptions
+from omnistream.engine.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.errors import InvalidRequest
-from omnistream.load_options import LoadOptions
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
-from omnistream.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.stage_chain import TalkerFeed, TalkerParams
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.stage_chain import TalkerFeed, TalkerParams
 
 TEXT = "The sea was calm tonight, caf\u00e9 \u4f60\u597d."
 MAX_FRAMES = 30

@@ -88,7 +88,7 @@ def _census() -> dict:
     import numpy as np
     import torch
 
-    engine_module = sys.modules.get("omnistream.engine")
+    engine_module = sys.modules.get("omnistream.engine.engine")
     engine_cls = engine_module.Engine if engine_module else ()
 
     by_type: collections.Counter = collections.Counter()

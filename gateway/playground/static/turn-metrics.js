@@ -6,7 +6,7 @@ export function formatMs(value) {
   return typeof value === "number" ? `${Math.round(value)} ms` : "–";
 }
 
-/** What a listener heard (omnistream/listener.py): "none", or how many stalls and their total;
+/** What a listener heard (omnistream/audio/listener.py): "none", or how many stalls and their total;
  * "–" for an answer without audio. */
 export function stallText(omni) {
   if (typeof omni.stalls !== "number") return "–";

@@ -13,7 +13,7 @@ import os
 _TRIGGER = os.environ.get("OMNISTREAM_TEST_DEVICE_FAULT")
 
 if _TRIGGER:
-    from omnistream.engine import Engine
+    from omnistream.engine.engine import Engine
 
     _start = Engine.start
 

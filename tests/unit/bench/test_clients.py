@@ -21,8 +21,8 @@ from omnistream.bench.clients import (
     rest_body,
 )
 from omnistream.proto.omni.v1 import gateway_pb2, stage_pb2
-from omnistream.request import AudioEvent, DoneEvent, TextEvent
-from omnistream.tensors import to_proto
+from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
+from omnistream.wire.tensors import to_proto
 
 
 def test_a_workloads_schedule_names_its_target_and_reaches_every_wire():

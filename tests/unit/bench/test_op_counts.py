@@ -7,7 +7,7 @@ import pytest
 from transformers import Qwen3OmniMoeConfig
 
 from omnistream.bench.op_counts import REAL_SHAPED, measure, real_shaped_model
-from omnistream.load_options import LoadOptions
+from omnistream.engine.load_options import LoadOptions
 
 F32 = LoadOptions(dtype="float32")
 

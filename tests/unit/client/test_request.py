@@ -2,7 +2,7 @@ import pytest
 
 from omnistream.client import build_request, media
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.request_defaults import DEFAULTS
+from omnistream.request.defaults import DEFAULTS
 
 
 def test_a_string_is_one_user_turn_and_nothing_else_is_set():

@@ -5,7 +5,7 @@ from omnistream.client import AudioChunk, DeadlineExceeded, End, Overloaded, Tex
 from omnistream.client.connection import Connection
 from omnistream.client.wire import retryable, to_error, to_event
 from omnistream.proto.omni.v1 import gateway_pb2
-from omnistream.tensors import to_proto
+from omnistream.wire.tensors import to_proto
 
 Event = gateway_pb2.GenerateEvent
 

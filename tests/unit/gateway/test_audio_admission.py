@@ -26,8 +26,8 @@ from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.rest_errors import error_response
 from omnistream.proto.omni.v1 import stage_pb2
-from omnistream.qwen3_omni.chunk_plan import ChunkPlan, dynamic_initial_frames
-from omnistream.request import GenerationRequest
+from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
+from omnistream.request.generation import GenerationRequest
 from tests.unit.gateway.infos import stage_info
 
 FPS = 12.5

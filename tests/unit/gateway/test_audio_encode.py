@@ -12,7 +12,7 @@ import pytest
 import soundfile as sf
 
 from gateway.audio_encode import FORMATS, MEDIA_TYPES, encode_whole, encoder
-from omnistream.wav import to_pcm16
+from omnistream.audio.wav import to_pcm16
 
 RATE = 24000
 

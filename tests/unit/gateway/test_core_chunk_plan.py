@@ -8,8 +8,8 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
-from omnistream.errors import InvalidRequest
-from omnistream.request import GenerationRequest
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.generation import GenerationRequest
 
 
 def _plan(active: int = 0, **fields):

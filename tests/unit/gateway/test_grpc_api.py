@@ -14,13 +14,13 @@ from gateway.config import GatewayConfig
 from gateway.core import GatewayCore
 from gateway.deployment import Deployment
 from gateway.grpc_api import RETRY_AFTER_METADATA_KEY, SERVICE_NAME, add_gateway_api
-from omnistream.errors import InvalidRequest, Unavailable
+from omnistream.engine.sampling import SamplingParams
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
-from omnistream.request_defaults import DEFAULTS
-from omnistream.sampling import SamplingParams
-from omnistream.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
-from omnistream.tensors import numpy_from_proto
+from omnistream.request.defaults import DEFAULTS
+from omnistream.request.errors import InvalidRequest, Unavailable
+from omnistream.service.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
+from omnistream.wire.tensors import numpy_from_proto
 from tests.unit.gateway.infos import VOICES, deployment
 
 HANG = object()  # in a script: block until cancelled

@@ -14,7 +14,7 @@ from PIL import Image
 from gateway.media_decode import Deadline, decode_audio, decode_image, decode_video
 from gateway.media_limits import MediaLimits, Tally
 from gateway.media_sizes import frame_indices, smart_nframes, smart_resize
-from omnistream.errors import InvalidRequest, TooLarge
+from omnistream.request.errors import InvalidRequest, TooLarge
 from tests.media_files import audio_file, image_file, video_file
 
 LIMITS = MediaLimits()

@@ -17,8 +17,8 @@ from gateway.admission import Rejected
 from gateway.media_decoder import MediaDecoder
 from gateway.media_limits import MediaLimits
 from gateway.media_parts import EncodedMedia, from_url
-from omnistream.errors import InvalidRequest, TooLarge
-from omnistream.media import AudioInput, ImageInput
+from omnistream.request.errors import InvalidRequest, TooLarge
+from omnistream.request.media import AudioInput, ImageInput
 from tests.media_files import audio_file, image_file
 
 FIELD = "messages.0.content.0.input_audio.data"

@@ -7,7 +7,7 @@ import pytest
 
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.media_limits import MediaLimits, Tally
-from omnistream.errors import TooLarge
+from omnistream.request.errors import TooLarge
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 

@@ -9,13 +9,13 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.grpc_api import message_content, to_generation_request
 from gateway.media_parts import EncodedMedia, from_bytes, from_data_url, from_input_audio, from_url, pending
-from omnistream.convert import thinker_open_proto
-from omnistream.errors import InvalidRequest
-from omnistream.media import AudioInput, ImageInput, VideoInput
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
-from omnistream.request import GenerationRequest
-from omnistream.stage_chain import stage_opens
-from omnistream.tensors import numpy_from_proto
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.generation import GenerationRequest
+from omnistream.request.media import AudioInput, ImageInput, VideoInput
+from omnistream.request.stage_chain import stage_opens
+from omnistream.wire.convert import thinker_open_proto
+from omnistream.wire.tensors import numpy_from_proto
 
 FIELD = "messages.0.content.0.image_url.url"
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}

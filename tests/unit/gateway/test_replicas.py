@@ -9,8 +9,9 @@ import socket
 import pytest
 
 from gateway import replicas as replicas_module
-from gateway.replicas import Replicas, Target, resolve_addresses
-from omnistream.errors import Unavailable
+from gateway.discovery import Target, resolve_addresses
+from gateway.replicas import Replicas
+from omnistream.request.errors import Unavailable
 from tests.unit.gateway.infos import stage_info
 
 

@@ -20,8 +20,8 @@ from gateway.deployment import Deployment
 from gateway.metrics import GatewayMetrics
 from gateway.request_guards import first_invalid_unicode, is_valid_unicode, printable
 from gateway.rest import build_app
-from omnistream.errors import STATUS_TABLE, TooLarge, Unavailable
 from omnistream.pipeline import GenerationRequest
+from omnistream.request.errors import STATUS_TABLE, TooLarge, Unavailable
 from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}

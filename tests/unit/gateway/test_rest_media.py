@@ -14,9 +14,9 @@ from gateway.core import GatewayCore, check_message_size
 from gateway.media_decoder import MediaDecoder
 from gateway.metrics import GatewayMetrics
 from gateway.rest import build_app
-from omnistream.errors import TooLarge, Unavailable
-from omnistream.media import AudioInput, ImageInput, VideoInput, text_of
-from omnistream.request import GenerationRequest
+from omnistream.request.errors import TooLarge, Unavailable
+from omnistream.request.generation import GenerationRequest
+from omnistream.request.media import AudioInput, ImageInput, VideoInput, text_of
 from tests.media_files import audio_file, image_file, video_file
 from tests.unit.gateway.infos import deployment
 

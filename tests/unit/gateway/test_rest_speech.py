@@ -20,9 +20,9 @@ from gateway.rest_speech import (
     sse_stream,
     to_generation_request,
 )
-from omnistream.errors import InvalidRequest, Unavailable
-from omnistream.request import AudioEvent, DoneEvent, TextEvent
-from omnistream.wav import to_pcm16
+from omnistream.audio.wav import to_pcm16
+from omnistream.request.errors import InvalidRequest, Unavailable
+from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 
 
 class _FailingSession:

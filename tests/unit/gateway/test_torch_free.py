@@ -18,11 +18,11 @@ def test_gateway_imports_and_request_handling_load_no_torch():
         import gateway.main, gateway.rest, gateway.grpc_api, gateway.core, gateway.wiring
         from gateway.media_decode import Deadline, decode_image
         from gateway.media_limits import MediaLimits, Tally
-        from omnistream.convert import message_proto
+        from omnistream.wire.convert import message_proto
         from gateway.config import GatewayConfig
-        from omnistream.request import GenerationRequest
-        from omnistream.request_defaults import RequestInput, resolve
-        from omnistream.tensors import numpy_from_proto, to_proto
+        from omnistream.request.generation import GenerationRequest
+        from omnistream.request.defaults import RequestInput, resolve
+        from omnistream.wire.tensors import numpy_from_proto, to_proto
 
         GenerationRequest(messages=[{"role": "user", "content": "hi"}]).validate()
         resolve(RequestInput(messages=[{"role": "user", "content": "hi"}], seed=1))

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
-from omnistream.cli import build_parser
-from omnistream.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.cli.main import build_parser
+from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from services import serve, serve_args
 
 
@@ -18,7 +18,7 @@ def _parse(*argv: str):
 
 
 def test_cuda_graphs_is_a_talker_flag_on_by_default_for_cuda_only():
-    from omnistream.load_options import LoadOptions
+    from omnistream.engine.load_options import LoadOptions
 
     assert _parse("talker").cuda_graphs is None  # not asked: decided by the device
     assert _parse("talker", "--cuda-graphs").cuda_graphs is True

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 from gateway.config import GatewayConfig
 from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
-from omnistream.errors import InvalidRequest
+from omnistream.request.errors import InvalidRequest
 
 
 def _connection() -> tuple[Connection, list[dict]]:

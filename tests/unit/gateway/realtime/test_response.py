@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.core import Session, Timings
 from gateway.metrics import GatewayMetrics
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import Item
-from omnistream.listener import AudioArrival
-from omnistream.request import GenerationRequest
+from gateway.session import Session, Timings
+from omnistream.audio.listener import AudioArrival
+from omnistream.request.generation import GenerationRequest
 
 
 class _NoCore:

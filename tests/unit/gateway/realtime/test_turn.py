@@ -7,8 +7,8 @@ import numpy as np
 from gateway.realtime.events import ResponseFields
 from gateway.realtime.session import Conversation, Item, SessionConfig
 from gateway.realtime.turn import ResponseSettings, build_request, messages_of
-from omnistream.media import AudioInput
-from omnistream.request_defaults import ServingDefaults
+from omnistream.request.defaults import ServingDefaults
+from omnistream.request.media import AudioInput
 
 
 def conversation() -> Conversation:

@@ -1,0 +1,94 @@
+"""`omnistream generate`: one request through the in-process pipeline, streamed to the terminal."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from omnistream.audio.wav import write_float32_wav
+from omnistream.engine.load_options import LoadOptions, stage_devices
+from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
+
+
+def checkpoint_voices(model_dir: str | Path) -> tuple[str, ...]:
+    """The checkpoint's speakers (as the gateway reads them from `--model`), so a checkpoint without
+    the default voice gets the same fallback here as through the gateway; () when not readable."""
+    try:
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return ()
+    speakers = config.get("talker_config", {}).get("speaker_id") or {}
+    return tuple(sorted(k.lower() for k in speakers))
+
+
+def request_input_from_args(args: argparse.Namespace) -> RequestInput:
+    """The flags as given: argparse defaults are None, so what the user left out stays "not given"."""
+    return RequestInput(
+        messages=[{"role": "user", "content": args.prompt}],
+        system=args.system,
+        max_tokens=args.max_tokens,
+        ignore_eos=args.ignore_eos,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        top_k=args.top_k,
+        repetition_penalty=args.repetition_penalty,
+        seed=args.seed,
+        return_audio=None if args.no_audio is None else not args.no_audio,
+        voice=args.speaker,
+        max_audio_frames=args.max_audio_frames,
+        talker_temperature=args.talker_temperature,
+        talker_top_p=args.talker_top_p,
+        talker_top_k=args.talker_top_k,
+        talker_repetition_penalty=args.talker_repetition_penalty,
+        talker_seed=args.talker_seed,
+        initial_codec_chunk_frames=args.initial_codec_chunk_frames,
+        codec_chunk_schedule=args.codec_chunk_schedule,
+        async_chunk=None if args.mode is None else args.mode == "async",
+    )
+
+
+def request_from_args(
+    args: argparse.Namespace, deployment: ServingDefaults | None = None
+) -> GenerationRequest:
+    """The request the flags ask for, defaults from the one table the gateway also uses."""
+    if deployment is None:
+        deployment = ServingDefaults(voices=checkpoint_voices(args.model))
+    return resolve(request_input_from_args(args), deployment)
+
+
+async def run_generate(args: argparse.Namespace) -> int:
+    request = request_from_args(args)
+    out = Path(args.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def stream(delta: str) -> None:
+        sys.stdout.write(delta)
+        sys.stdout.flush()
+
+    options = LoadOptions(args.device, args.dtype, args.allow_float64)
+    with Pipeline(args.model, options, devices=stage_devices(args)) as pipeline:
+        result = await collect(pipeline, request, on_text=stream)
+    done, wav = result.done, result.audio
+    sys.stdout.write("\n")
+    (out / "text.txt").write_text(result.text, encoding="utf-8")
+    (out / "tokens.json").write_text(
+        json.dumps({"prompt_ids": done.prompt_ids, "output_ids": done.output_ids})
+    )
+    np.save(out / "codes.npy", result.codes)
+    sample_rate = pipeline.code2wav.sample_rate
+    write_float32_wav(out / "audio.wav", wav, sample_rate)
+    ttfp = f"{done.ttfp * 1000:.1f} ms" if done.ttfp is not None else "n/a"
+    ttft = f"{done.ttft * 1000:.1f} ms" if done.ttft is not None else "n/a"
+    print(
+        f"[{request.mode}] time to first token {ttft}, time to first audio {ttfp}, total "
+        f"{done.e2e * 1000:.1f} ms; {len(done.output_ids)} tokens ({done.finish_reason}), "
+        f"{done.frames} frames, "
+        f"{wav.size / sample_rate:.2f} s of audio -> {out}",
+        file=sys.stderr,
+    )
+    return 0

@@ -1,0 +1,285 @@
+"""`omnistream up`: the whole stack on one machine, each service its own process.
+
+`up` owns its services for their whole life: SIGHUP (the terminal closed), SIGINT (Ctrl-C) and
+SIGTERM all mean "stop": the gateway drains first, then the stages, also when the signal comes
+while they are still starting. Should `up` die without that chance (SIGKILL, the OOM killer), the
+services follow it by themselves (omnistream/cli/lifeline.py). A port that is already taken is
+reported in one line before anything is started.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import signal
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+
+from omnistream.cli.launcher import (
+    WAIT_STEP_S,
+    ServiceProcess,
+    StartCancelled,
+    StartError,
+    check_cancel,
+    start_services,
+    stop_services,
+)
+from omnistream.engine.load_options import (
+    AUTO_DTYPE,
+    DEFAULT_PREFILL_CHUNK,
+    LoadOptions,
+    add_dtype_arguments,
+    add_stage_device_arguments,
+    is_accelerator,
+    stage_devices,
+)
+from omnistream.service.ports import in_use_message, port_in_use
+from services.serve_args import positive_int
+
+STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
+DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--model", required=True)
+    add_dtype_arguments(p)
+    p.add_argument(
+        "--device", default="cpu", help="every stage's device unless its own flag says (cpu, cuda:N)"
+    )
+    add_stage_device_arguments(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--http-port", type=int, default=8000)
+    p.add_argument("--grpc-port", type=int, default=50051)
+    p.add_argument("--max-concurrency", type=int, default=16)
+    p.add_argument("--talker-replicas", type=int, default=1)
+    p.add_argument("--code2wav-replicas", type=int, default=1)
+    p.add_argument(
+        "--prefill-chunk",
+        type=positive_int,
+        default=DEFAULT_PREFILL_CHUNK,
+        help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
+    )
+
+
+def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading.Event | None = None) -> None:
+    """Poll the gateway's /ready until 200; StartError if it exits first, StartCancelled on `cancel`."""
+    host = gateway.connect_host
+    url = f"http://{f'[{host}]' if ':' in host else host}:{gateway.http_port}/ready"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        check_cancel(cancel)
+        if gateway.proc.poll() is not None:
+            raise StartError(f"gateway exited with {gateway.proc.returncode} before it was ready")
+        try:
+            with urllib.request.urlopen(url, timeout=2) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError):
+            pass
+        time.sleep(WAIT_STEP_S)
+    raise StartError(f"gateway not ready after {timeout:.0f}s")
+
+
+def usage_text(host: str, http_port: int, grpc_port: int) -> str:
+    body = json.dumps(
+        {
+            "messages": [{"role": "user", "content": "Tell me a story."}],
+            "modalities": ["text", "audio"],
+            "audio": {"voice": "ethan", "format": "wav"},
+            "stream": True,
+            "max_tokens": 32,
+        }
+    )
+    return f"""
+omnistream is serving: REST http://{host}:{http_port}  gRPC {host}:{grpc_port}
+
+  Playground: http://{host}:{http_port}/   (open it in a browser: talk, type, attach, listen)
+
+  omnistream chat --gateway {host}:{grpc_port}        (type a line, hear it in answer-1.wav)
+
+  curl -N http://{host}:{http_port}/v1/chat/completions -H 'Content-Type: application/json' \\
+    -d '{body}'
+
+  python - <<'PY'
+from openai import OpenAI
+client = OpenAI(base_url="http://{host}:{http_port}/v1", api_key="none")
+stream = client.chat.completions.create(model="qwen3-omni", messages=[{{"role": "user", "content": "Hello"}}],
+    modalities=["text", "audio"], audio={{"voice": "ethan", "format": "pcm16"}}, stream=True, max_tokens=32)
+for chunk in stream:
+    delta = chunk.choices[0].delta if chunk.choices else None
+    if delta and delta.audio and delta.audio.transcript:  # with audio, the text is its transcript
+        print(delta.audio.transcript, end="", flush=True)
+PY
+
+Metrics: http://{host}:{http_port}/metrics   Ready: http://{host}:{http_port}/ready   Ctrl-C stops everything.
+"""
+
+
+def start_stack(
+    model: str,
+    services: dict[str, ServiceProcess],
+    *,
+    dtype: str = AUTO_DTYPE,
+    device: str = "cpu",
+    devices: dict[str, str] | None = None,
+    allow_float64: bool = False,
+    host: str = "127.0.0.1",
+    http_port: int = 0,
+    grpc_port: int = 0,
+    max_concurrency: int = 16,
+    talker_replicas: int = 1,
+    code2wav_replicas: int = 1,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    audio_hold: bool = True,
+    gateway_flags: Sequence[str] = (),
+    cancel: threading.Event | None = None,
+) -> ServiceProcess:
+    """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
+
+    `devices` maps a stage to its own device (default: `device`): one GPU per stage, e.g. the
+    thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
+    weights and KV cache fit the free memory of its device (omnistream/models/qwen3_omni/memory.py).
+
+    `audio_hold`: False starts the gateway with `--no-audio-hold` (README "Admission").
+    `gateway_flags`: more `omnistream serve gateway` flags (e.g. `--audio-start-guard 0`).
+
+    `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
+    already in `services` or killed by `start_services`.
+    """
+    devices = devices or {}
+    prefill = ["--prefill-chunk", str(prefill_chunk)]
+
+    def stage_args(stage: str) -> list[str]:
+        args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
+        return [*args, "--allow-float64"] if allow_float64 else args
+
+    specs = {"thinker": [*stage_args("thinker"), *prefill]}
+    for i in range(talker_replicas):
+        specs[f"talker-{i}"] = [*stage_args("talker"), *prefill]
+    for i in range(code2wav_replicas):
+        specs[f"code2wav-{i}"] = stage_args("code2wav")
+    services.update(start_services(specs, cancel=cancel))
+    gateway_args = [
+        "serve",
+        "gateway",
+        "--host",
+        host,
+        "--http-port",
+        str(http_port),
+        "--grpc-port",
+        str(grpc_port),
+        "--max-concurrency",
+        str(max_concurrency),
+        *([] if audio_hold else ["--no-audio-hold"]),
+        *gateway_flags,
+    ]
+    for name, service in list(services.items()):
+        gateway_args += [f"--{name.split('-')[0]}", service.address]
+    services.update(start_services({"gateway": gateway_args}, cancel=cancel))
+    gateway = services["gateway"]
+    wait_ready(gateway, cancel=cancel)
+    return gateway
+
+
+def check_memory(args: argparse.Namespace) -> None:
+    """Stages on a GPU: the ones sharing a device must fit its free memory together (each stage
+    checks itself too, but they start in parallel and each would see the whole device free)."""
+    devices = stage_devices(args)
+    if not any(is_accelerator(d) for d in devices.values()):
+        return  # the CPU path stays free of torch and transformers imports here
+    from omnistream.models.qwen3_omni.checkpoint import load_config
+    from omnistream.models.qwen3_omni.memory import (
+        DEFAULT_MAX_BATCH,
+        DEFAULT_MAX_MODEL_LEN,
+        check_placement_fits,
+    )
+
+    counts = {"thinker": 1, "talker": args.talker_replicas, "code2wav": args.code2wav_replicas}
+    placement = [
+        (stage, LoadOptions(devices[stage], args.dtype, args.allow_float64))
+        for stage, count in counts.items()
+        for _ in range(count)
+    ]
+    # `up` starts its stages with the serving defaults of --max-batch and --max-model-len.
+    check_placement_fits(load_config(args.model), placement, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN)
+
+
+def busy_port(host: str, http_port: int, grpc_port: int) -> str | None:
+    """The one-line error for the first of the gateway's ports already taken, or None."""
+    for port in (http_port, grpc_port):
+        if port_in_use(host, port):
+            return in_use_message(port, "--http-port/--grpc-port", who="omnistream up")
+    return None
+
+
+def stop_stack(services: dict[str, ServiceProcess]) -> None:
+    """Gateway first (it finishes its streams, which need the stages), then every stage at once."""
+    gateway = [s for name, s in services.items() if name == "gateway"]
+    stop_services(gateway, DRAIN_TIMEOUT_S)
+    stop_services([s for name, s in services.items() if name != "gateway"], DRAIN_TIMEOUT_S)
+
+
+def _say(text: str, file=None) -> None:
+    """Print, unless the terminal is gone (SIGHUP): stopping must not fail on a closed tty."""
+    with contextlib.suppress(OSError):
+        print(text, file=file or sys.stdout, flush=True)
+
+
+def _supervise(services: dict[str, ServiceProcess], stop: threading.Event) -> int:
+    """Until a stop signal (0) or until a service exits on its own (1)."""
+    while not stop.is_set():
+        for name, service in services.items():
+            if service.proc.poll() is not None:
+                _say(f"omnistream up: {name} exited with {service.proc.returncode}; stopping", sys.stderr)
+                return 1
+        stop.wait(0.5)
+    return 0
+
+
+def run_up(args: argparse.Namespace) -> int:
+    stop = threading.Event()
+    for sig in STOP_SIGNALS:  # installed first: a signal at any later point stops what was started
+        signal.signal(sig, lambda *_: stop.set())
+    busy = busy_port(args.host, args.http_port, args.grpc_port)
+    if busy:
+        _say(f"omnistream up: {busy}", sys.stderr)
+        return 1
+    from omnistream.request.errors import OmniError  # grpc: not at import time (the CLI parses first)
+
+    try:
+        check_memory(args)
+    except OmniError as exc:
+        _say(f"omnistream up: {exc.message}", sys.stderr)
+        return 1
+    services: dict[str, ServiceProcess] = {}
+    try:
+        gateway = start_stack(
+            args.model,
+            services,
+            dtype=args.dtype,
+            device=args.device,
+            devices=stage_devices(args),
+            allow_float64=args.allow_float64,
+            host=args.host,
+            http_port=args.http_port,
+            grpc_port=args.grpc_port,
+            max_concurrency=args.max_concurrency,
+            talker_replicas=args.talker_replicas,
+            code2wav_replicas=args.code2wav_replicas,
+            prefill_chunk=args.prefill_chunk,
+            cancel=stop,
+        )
+        _say(usage_text(args.host, gateway.http_port, gateway.port))
+        return _supervise(services, stop)
+    except StartCancelled:
+        return 0
+    except (StartError, TimeoutError) as exc:  # the failing service printed its own reason above
+        _say(f"omnistream up: {exc}; stopped everything", sys.stderr)
+        return 1
+    finally:
+        stop_stack(services)

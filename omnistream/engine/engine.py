@@ -1,0 +1,327 @@
+"""The generic part of a stage engine: a scheduler thread and request bookkeeping (each request's
+output channel is `output_stream.OutputStream`).
+
+Model forwards run in one worker thread (torch releases the GIL), so the asyncio side (gRPC, the
+in-process pipeline) keeps flowing while the model computes. The asyncio side only touches
+thread-safe entry points (`add`, `feed`, `abort`); results come back through a bounded
+`OutputStream` per request. A request whose output is full, or whose next input has not arrived,
+is skipped for that step: it never blocks the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from omnistream.engine.device_errors import poisons_device
+from omnistream.engine.output_stream import OutputStream
+from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
+
+log = logging.getLogger(__name__)
+
+@dataclass
+class RequestState:
+    """What every engine keeps per request; engines subclass it."""
+
+    request_id: str
+    output: OutputStream
+    arrived: float = field(default_factory=time.monotonic)
+    slot: int | None = None
+    finished: bool = False
+    suspicions: int = 0  # batched steps that failed with this request in them
+
+
+# A request in a batch that failed is retried alone this many times before it is failed itself.
+MAX_SUSPICIONS = 2
+
+
+@dataclass
+class EngineStats:
+    """A snapshot for metrics: read from any thread."""
+
+    steps: int = 0
+    last_batch_size: int = 0
+    last_step_seconds: float = 0.0
+    # Output units the last step produced (thinker: tokens, talker: codec frames emitted, code2wav:
+    # codec frames decoded); omnistream/service/speed.py measures the stage's speed from it.
+    last_units: int = 0
+    aborted: int = 0
+    errors: int = 0
+    finished: int = 0
+    # Scheduling under a per-step budget (the talker and Code2Wav): requests that could have
+    # stepped but were left for more urgent ones, in all and in the last step, and the buffered
+    # audio seconds (omnistream/engine/playout.py) of the requests the last step ran.
+    deferred: int = 0
+    last_deferred: int = 0
+    last_buffered: tuple[float, ...] = ()
+
+
+class Engine:
+    """Base class: subclasses implement `_schedule` (pick work, under the lock) and `_run` (compute)."""
+
+    name = "engine"
+
+    def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
+        self.max_requests = max_requests
+        self.output_capacity = output_capacity
+        self._cond = threading.Condition()
+        self._requests: dict[str, RequestState] = {}
+        self._released: list[RequestState] = []
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self.stats = EngineStats()
+        self._step_listeners: list[Any] = []
+        self._suspects: deque[RequestState] = deque()  # retried alone after their batch failed
+        # Set once a step raised an error that poisons the device (device_errors.py): the engine
+        # then fails everything, stops, and tells its fatal listeners (the server exits non-zero).
+        self.poisoned: BaseException | None = None
+        self._fatal_listeners: list[Any] = []
+
+    # --- lifecycle --------------------------------------------------------------------------------
+    def start(self) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._loop, name=f"{self.name}-engine", daemon=True)
+            self._thread.start()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=30)
+            self._thread = None
+
+    # --- asyncio-side entry points ----------------------------------------------------------------
+    def _admit(self, state: RequestState) -> None:
+        with self._cond:
+            if self.poisoned is not None:
+                raise Unavailable(f"{self.name} lost its device and is restarting")
+            if self._stopping:
+                raise Overloaded(f"{self.name} engine is stopping")
+            if state.request_id in self._requests:
+                raise InvalidRequest(f"request {state.request_id!r} is already running", field="request_id")
+            if len(self._requests) >= self.max_requests:
+                raise Overloaded(f"{self.name} engine is at its limit of {self.max_requests} requests")
+            self._requests[state.request_id] = state
+            self._cond.notify_all()
+
+    def new_output(self) -> OutputStream:
+        return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
+
+    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+        """Forget the request now; its KV slot is released before the next step.
+
+        With `output`, only the request that owns that output is aborted: a stream that ends late
+        never aborts a newer request that reuses its id.
+        """
+        with self._cond:
+            state = self._requests.get(request_id)
+            if state is None or (output is not None and state.output is not output):
+                return False
+            del self._requests[request_id]
+            state.finished = True
+            self._released.append(state)
+            self.stats.aborted += 1
+            self._cond.notify_all()
+        state.output.close()
+        return True
+
+    def wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+    @property
+    def num_requests(self) -> int:
+        with self._cond:
+            return len(self._requests)
+
+    def has_request(self, request_id: str) -> bool:
+        with self._cond:
+            return request_id in self._requests
+
+    def request_ids(self) -> list[str]:
+        with self._cond:
+            return list(self._requests)
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _finish(self, state: RequestState) -> None:
+        """Called by subclasses on the engine thread once the terminal output is queued."""
+        with self._cond:
+            if self._requests.get(state.request_id) is state:
+                del self._requests[state.request_id]
+                self.stats.finished += 1
+            state.finished = True
+            self._released.append(state)
+        state.output.close()
+
+    def _fail(self, state: RequestState, error: OmniError) -> None:
+        with self._cond:
+            if self._requests.get(state.request_id) is state:
+                del self._requests[state.request_id]
+            state.finished = True
+            self._released.append(state)
+            self.stats.errors += 1
+        state.output.fail(error)
+
+    def _release(self, state: RequestState) -> None:
+        """Free the model-side resources of a finished or aborted request (engine thread)."""
+
+    def _schedule(self, candidates: list[RequestState]) -> Any | None:
+        """Under the lock: the work for one step among `candidates` (in arrival order), or None
+        when none can progress."""
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def _row(self, state: RequestState):
+        """Per-request work after a batched forward (sampling, emitting): a failure there is that
+        request's alone, so it fails only that request and the rest of the batch carries on."""
+        try:
+            yield
+        except OmniError as exc:
+            self._fail(state, exc)
+        except Exception as exc:
+            if poisons_device(exc):  # not this request's fault, and no request can go on
+                self._poison(exc)
+                return
+            log.exception("%s: request %s failed", self.name, state.request_id)
+            self._fail(state, InternalError(f"{self.name} failed on this request: {exc}"))
+
+    def _run(self, work: Any) -> None:
+        """Outside the lock: run one step of model work."""
+        raise NotImplementedError
+
+    def _work_states(self, work: Any) -> list[RequestState]:
+        return list(work)
+
+    def _deferred(self, count: int) -> None:
+        """Under the lock, from `_schedule`: `count` requests that could have stepped wait for this
+        step's more urgent ones (the stage's deferred-steps metric)."""
+        self.stats.last_deferred = count
+        self.stats.deferred += count
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting) right now: running holds model state, waiting waits for a slot or input."""
+        with self._cond:
+            running = sum(1 for s in self._requests.values() if s.slot is not None)
+            return running, len(self._requests) - running
+
+    def _next_work(self) -> Any | None:
+        """Under the lock: a suspect alone while there are any, else the normal batch."""
+        self.stats.last_deferred = 0  # what `_schedule` reports is about the step it returns
+        self.stats.last_buffered = ()
+        while self._suspects:
+            state = self._suspects.popleft()
+            if state.finished or self._requests.get(state.request_id) is not state:
+                continue
+            work = self._schedule([state])
+            if work is not None:
+                return work
+            # It cannot step right now (waits for input or room): it rejoins the batch later.
+        return self._schedule(list(self._requests.values()))
+
+    def _step_failed(self, work: Any, error: Exception) -> None:
+        """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:
+        every member is retried alone (the forward left no trace: lengths advance only after it),
+        so only the one that fails again alone is failed and the innocent ones carry on.
+        An error that poisons the device ends every request and the engine (see `_poison`)."""
+        self._states_failed(self._work_states(work), error)
+
+    def _states_failed(self, states: list[RequestState], error: Exception) -> None:
+        """`_step_failed` for the requests of a forward: subclasses call it with one request for a
+        forward that ran it alone (a prefill piece), which fails it at once."""
+        if poisons_device(error):
+            self._poison(error)
+            return
+        states = [s for s in states if not s.finished]
+        if not isinstance(error, OmniError):
+            log.exception("%s step failed (%d request(s))", self.name, len(states), exc_info=error)
+        for state in states:
+            state.suspicions += 1
+            if len(states) == 1 or state.suspicions > MAX_SUSPICIONS:
+                if isinstance(error, OmniError):
+                    self._fail(state, error)
+                else:
+                    self._fail(state, InternalError(f"{self.name} step failed: {error}"))
+            else:
+                with self._cond:
+                    self._suspects.append(state)
+
+    def _loop(self) -> None:
+        torch.set_grad_enabled(False)
+        while True:
+            with self._cond:
+                while True:
+                    released, self._released = self._released, []
+                    for state in released:
+                        self._release(state)
+                    if self._stopping:
+                        return
+                    work = self._next_work()
+                    if work is not None:
+                        break
+                    self._cond.wait(timeout=1.0)
+            started = time.perf_counter()
+            self.stats.last_batch_size = 0
+            self.stats.last_units = 0
+            try:
+                with torch.inference_mode():
+                    self._run(work)
+            except Exception as exc:  # a failed step ends the request that caused it, never the engine
+                self._step_failed(work, exc)
+            elapsed = time.perf_counter() - started
+            self.stats.steps += 1
+            self.stats.last_step_seconds = elapsed
+            for listener in self._step_listeners:
+                try:
+                    listener(self, elapsed)
+                except Exception:  # a metrics hook must never end the engine thread
+                    log.exception("%s step listener %r failed", self.name, listener)
+
+    def _poison(self, error: BaseException) -> None:
+        """The device is unusable (engine thread): fail every request with an explicit error, stop
+        the engine and tell the fatal listeners, once. Slots are not released: that would touch the
+        device again, and the process is about to end."""
+        with self._cond:
+            if self.poisoned is not None:
+                return
+            self.poisoned = error
+            self._stopping = True
+            states = list(self._requests.values())
+            self._requests.clear()
+            self._suspects.clear()
+            for state in states:
+                state.finished = True
+            self.stats.errors += len(states)
+            self._cond.notify_all()
+        log.critical(
+            "%s: the device is poisoned (%s); failing %d request(s) and stopping",
+            self.name,
+            error,
+            len(states),
+            exc_info=error,
+        )
+        for state in states:
+            state.output.fail(
+                Unavailable(f"{self.name} lost its device ({type(error).__name__}); it is restarting")
+            )
+        for listener in self._fatal_listeners:
+            try:
+                listener(error)
+            except Exception:
+                log.exception("%s: a fatal listener failed", self.name)
+
+    def add_fatal_listener(self, listener) -> None:
+        """`listener(error)` runs on the engine thread once, when the device is poisoned."""
+        self._fatal_listeners.append(listener)
+
+    def add_step_listener(self, listener) -> None:
+        """`listener(engine, seconds)` runs on the engine thread after each step (metrics hook)."""
+        self._step_listeners.append(listener)

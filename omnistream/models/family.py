@@ -1,0 +1,177 @@
+"""The model-family boundary: what the services, the pipeline and the CLI may ask of a model.
+
+Everything specific to one model (its checkpoint layout, tiny builder, warm-up inputs, audio
+constants, the engines that run its stages) lives in that family's package behind `ModelFamily`.
+The gateway and the protos never see a family: stages speak token ids, codec frames and audio on
+the wire, so a new family plugs in here and in its own package only.
+
+This module imports no torch: the gateway reads voices through it, and `family_for` picks a family
+from config.json alone. A family's own module must keep the same promise at import time and load
+its heavy parts inside the methods that need them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.request.errors import InvalidRequest
+
+if TYPE_CHECKING:
+    from omnistream.engine.engine import Engine
+    from omnistream.engine.load_options import LoadOptions
+
+from omnistream.request.stage_chain import STAGES  # noqa: F401  (re-exported: a family builds one engine per stage)
+
+# The one place a family is registered: a module exposing `FAMILY`. Loaded on first use, so a
+# family nobody asks for costs nothing.
+FAMILY_MODULES: tuple[str, ...] = ("omnistream.models.qwen3_omni.family",)
+DEFAULT_FAMILY = "qwen3_omni"  # the family of the built-in tiny checkpoint
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What a stage can tell its callers about the model it serves, read from config.json only."""
+
+    family: str
+    model_type: str
+    sample_rate: int  # Hz of the audio Code2Wav emits
+    codebooks: int  # codes per codec frame
+    codebook_size: int
+    samples_per_frame: int  # audio samples one codec frame decodes to
+    voices: tuple[str, ...]  # speaker names the talker accepts, lower case, sorted
+    default_voice: str
+    talker_codebooks: int  # code groups the talker generates per frame (= codebooks when sound)
+    input_modalities: tuple[str, ...] = ("text",)  # prompt content the thinker service takes today
+
+    @property
+    def frames_per_second(self) -> float:
+        return self.sample_rate / self.samples_per_frame
+
+
+class ModelFamily(Protocol):
+    """What a model family implements. Nothing else in the project is model-specific."""
+
+    name: str
+
+    def detect(self, config: Mapping[str, Any]) -> bool:
+        """Does this config.json (as a dict) belong to the family? Must not import torch."""
+        ...
+
+    def describe(self, config: Mapping[str, Any]) -> ModelInfo:
+        """The facts stages report (sample rate, codebooks, voices), from config.json; no torch."""
+        ...
+
+    def load_config(self, model_dir: str | Path) -> Any:
+        """The checkpoint's loaded configuration object (what the engines hold as `.config`)."""
+        ...
+
+    def load_tokenizer(self, model_dir: str | Path) -> Any:
+        """The thinker's tokenizer (chat template included)."""
+        ...
+
+    def engine(
+        self,
+        stage: str,
+        model_dir: str | Path,
+        options: LoadOptions,
+        *,
+        max_batch: int = 16,
+        max_requests: int | None = None,
+        max_model_len: int = 4096,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        max_step_frames: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+    ) -> Engine:
+        """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
+        family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
+        prefill prompts (thinker, talker) take per step, so running requests keep decoding.
+        The audio stages serve the stream closest to running dry first (omnistream/engine/playout.py):
+        `max_step_batch` caps the talker's frame rows per step (None: `max_batch`),
+        `max_step_frames` Code2Wav's frames per step (None: no cap beyond `max_batch` windows), and
+        `first_audio_target` (seconds after arrival) is when a request's first audio is due."""
+        ...
+
+    async def warm_up(self, stage: str, engine: Engine) -> None:
+        """Run one tiny request through a started engine, so the first client pays no lazy setup."""
+        ...
+
+    def random_prompts(
+        self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
+    ) -> list[list[int]]:
+        """`count` chat prompts of exactly `input_len` token ids, random text in the family's chat
+        framing (the benchmark's workload); `config` and `tokenizer` as `load_config`/`load_tokenizer`."""
+        ...
+
+    def make_tiny(self, directory: str | Path, **options: Any) -> Path:
+        """Write a small random checkpoint of the family's real architecture into `directory`."""
+        ...
+
+    def tiny_is_current(self, directory: str | Path) -> bool:
+        """Did this version of `make_tiny` write `directory`? (An older one is rebuilt.)"""
+        ...
+
+
+def families() -> dict[str, ModelFamily]:
+    """Every registered family by name."""
+    found: dict[str, ModelFamily] = {}
+    for module in FAMILY_MODULES:
+        family = importlib.import_module(module).FAMILY
+        found[family.name] = family
+    return found
+
+
+def family_named(name: str) -> ModelFamily:
+    known = families()
+    if name not in known:
+        raise InvalidRequest(f"unknown model family {name!r}; known: {sorted(known)}", field="family")
+    return known[name]
+
+
+def read_config(model_dir: str | Path) -> dict[str, Any]:
+    """A checkpoint's config.json as a plain dict (no transformers involved)."""
+    path = Path(model_dir) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise InvalidRequest(f"{path} does not exist: not a checkpoint directory", field="model") from None
+    except json.JSONDecodeError as exc:
+        raise InvalidRequest(f"{path} is not valid JSON ({exc})", field="model") from None
+
+
+def family_for_config(config: Mapping[str, Any]) -> ModelFamily:
+    """The family whose `detect` accepts this config; refuses a config none of them knows."""
+    for family in families().values():
+        if family.detect(config):
+            return family
+    model_type = config.get("model_type")
+    raise InvalidRequest(
+        f"no model family serves model_type {model_type!r}; known families: {sorted(families())}",
+        field="model",
+    )
+
+
+def family_for(model_dir: str | Path) -> ModelFamily:
+    """The family of the checkpoint in `model_dir`, chosen by its config.json."""
+    return family_for_config(read_config(model_dir))
+
+
+def model_info(model_dir: str | Path) -> ModelInfo:
+    """What a stage serving `model_dir` can report about it (voices, sample rate, codebooks), without
+    loading a tensor: config.json and the family's `describe`."""
+    config = read_config(model_dir)
+    return family_for_config(config).describe(config)
+
+
+def describe_loaded(config: Any) -> ModelInfo:
+    """The ModelInfo of a loaded config object (what an engine holds as `.config`), for a stage's
+    Info: the same reading as `model_info`, from the config the stage actually runs."""
+    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    return family_for_config(data).describe(data)

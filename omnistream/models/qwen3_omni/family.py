@@ -1,0 +1,154 @@
+"""Qwen3-Omni as a `ModelFamily`: the one place the rest of omnistream reaches this model through.
+
+The stage engines under services/<stage>/engine.py are this family's engines (their forward code
+calls Qwen3-Omni submodules); they are built here, so callers never name them to get one. Nothing
+heavy is imported at module level: the gateway imports this (for voices) without torch.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.models.family import STAGES, ModelFamily, ModelInfo
+from omnistream.models.qwen3_omni.constants import (
+    CODEBOOK_SIZE,
+    DEFAULT_SPEAKER,
+    MODEL_TYPE,
+    NUM_CODEBOOKS,
+    SAMPLE_RATE,
+    UPSAMPLE_RATES,
+    UPSAMPLING_RATIOS,
+    VOICES,
+)
+
+if TYPE_CHECKING:
+    from omnistream.engine.engine import Engine
+    from omnistream.engine.load_options import LoadOptions
+
+# The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
+# frames (12.5 per second) than tokens; twice the thinker's context covers it.
+TALKER_LENGTH_FACTOR = 2
+# The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
+INPUT_MODALITIES = ("text", "audio", "image", "video")
+
+
+class Qwen3OmniFamily:
+    name = "qwen3_omni"
+
+    def detect(self, config: Mapping[str, Any]) -> bool:
+        return config.get("model_type") == MODEL_TYPE
+
+    def describe(self, config: Mapping[str, Any]) -> ModelInfo:
+        talker = config.get("talker_config") or {}
+        code2wav = config.get("code2wav_config") or {}
+        speakers = talker.get("speaker_id") or {}
+        voices = tuple(sorted(k.lower() for k in speakers)) or VOICES
+        rates = code2wav.get("upsample_rates") or UPSAMPLE_RATES
+        ratios = code2wav.get("upsampling_ratios") or UPSAMPLING_RATIOS
+        return ModelInfo(
+            family=self.name,
+            model_type=str(config.get("model_type", MODEL_TYPE)),
+            sample_rate=SAMPLE_RATE,  # not in the config: Code2Wav's decoder is built for 24 kHz
+            codebooks=int(code2wav.get("num_quantizers", NUM_CODEBOOKS)),
+            codebook_size=int(code2wav.get("codebook_size", CODEBOOK_SIZE)),
+            samples_per_frame=math.prod(rates) * math.prod(ratios),
+            voices=voices,
+            default_voice=DEFAULT_SPEAKER if DEFAULT_SPEAKER in voices else voices[0],
+            talker_codebooks=int(talker.get("num_code_groups", NUM_CODEBOOKS)),
+            input_modalities=INPUT_MODALITIES,
+        )
+
+    def load_config(self, model_dir: str | Path) -> Any:
+        from omnistream.models.qwen3_omni.checkpoint import load_config
+
+        return load_config(model_dir)
+
+    def load_tokenizer(self, model_dir: str | Path) -> Any:
+        from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
+
+        return load_tokenizer(model_dir)
+
+    def engine(
+        self,
+        stage: str,
+        model_dir: str | Path,
+        options: LoadOptions,
+        *,
+        max_batch: int = 16,
+        max_requests: int | None = None,
+        max_model_len: int = 4096,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        max_step_frames: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+    ) -> Engine:
+        limits = {"max_batch": max_batch, "max_requests": max_requests}
+        if stage not in STAGES:
+            raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+        from omnistream.engine.load_options import is_accelerator
+
+        if is_accelerator(options.device):
+            # Before any weight is read: a stage that cannot fit its device says so, with the numbers.
+            from omnistream.models.qwen3_omni.memory import check_stage_fits
+
+            check_stage_fits(self.load_config(model_dir), stage, options, max_batch, max_model_len)
+        if stage == "thinker":
+            from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+
+            return ThinkerEngine(
+                str(model_dir), options, max_model_len=max_model_len, prefill_chunk=prefill_chunk, **limits
+            )
+        if stage == "talker":
+            from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
+
+            length = max_model_len * TALKER_LENGTH_FACTOR
+            return TalkerEngine(
+                str(model_dir),
+                options,
+                max_model_len=length,
+                prefill_chunk=prefill_chunk,
+                max_step_batch=max_step_batch,
+                first_audio_target=first_audio_target,
+                **limits,
+            )
+        if stage == "code2wav":
+            from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
+
+            return Code2WavEngine(
+                str(model_dir),
+                options,
+                max_step_frames=max_step_frames,
+                first_audio_target=first_audio_target,
+                **limits,
+            )
+        raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+
+    async def warm_up(self, stage: str, engine: Engine) -> None:
+        from omnistream.models.qwen3_omni.warmup import WARMERS
+
+        await WARMERS[stage](engine)
+
+    def random_prompts(
+        self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
+    ) -> list[list[int]]:
+        from omnistream.models.qwen3_omni.random_prompts import random_prompts
+
+        return random_prompts(config, tokenizer, count, input_len, seed)
+
+    def make_tiny(self, directory: str | Path, **options: Any) -> Path:
+        from omnistream.models.qwen3_omni.tiny import make_tiny_model
+
+        return make_tiny_model(directory, **options)
+
+    def tiny_is_current(self, directory: str | Path) -> bool:
+        from omnistream.models.qwen3_omni.tiny import is_current
+
+        return is_current(directory)
+
+
+FAMILY: ModelFamily = Qwen3OmniFamily()  # annotated: a type checker holds the class to the interface

@@ -1,0 +1,343 @@
+"""Talker engine: codec frames from thinker tokens, batched across requests.
+
+One step per frame: a batched talker forward yields codebook 0 of the next frame for every request
+whose next text row is there, then the 15-step code predictor (KV-cached, batched) fills codebooks
+1..15. A request whose next thinker token has not arrived waits; the others go on.
+
+A request's prompt rows are prefilled in pieces: all prefills of a step together take at most
+`prefill_chunk` rows, and the same step runs the others' frames, so a long prompt holds them for
+one piece at a time. A piece advances the KV length only once its forward has run; a failing piece
+fails its request alone (prefill forwards are one request each).
+
+When not every request fits one step, the most urgent go first: candidates are taken by deadline
+(omnistream/engine/playout.py: when the request's listener runs dry, from the frames this stage emitted
+since its first one, 80 ms each; before the first frame, arrival + the first-audio target), for the
+prefill budget, the free KV slots and the frame rows alike. `max_step_batch` caps the requests that
+take a frame step (default: every slotted one, `max_batch`); a request left out for a more urgent
+one is counted in `stats.deferred`.
+
+With static frames (`LoadOptions.static_frames`, `--static-frames`) a frame runs as two fixed-shape,
+graph-capturable steps instead (omnistream/models/qwen3_omni/talker/frame.py: the code predictor's 15
+codebooks, then the talker's decode, each with its sampling), captured as CUDA graphs with
+`--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
+
+Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
+Its parts: the per-request state (`state.py`), deadline scheduling and the prefill budget
+(`schedule.py`), one frame's steps, eager and static (`frame_steps.py`); admission, the inputs and
+each prompt's prefill stay here.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from omnistream.engine.batch_sampler import BatchSampler
+from omnistream.engine.engine import Engine
+from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.playout import (
+    DEFAULT_FIRST_AUDIO_TARGET_S,
+    Playout,
+    check_step_budget,
+)
+from omnistream.models.family import describe_loaded
+from omnistream.models.qwen3_omni.checkpoint import load_stage
+from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
+from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
+from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
+from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
+from omnistream.models.qwen3_omni.talker.prompt import (
+    ASSISTANT_PROMPT_TOKENS,
+    TalkerPromptBuilder,
+    assistant_start,
+    user_positions,
+)
+from omnistream.models.qwen3_omni.talker.rope import talker_rope
+from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule
+from omnistream.models.qwen3_omni.talker.state import _TalkerState
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.media import MediaLayout
+from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
+
+
+class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
+    name = "talker"
+
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_model_len: int = 8192,
+        max_requests: int | None = None,
+        output_capacity: int = 512,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        max_step_batch: int | None = None,
+        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+        static_frames: bool | None = None,
+        graph_buckets: bool | None = None,
+    ) -> None:
+        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        check_step_budget("max_step_batch", max_step_batch)
+        if max_step_batch is not None and max_step_batch > max_batch:
+            raise ValueError(f"max_step_batch ({max_step_batch}) cannot exceed max_batch ({max_batch})")
+        # Prompt rows prefilled per step, all requests together (at least one piece a step).
+        self.prefill_chunk = prefill_chunk
+        # Requests that take a frame step per step, most urgent first (the rest wait a step).
+        self.max_step_batch = max_step_batch or max_batch
+        self.first_audio_target = first_audio_target
+        holder = load_stage("talker", model_dir, options)
+        self.config = holder.config
+        self.talker = holder.talker
+        self.cp = self.talker.code_predictor
+        self.device = options.device
+        self.dtype = options.torch_dtype()
+        tc = self.config.talker_config
+        self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        # Audio seconds one codec frame holds (80 ms for Qwen3-Omni): the playout clock's unit.
+        self.frame_seconds = 1.0 / describe_loaded(self.config).frames_per_second
+        # What a request that names no voice gets: the family default, if this checkpoint has it.
+        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
+        self.num_groups = tc.num_code_groups
+        self.codec_eos = tc.codec_eos_token_id
+        vocab = tc.text_config.vocab_size
+        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=options.device)
+        self.suppress[vocab - 1024 :] = True
+        self.suppress[self.codec_eos] = False
+        self.prompts = TalkerPromptBuilder(self.config, self.talker, holder.thinker.model.embed_tokens)
+        self.hidden_width = self.talker.hidden_projection.linear_fc1.in_features  # the thinker's
+        self.thinker_vocab = self.config.thinker_config.text_config.vocab_size
+        text = tc.text_config
+        self.max_batch = max_batch
+        self.max_model_len = max_model_len
+        # Static frames (omnistream/models/qwen3_omni/talker/frame.py): each frame as two fixed-shape,
+        # graph-capturable steps; one more cache slot, the padding rows' scratch.
+        static = options.static_frames if static_frames is None else static_frames
+        slots = max_batch + 1 if static else max_batch
+        self.cache = SlotKVCache.for_text_config(
+            text, slots, max_model_len, options.torch_dtype(), options.device
+        )
+        # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
+        # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
+        graph_buckets = options.graphs if graph_buckets is None else graph_buckets
+        self.code_predictor = CodePredictorRunner(
+            self.cp,
+            max_batch,
+            options.torch_dtype(),
+            options.device,
+            cuda_graphs=options.graphs and not static,  # static frames capture it themselves
+            buckets=batch_buckets(max_batch) if graph_buckets else None,
+        )
+        # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
+        # over the request's codebook-0 history) and the code predictor's groups.
+        self.sampler = BatchSampler(vocab, options.device, slots=slots, suppress=self.suppress)
+        self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
+        self.frame: StaticTalkerFrame | None = None
+        if static:
+            self.frame = StaticTalkerFrame(
+                self.talker,
+                self.code_predictor,
+                self.prompts,
+                self.cache,
+                self.sampler,
+                self.cp_sampler,
+                graph_buckets=graph_buckets,
+                cuda_graphs=options.graphs,
+            )
+
+    # --- public API ---------------------------------------------------------------------------------
+    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
+        speaker_id = self.speakers.get(params.speaker.lower())
+        if speaker_id is None:
+            raise InvalidRequest(
+                f"unknown speaker {params.speaker!r}; choose from {sorted(self.speakers)}", field="speaker"
+            )
+        if not 1 <= params.max_frames <= self.max_model_len:
+            raise InvalidRequest(f"max_frames must be in [1, {self.max_model_len}]", field="max_frames")
+        params.sampling.validate("talker_")
+        sampled = not params.sampling.greedy
+        state = _TalkerState(
+            request_id=request_id,
+            output=self.new_output(),
+            params=params,
+            speaker_id=speaker_id,
+            generator=params.sampling.generator(self.device),
+            cp_generator=params.sampling.generator(self.device) if sampled else None,
+        )
+        state.playout = Playout(state.arrived, self.first_audio_target)
+        if state.cp_generator is not None and params.sampling.seed is not None:
+            state.cp_generator.manual_seed(params.sampling.seed + 1)
+        self._admit(state)
+        return state.output
+
+    def feed_piece(self, request_id: str, piece: TalkerFeed) -> None:
+        """`feed` with one payload of the thinker -> talker edge (omnistream/request/stage_chain.py): what
+        the in-process pipeline and the talker servicer both hand over."""
+        self.feed(
+            request_id,
+            piece.token_ids,
+            piece.last,
+            prompt_ids=piece.prompt_ids,
+            multimodal_hidden=piece.multimodal_hidden,
+            media_layout=piece.media_layout,
+        )
+
+    def feed(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        last: bool,
+        prompt_ids: list[int] | None = None,
+        multimodal_hidden: dict[int, torch.Tensor] | None = None,
+        media_layout: MediaLayout | None = None,
+    ) -> None:
+        """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
+        if any(not 0 <= t < self.thinker_vocab for t in token_ids):
+            raise InvalidRequest(f"token ids must be in [0, {self.thinker_vocab})", field="token_ids")
+        if multimodal_hidden is not None:
+            # The engine, not its callers, puts what a request brings on its device and in its dtype,
+            # once: rows decoded from the wire are float32 on the CPU, the projection may be bfloat16
+            # on CUDA. Outside the lock: a device copy must not hold up the engine thread.
+            multimodal_hidden = {p: row.to(self.device, self.dtype) for p, row in multimodal_hidden.items()}
+        with self._cond:
+            state = self._requests.get(request_id)
+            if state is None:
+                raise InvalidRequest(f"talker has no running request {request_id!r}", field="request_id")
+            if state.input_done:
+                raise InvalidRequest(f"request {request_id!r} already received its last input")
+            if prompt_ids is not None:
+                if state.prompt_ids is not None:
+                    raise InvalidRequest("the prompt was already given", field="prompt_ids")
+                if any(not 0 <= t < self.thinker_vocab for t in prompt_ids):
+                    raise InvalidRequest(
+                        f"prompt ids must be in [0, {self.thinker_vocab})", field="prompt_ids"
+                    )
+                cfg = self.config
+                try:
+                    start = assistant_start(prompt_ids, cfg.im_start_token_id, cfg.assistant_token_id)
+                except ValueError as exc:
+                    raise InvalidRequest(str(exc), field="prompt_ids") from exc
+                prompt_rows = len(prompt_ids) + 9  # the user turns plus the assistant rows, at most
+                if prompt_rows + state.params.max_frames > self.max_model_len:
+                    raise InvalidRequest(
+                        f"prompt ({len(prompt_ids)} tokens) + max_frames ({state.params.max_frames}) exceeds "
+                        f"the talker length {self.max_model_len}",
+                        field="max_frames",
+                    )
+                self._check_multimodal(prompt_ids, multimodal_hidden)
+                state.prompt_ids = list(prompt_ids)
+                state.stream = list(prompt_ids[start:])
+                state.multimodal_hidden = multimodal_hidden
+                state.media_layout = media_layout
+            elif multimodal_hidden is not None or media_layout is not None:
+                raise InvalidRequest("multimodal rows come with the prompt only", field="prompt_hidden")
+            elif state.prompt_ids is None:
+                raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
+            state.stream.extend(token_ids)
+            if last:
+                state.input_done = True
+                if len(state.stream) < ASSISTANT_PROMPT_TOKENS:
+                    raise InvalidRequest("the talker needs at least one generated token to speak")
+            self._cond.notify_all()
+
+    def _check_multimodal(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
+        """Rows and positions must match the prompt exactly before the request may join a batch:
+        one row of the thinker's width per multimodal token of a user turn, and nothing else."""
+        cfg = self.config
+        mm_ids = self.prompts.multimodal_ids
+        needed = {
+            p
+            for p in user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            if prompt_ids[p] in mm_ids
+        }
+        given = hidden or {}
+        for position, row in given.items():
+            if not 0 <= position < len(prompt_ids) or prompt_ids[position] not in mm_ids:
+                raise InvalidRequest(
+                    f"multimodal position {position} holds no audio, image or video token of the prompt",
+                    field="multimodal_positions",
+                )
+            if row.shape != (self.hidden_width,):
+                raise InvalidRequest(
+                    f"prompt_hidden rows must have width {self.hidden_width}, got {tuple(row.shape)}",
+                    field="prompt_hidden",
+                )
+        missing = sorted(needed - set(given))
+        if missing:
+            raise InvalidRequest(
+                f"prompt positions {missing[:8]} hold audio/image/video tokens but no prompt_hidden row "
+                "was given for them",
+                field="prompt_hidden",
+            )
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _release(self, state: _TalkerState) -> None:
+        if state.slot is not None:
+            self.cache.release(state.slot)
+            state.slot = None
+
+    def _work_states(self, work):
+        _, predict, decode = work  # not the prefills: each runs alone and answers for itself
+        return predict + decode
+
+    def _run(self, work) -> None:
+        prefill, predict, decode = work
+        for state, take in prefill:
+            if state.finished:  # aborted meanwhile
+                continue
+            try:
+                hidden = self._prefill_piece(state, take)
+                if hidden is not None:
+                    self._take_code0([state], hidden, first=True)
+            except Exception as exc:  # one request's forward: the failure is that request's alone
+                self._states_failed([state], exc)
+        predict = [s for s in predict if not s.finished]
+        if predict:
+            if self.frame is not None:
+                self._predict_static(predict)
+            else:
+                self._predict_residuals(predict)
+            # One step per frame: whoever has its next text row goes straight on to the talker forward.
+            with self._cond:
+                decode += [
+                    s for s in predict if not s.finished and s.output.has_room() and self._text_row_ready(s)
+                ]
+        decode = [s for s in decode if not s.finished]
+        if decode:
+            self.stats.last_batch_size = len(decode)
+            if self.frame is not None:
+                self._decode_static(decode)
+                return
+            hidden = self._talker_forward(decode, self._next_inputs(decode), commit=False)
+            self._take_code0(decode, hidden, commit=True)
+
+    def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
+        """The next `take` prompt rows into the KV cache (the rows are built on the first piece).
+        After the last piece: its last position's hidden [1, 1, H] (code 0 of frame 0 comes from
+        it); before it, None. `prefilled` advances only once the piece's forward has run."""
+        if state.prompt_rows is None:
+            head = state.stream[:ASSISTANT_PROMPT_TOKENS]
+            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+            cfg = self.config
+            users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
+            if rope is not None:
+                state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
+                state.rope_delta = rope[1]
+            state.prompt_rows = rows
+        total = state.prompt_rows.shape[1]
+        start = state.prefilled
+        end = min(total, start + take)
+        positions = None
+        if state.prompt_positions is not None:
+            positions = state.prompt_positions[:, :, start:end]
+        hidden = self._talker_forward([state], state.prompt_rows[:, start:end], positions)
+        state.prefilled = end
+        if end < total:
+            return None
+        state.prefill_done = True
+        state.prompt_rows = state.prompt_positions = None  # spent
+        return hidden

@@ -1,0 +1,190 @@
+"""One talker frame: the talker forward and codebook 0, then the code predictor's codebooks 1..15.
+
+A mixin of `TalkerEngine`. Two paths give the same codes: the eager one (`_talker_forward`,
+`_take_code0`, `_predict_residuals`) and, with static frames, two fixed-shape capturable steps
+(`_predict_static`, `_decode_static`, through `frame.StaticTalkerFrame`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from omnistream.engine.batch_sampler import RowSampling
+from omnistream.engine.sampling import SamplingParams
+from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, TTS_EOS, TTS_PAD
+from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
+
+# The reference's code predictor samples with these whenever the talker samples.
+CODE_PREDICTOR_TOP_K = 50
+CODE_PREDICTOR_TOP_P = 0.8
+CODE_PREDICTOR_SAMPLING = SamplingParams(
+    temperature=1.0, top_k=CODE_PREDICTOR_TOP_K, top_p=CODE_PREDICTOR_TOP_P
+)
+
+
+
+class FrameSteps:
+    """The frame half of `TalkerEngine`."""
+
+    talker: Any
+    cp: Any  # the talker's code predictor module
+    code_predictor: Any  # CodePredictorRunner
+    frame: Any  # StaticTalkerFrame | None
+    prompts: Any  # TalkerPromptBuilder
+    cache: Any  # SlotKVCache
+    sampler: Any  # BatchSampler
+    cp_sampler: Any
+    stats: Any  # EngineStats
+    device: Any
+    codec_eos: int
+    num_groups: int
+    frame_seconds: float
+
+    def _talker_forward(
+        self,
+        states: list[_TalkerState],
+        embeds: torch.Tensor,
+        positions: torch.Tensor | None = None,
+        commit: bool = True,
+    ) -> torch.Tensor:
+        """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H].
+        `commit=False`: the caller advances the lengths once codebook 0 is chosen (a batched step
+        retried alone after a failed choice must find the lengths as they were)."""
+        self.cache.plan([s.slot for s in states], embeds.shape[1])
+        if positions is None:
+            positions = self.cache.positions()
+            deltas = [s.rope_delta for s in states]
+            if any(deltas):  # prompts with vision decode at sequence position + their delta
+                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
+                positions = positions.float() + offset
+            positions = positions.unsqueeze(0).expand(3, -1, -1)
+        out = self.talker.model(
+            inputs_embeds=embeds,
+            position_ids=positions,
+            attention_mask=self.cache.attention_mask(),
+            cache=self.cache,
+            use_cache=True,
+        )
+        if commit:
+            self.cache.commit()
+        return out.last_hidden_state[:, -1:]
+
+    def _take_code0(
+        self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False, commit: bool = False
+    ) -> None:
+        """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
+        ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
+        presence mask, which its first frame starts afresh."""
+        logits = self.talker.codec_head(hidden[:, -1])
+        if first:
+            for state in states:
+                if state.params.sampling.repetition_penalty != 1.0:
+                    self.sampler.reset(state.slot)
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
+        if commit:  # the forward's lengths advance only once its codes are chosen
+            self.cache.commit()
+        for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
+            if not state.finished:
+                with self._row(state):
+                    self._accept_code0(state, code0, hidden[row : row + 1])
+
+    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor | None) -> None:
+        if code0 == self.codec_eos:
+            state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
+            self._finish(state)
+            return
+        state.pending_code0 = code0
+        if self.frame is not None:  # static frames: the slot's buffer, where the next step reads it
+            if hidden is not None:
+                self.frame.store_hidden(state.slot, hidden)
+        else:
+            state.past_hidden = hidden
+
+    def _next_picks(self, states: list[_TalkerState]) -> list[int]:
+        """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad."""
+        picks = []
+        for state in states:
+            index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
+            if index < len(state.stream):
+                picks.append(state.stream[index])
+            else:
+                picks.append(TTS_EOS if index == len(state.stream) else TTS_PAD)
+        return picks
+
+    def _cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
+        # The reference's code predictor samples with fixed knobs whenever the talker samples.
+        return [
+            RowSampling(
+                SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
+            )
+            for s in states
+        ]
+
+    def _predict_static(self, states: list[_TalkerState]) -> None:
+        """`_predict_residuals` as one capturable step (static frames)."""
+        assert self.frame is not None
+        slots = [s.slot for s in states]
+        frames = self.frame.predict(slots, [s.pending_code0 for s in states], self._cp_rows(states))
+        for state, frame in zip(states, frames, strict=True):
+            with self._row(state):
+                self._emit_frame(state, frame, None)
+
+    def _decode_static(self, states: list[_TalkerState]) -> None:
+        """The talker forward and codebook 0 as one capturable step (static frames)."""
+        assert self.frame is not None
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        codes = self.frame.decode(
+            [s.slot for s in states], self._next_picks(states), [s.rope_delta for s in states], rows
+        )
+        for state, code0 in zip(states, codes, strict=True):
+            if not state.finished:
+                with self._row(state):
+                    self._accept_code0(state, code0, None)
+
+    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
+        """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
+        tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
+        codec = torch.cat([s.next_codec_sum for s in states], dim=0)
+        return codec + self.prompts.trailing_rows(self._next_picks(states))
+
+    def _predict_residuals(self, states: list[_TalkerState]) -> None:
+        """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
+        device = self.device
+        code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
+        code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
+        past = torch.cat([s.past_hidden for s in states], dim=0)
+        embeds = torch.cat((past, code0_embed), dim=1)
+        codes = [code0[:, 0]]
+        hiddens = [code0_embed]
+        embedding = self.cp.model.get_input_embeddings()
+        # The ids stay on the device until the frame is done (one copy to the host per frame).
+        knobs = self.cp_sampler.prepare(self._cp_rows(states))
+        for group in range(self.num_groups - 1):
+            logits = self.code_predictor.run(group, embeds)
+            ids = self.cp_sampler.sample(logits, knobs)
+            codes.append(ids)
+            embeds = embedding[group](ids.view(-1, 1))
+            hiddens.append(embeds)
+        codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
+        frames = torch.stack(codes, dim=1).tolist()  # [B, 16]
+        for row, state in enumerate(states):
+            with self._row(state):
+                self._emit_frame(state, frames[row], codec_sum[row : row + 1])
+
+    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor | None) -> None:
+        state.pending_code0 = None
+        state.past_hidden = None
+        state.next_codec_sum = codec_sum
+        state.frames += 1
+        state.playout.emitted(self.frame_seconds, time.monotonic())
+        self.stats.last_units += 1  # the stage's measured speed counts frames (omnistream/service/speed.py)
+        done = state.frames >= state.params.max_frames
+        state.output.put(
+            TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
+        )
+        if done:
+            self._finish(state)

@@ -1,0 +1,43 @@
+"""What the talker engine keeps per request, and what it emits per frame."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from omnistream.engine.engine import RequestState
+from omnistream.engine.playout import Playout
+from omnistream.request.media import MediaLayout
+from omnistream.request.stage_chain import TalkerParams
+
+
+@dataclass
+class TalkerOutput:
+    codes: list[int] | None  # 16 codes of one frame, or None on a bare end marker
+    frame: int
+    finished: bool = False
+    finish_reason: str | None = None
+
+
+@dataclass
+class _TalkerState(RequestState):
+    params: TalkerParams = field(default_factory=TalkerParams)
+    speaker_id: int = 0
+    generator: torch.Generator | None = None
+    cp_generator: torch.Generator | None = None
+    prompt_ids: list[int] | None = None
+    multimodal_hidden: dict[int, torch.Tensor] | None = None
+    media_layout: MediaLayout | None = None  # images/videos: the prompt takes 3-D positions
+    rope_delta: float = 0.0
+    stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
+    input_done: bool = False
+    frames: int = 0
+    pending_code0: int | None = None
+    past_hidden: torch.Tensor | None = None
+    next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
+    prefill_done: bool = False  # the whole prompt is in the KV cache (its first code 0 was taken)
+    prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
+    prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
+    prefilled: int = 0  # prompt rows already in the KV cache
+    playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission

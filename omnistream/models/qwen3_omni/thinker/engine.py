@@ -1,0 +1,349 @@
+"""Thinker engine: prefill + batched decode of the Qwen3-Omni text model.
+
+Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
+Its parts: the per-request state (`state.py`), a prompt's prefill pieces (`prefill.py`), given
+answers streamed without generation (`given_answers.py`); scheduling, the batched forward and the
+batched choice stay here.
+
+Per step it emits the new token id and its text delta. The talker needs nothing else for text
+prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
+thinker sends per step never grows with the prompt. A prompt with media also sends, once with its
+first output, the deep hidden rows of its audio/image/video positions (the talker cannot make those).
+
+Every prompt is prefilled in pieces: all prefills of a step together take at most `prefill_chunk`
+positions, and each step also decodes the running requests, so a long prompt holds them for one
+piece at a time instead of its whole length. A piece's forward advances the KV lengths only once it
+has run, so a failed piece leaves nothing behind (it fails its request alone: prefill forwards are
+one request each).
+
+A request with media goes through three phases on the engine thread: encode (its media in slices,
+batched with other requests' slices, one slice budget per step so running requests keep decoding),
+prefill (the prompt with the encoder rows in, at the model's 3-D M-RoPE positions), then decode at
+sequence position + its rope delta, batched with everyone else.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from omnistream.engine.batch_sampler import BatchSampler, RowSampling
+from omnistream.engine.chat_encoding import ChatEncoder
+from omnistream.engine.detokenizer import IncrementalDetokenizer
+from omnistream.engine.engine import Engine
+from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.output_stream import OutputStream
+from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
+from omnistream.models.qwen3_omni.thinker.given_answers import GivenAnswers
+from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
+from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
+from omnistream.models.qwen3_omni.thinker.state import ThinkerOutput, _Step, _ThinkerState
+from omnistream.models.qwen3_omni.thinker.thinker_media import (
+    Slice,
+    check_media_prompt,
+    encode_slices,
+    plan_slices,
+)
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
+
+
+class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
+    name = "thinker"
+
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_model_len: int = 4096,
+        max_requests: int | None = None,
+        output_capacity: int = 512,
+        encode_budget: int | None = None,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    ) -> None:
+        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
+        holder = load_stage("thinker", model_dir, options)
+        self.config = holder.config
+        self.thinker = holder.thinker
+        self.lm = self.thinker.model.language_model
+        self.tokenizer = load_tokenizer(model_dir)
+        self.device = options.device
+        self.dtype = options.torch_dtype()
+        text = self.config.thinker_config.text_config
+        self.vocab_size = text.vocab_size
+        self.eos_ids = {self.config.im_end_token_id}
+        if self.tokenizer.eos_token_id is not None:
+            self.eos_ids.add(self.tokenizer.eos_token_id)
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.chat = ChatEncoder(self.tokenizer, max_model_len)
+        tc = self.config.thinker_config
+        self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
+        self.processor = load_processor(model_dir, self.tokenizer)
+        self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
+        self.accept_layer = self.config.talker_config.accept_hidden_layer
+        # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
+        # is at most this much, so decode steps wait for at most one slice. Audio slices are whole
+        # attention windows (`n_window_infer` frames).
+        audio = tc.audio_config
+        self.audio_window = audio.n_window_infer
+        self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
+        if prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
+        # Prompt positions prefilled per step, all requests together (at least one piece a step).
+        self.prefill_chunk = prefill_chunk
+        self.cache = SlotKVCache.for_text_config(
+            text, max_batch, max_model_len, options.torch_dtype(), options.device
+        )
+        # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
+        self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
+
+    # --- public API ---------------------------------------------------------------------------------
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
+        that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
+        prompts: servicers call it off the event loop."""
+        return self.chat.encode(messages)
+
+    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
+        """A chat with media run through the model's processor: ids with expanded placeholders,
+        encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop."""
+        return self.media_prompts.build(messages, use_audio_in_video)
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: ThinkerParams,
+        media: MediaPrompt | None = None,
+        spoken: list[int] | None = None,
+    ) -> OutputStream:
+        """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
+        off the event loop (else it runs here)."""
+        if not prompt_ids:
+            raise InvalidRequest("the prompt is empty", field="prompt")
+        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+            raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
+        if media is not None:
+            if list(prompt_ids) != media.prompt_ids:
+                raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
+            check_media_prompt(media, prompt_ids, self.config)
+            media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
+        elif not self.multimodal_ids.isdisjoint(prompt_ids):
+            # Their rows come from media encoders this thinker does not run (text-only input).
+            raise InvalidRequest(
+                "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
+            )
+        if not params.max_tokens >= 1:
+            raise InvalidRequest("max_tokens must be at least 1", field="max_tokens")
+        if params.assistant_text is not None:
+            # A given answer takes what it is, up to max_tokens; the rest of the budget is not held.
+            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
+            self._check_spoken(prompt_ids, spoken, params)
+        elif len(prompt_ids) + params.max_tokens > self.max_model_len:
+            raise InvalidRequest(
+                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model length {self.max_model_len}",
+                field="max_tokens",
+            )
+        params.sampling.validate()
+        state = _ThinkerState(
+            request_id=request_id,
+            output=self.new_output(),
+            prompt_ids=list(prompt_ids),
+            params=params,
+            generator=params.sampling.generator(self.device),
+            detok=IncrementalDetokenizer(self.tokenizer),
+            media=media,
+            spoken=spoken,
+        )
+        if media is not None:
+            merge = self.config.thinker_config.vision_config.spatial_merge_size
+            state.slices = plan_slices(media, self.audio_window, self.encode_budget, merge)
+            state.rope_delta = media.rope_delta
+        self._admit(state)
+        return state.output
+
+    # --- engine thread ------------------------------------------------------------------------------
+    def _release(self, state: _ThinkerState) -> None:
+        if state.slot is not None:
+            self.cache.release(state.slot)
+            state.slot = None
+
+    def _schedule(self, candidates):
+        encode: list[tuple[_ThinkerState, Slice]] = []
+        budget = self.encode_budget
+        prefill: list[tuple[_ThinkerState, int]] = []
+        positions = self.prefill_chunk  # prefill budget of this step
+        free = self.cache.free_slots
+        decode = []
+        spoken: list[_ThinkerState] = []
+        for state in candidates:
+            if state.finished or not state.output.has_room():
+                continue
+            if state.spoken is not None:
+                spoken.append(state)
+                continue
+            if state.slices:
+                # Oldest first; each step takes slices up to the budget (at least one).
+                while state.slices and (not encode or state.slices[0].cost <= budget):
+                    piece = state.slices.pop(0)
+                    budget -= piece.cost
+                    encode.append((state, piece))
+                continue
+            if state.slot is None or state.next_token is None:
+                # Not (fully) prefilled yet. Oldest first, each takes what is left of the budget.
+                if positions > 0 and (state.slot is not None or free > 0):
+                    take = min(len(state.prompt_ids) - state.prefilled, positions)
+                    positions -= take
+                    free -= state.slot is None
+                    prefill.append((state, take))
+            else:
+                decode.append(state)
+        for state, _ in prefill:
+            if state.slot is None:
+                state.slot = self.cache.allocate()
+        if not encode and not prefill and not decode and not spoken:
+            return None
+        return _Step(encode, prefill, decode, spoken)
+
+    def _work_states(self, work: _Step):
+        # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
+        # not run because the encode raised first takes that piece again next step.
+        seen = {id(s): s for s, _ in work.encode}
+        seen.update((id(s), s) for s in work.decode)  # given answers run alone in `_row`: never suspects
+        return list(seen.values())
+
+    def _step_failed(self, work: _Step, error: Exception) -> None:
+        # Slices taken for a step that raised before their rows were kept go back for a retry.
+        if not work.encoded:
+            for state, piece in reversed(work.encode):
+                state.slices.insert(0, piece)
+        super()._step_failed(work, error)
+
+    def _forward(
+        self,
+        states: list[_ThinkerState],
+        ids: torch.Tensor | None,
+        embedding: Any = None,
+        positions: torch.Tensor | None = None,
+        commit: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Run the text model on `ids` [B, q] (or a prompt embedding) at each row's own position;
+        return last-position logits and the last hidden states. `commit=False`: the caller advances
+        the lengths once the step's tokens are chosen (a batched step retried alone after a failed
+        choice must find the lengths as they were)."""
+        q = ids.shape[1] if ids is not None else embedding.embeds.shape[1]
+        self.cache.plan([s.slot for s in states], q)
+        if positions is None:
+            positions = self.cache.positions()
+            deltas = [s.rope_delta for s in states]
+            if any(deltas):  # M-RoPE requests decode at sequence position + their delta
+                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
+                positions = positions.float() + offset
+            positions = positions.unsqueeze(0).expand(3, -1, -1)
+        extra = {}
+        if embedding is not None:
+            inputs = embedding.embeds
+            if embedding.deepstack is not None:
+                extra = {
+                    "visual_pos_masks": embedding.visual_mask,
+                    "deepstack_visual_embeds": embedding.deepstack,
+                }
+        else:
+            inputs = self.lm.embed_tokens(ids)
+        out = self.lm(
+            inputs_embeds=inputs,
+            position_ids=positions,
+            attention_mask=self.cache.attention_mask(),
+            cache=self.cache,
+            use_cache=True,
+            **extra,
+        )
+        logits = self.thinker.lm_head(out.last_hidden_state[:, -1])
+        if commit:  # last: a step that raised left the lengths as they were (retry-safe)
+            self.cache.commit()
+        return logits, out.last_hidden_state
+
+    def _run(self, work: _Step) -> None:
+        device = self.device
+        for state in work.spoken:
+            with self._row(state):
+                self._speak(state)
+        if work.encode:
+            results = encode_slices(self.thinker.model, [piece for _, piece in work.encode])
+            for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
+                state.encoded.add(piece, rows, deep)
+            work.encoded = True
+        for state, take in work.prefill:
+            if state.finished:  # aborted meanwhile
+                continue
+            try:
+                done = self._prefill_piece(state, take)
+                token = None if done is None else self._choose([state], done[0], first=True)[0]
+            except Exception as exc:  # one request's forward: the failure is that request's alone
+                self._states_failed([state], exc)
+                continue
+            if done is not None:
+                with self._row(state):
+                    self._accept(state, token, first=True, hidden=done[1])
+        decode = [s for s in work.decode if not s.finished]
+        if decode:
+            self.stats.last_batch_size = len(decode)
+            self.stats.last_units = len(decode)  # one token each (omnistream/service/speed.py)
+            ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
+            logits, _ = self._forward(decode, ids, commit=False)
+            tokens = self._choose(decode, logits, first=False)
+            self.cache.commit()
+            for state, token in zip(decode, tokens, strict=True):
+                with self._row(state):
+                    self._accept(state, token, first=False)
+
+    def _choose(self, states: list[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
+        """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
+        ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
+        request's presence mask starts from its prompt on its first token."""
+        if first:
+            for state in states:
+                if state.params.sampling.repetition_penalty != 1.0:
+                    self.sampler.reset(state.slot, state.prompt_ids)
+        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        return self.sampler.sample(logits, rows, self.cache.rows).tolist()
+
+    def _accept(
+        self, state: _ThinkerState, token: int, first: bool, hidden: torch.Tensor | None = None
+    ) -> None:
+        if state.finished:  # aborted while the step ran
+            return
+        state.generated.append(token)
+        is_eos = token in self.eos_ids and not state.params.ignore_eos
+        done_length = len(state.generated) >= state.params.max_tokens
+        finished = is_eos or done_length
+        delta = state.detok.add(token)
+        if finished:
+            delta += state.detok.flush()
+        state.next_token = token
+        positions = layout = None
+        if hidden is not None:  # the deep rows of the multimodal positions, in order
+            assert state.media is not None
+            positions = [i for i, t in enumerate(state.prompt_ids) if t in self.multimodal_ids]
+            layout = state.media.layout
+            state.media, state.embedding, state.deep_rows = None, None, []  # spent
+        state.output.put(
+            ThinkerOutput(
+                token_ids=[token],
+                text_delta=delta,
+                index=len(state.generated) - 1,
+                finished=finished,
+                finish_reason=("stop" if is_eos else "length") if finished else None,
+                prompt_ids=list(state.prompt_ids) if first else None,
+                prompt_hidden=hidden,
+                multimodal_positions=positions,
+                media_layout=layout,
+            )
+        )
+        if finished:
+            self._finish(state)

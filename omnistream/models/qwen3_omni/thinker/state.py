@@ -1,0 +1,55 @@
+"""What the thinker engine keeps per request and per step, and what it emits per output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from omnistream.engine.detokenizer import IncrementalDetokenizer
+from omnistream.engine.engine import RequestState
+from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
+from omnistream.models.qwen3_omni.thinker.thinker_media import Encoded, PromptEmbedding, Slice
+from omnistream.request.media import MediaLayout
+from omnistream.request.stage_chain import ThinkerParams
+
+
+@dataclass
+class ThinkerOutput:
+    token_ids: list[int]
+    text_delta: str
+    index: int  # index of the first token in `token_ids` among the generated tokens
+    finished: bool = False
+    finish_reason: str | None = None
+    prompt_ids: list[int] | None = None  # only on the first output
+    # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
+    prompt_hidden: torch.Tensor | None = None
+    multimodal_positions: list[int] | None = None
+    media_layout: MediaLayout | None = None  # first output of a prompt with media
+
+
+@dataclass
+class _ThinkerState(RequestState):
+    prompt_ids: list[int] = field(default_factory=list)
+    params: ThinkerParams = field(default_factory=ThinkerParams)
+    generator: torch.Generator | None = None
+    generated: list[int] = field(default_factory=list)
+    detok: IncrementalDetokenizer | None = None
+    next_token: int | None = None  # sampled, not yet fed back
+    media: MediaPrompt | None = None
+    slices: list[Slice] = field(default_factory=list)  # media slices not yet encoded
+    encoded: Encoded = field(default_factory=Encoded)
+    rope_delta: float = 0.0
+    embedding: PromptEmbedding | None = None  # a media prompt's input rows, while it prefills
+    prefilled: int = 0  # prompt positions already in the KV cache
+    deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
+    spoken: list[int] | None = None  # speech: the given answer's ids, streamed instead of generated
+
+
+@dataclass
+class _Step:
+    encode: list[tuple[_ThinkerState, Slice]]
+    prefill: list[tuple[_ThinkerState, int]]  # (request, positions of its prompt this step)
+    decode: list[_ThinkerState]
+    spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
+    encoded: bool = False  # the encode results are in their states (a later failure keeps them)

@@ -1,0 +1,102 @@
+"""One request and the events it produces: the model every entry point speaks (gateway, pipeline,
+CLI, benchmark). Torch-free on purpose, so the gateway is a small router that never loads a model.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
+from omnistream.request.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES, ChunkPlan
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.sampling_params import SamplingParams
+
+MODES = ("async", "sequential")
+
+
+@dataclass
+class GenerationRequest:
+    """A request with every knob decided. Entry points build it with
+    `omnistream.request.defaults.resolve`, which applies the one table of defaults; the field
+    defaults here are only the engines' plain fallbacks (greedy), for code and tests that spell out
+    a request directly, e.g. to compare with the greedy reference."""
+
+    # Chat turns: {"role": ..., "content": str | list of parts} (parts: see omnistream/request/media.py).
+    messages: list[dict[str, Any]] | None = None
+    prompt_ids: list[int] | None = None
+    max_tokens: int = 256
+    ignore_eos: bool = False
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    return_audio: bool = True
+    speaker: str = DEFAULT_SPEAKER
+    max_audio_frames: int = 4096
+    talker_sampling: SamplingParams = field(default_factory=SamplingParams)
+    initial_codec_chunk_frames: int | None = None  # None: chosen from load
+    codec_chunk_frames: int = 25
+    codec_left_context_frames: int = 25
+    # How codec windows after the first are sized: "grow" (each as long as all before it, up to
+    # codec_chunk_frames) or "fixed" (all codec_chunk_frames); see omnistream/request/chunk_plan.py.
+    codec_chunk_schedule: str = DEFAULT_SCHEDULE
+    mode: str = "async"
+    # Video parts: also hear their sound track (placed with the frames, as the reference processor
+    # does with use_audio_in_video / load_audio_from_video).
+    use_audio_in_video: bool = False
+    # Speech: the assistant's answer is this text, not generated (the thinker streams it tokenized
+    # as its output; the talker speaks it). See ThinkerOpen.assistant_text.
+    assistant_text: str | None = None
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise InvalidRequest(f"mode must be one of {MODES}", field="mode")
+        if (self.messages is None) == (self.prompt_ids is None):
+            raise InvalidRequest("give exactly one of messages or prompt_ids", field="messages")
+        if self.codec_chunk_schedule not in SCHEDULES:
+            raise InvalidRequest(
+                f"codec_chunk_schedule must be one of {', '.join(SCHEDULES)}", field="codec_chunk_schedule"
+            )
+        if self.assistant_text is not None and not self.assistant_text:
+            raise InvalidRequest("the text to speak is empty", field="input")
+
+    def chunk_plan(self, initial: int) -> ChunkPlan:
+        """This request's codec chunk plan with a first window of `initial` frames (the runner
+        chooses it from load when the request left it open), validated."""
+        return ChunkPlan(
+            initial, self.codec_chunk_frames, self.codec_left_context_frames, self.codec_chunk_schedule
+        ).validate()
+
+
+@dataclass
+class TextEvent:
+    token_ids: list[int]
+    delta: str
+
+
+@dataclass
+class CodesEvent:
+    frame: int
+    codes: list[int]
+
+
+@dataclass
+class AudioEvent:
+    audio: np.ndarray
+    first_sample: int
+    sample_rate: int = SAMPLE_RATE
+
+
+@dataclass
+class DoneEvent:
+    prompt_ids: list[int]
+    output_ids: list[int]
+    finish_reason: str
+    frames: int
+    audio_samples: int
+    ttft: float | None
+    ttfp: float | None
+    e2e: float
+
+
+Event = TextEvent | CodesEvent | AudioEvent | DoneEvent

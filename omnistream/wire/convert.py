@@ -1,0 +1,279 @@
+"""Proto <-> domain conversions shared by servicers and clients."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2
+from omnistream.request.chunk_plan import (
+    DEFAULT_CHUNK_FRAMES,
+    DEFAULT_INITIAL_FRAMES,
+    DEFAULT_LEFT_CONTEXT_FRAMES,
+    SCHEDULE_FIXED,
+    SCHEDULE_GROW,
+    ChunkPlan,
+)
+from omnistream.request.errors import InvalidRequest
+from omnistream.request.media import AudioInput, ImageInput, MediaLayout, VideoInput
+from omnistream.request.sampling_params import SamplingParams
+from omnistream.request.stage_chain import StageOpens
+from omnistream.wire.tensors import numpy_from_proto, to_proto
+
+# Elements one decoded media part may hold on the stage API (the gRPC message size bounds it too).
+MAX_PART_ELEMENTS = 1 << 30
+
+
+def wire_float(value: float) -> float:
+    """The number a sender meant by a float32 field: the shortest decimal that is the same float32.
+
+    0.9 travels as 0.89999997...; read back as 0.9, a knob sent over gRPC (client to gateway, or
+    gateway to stage) is the very double that REST and the in-process pipeline use, so the same
+    request samples the same tokens through every entry point.
+    """
+    return float(str(np.float32(value)))
+
+
+def sampling_from_proto(msg: common_pb2.Sampling, prefix: str = "") -> SamplingParams:
+    """Proto3 zeros mean "off": top_p 0 -> 1, repetition_penalty 0 -> 1; temperature 0 is greedy."""
+    return SamplingParams(
+        temperature=wire_float(msg.temperature),
+        top_p=wire_float(msg.top_p) if msg.top_p else 1.0,
+        top_k=int(msg.top_k),
+        repetition_penalty=wire_float(msg.repetition_penalty) if msg.repetition_penalty else 1.0,
+        seed=int(msg.seed) if msg.HasField("seed") else None,
+    ).validate(prefix)
+
+
+def sampling_to_proto(params: SamplingParams) -> common_pb2.Sampling:
+    msg = common_pb2.Sampling(
+        temperature=params.temperature,
+        top_p=params.top_p,
+        top_k=params.top_k,
+        repetition_penalty=params.repetition_penalty,
+    )
+    if params.seed is not None:
+        msg.seed = params.seed
+    return msg
+
+
+SCHEDULE_TO_PROTO = {
+    SCHEDULE_FIXED: stage_pb2.CHUNK_SCHEDULE_FIXED,
+    SCHEDULE_GROW: stage_pb2.CHUNK_SCHEDULE_GROWING,
+}
+SCHEDULE_FROM_PROTO = {number: name for name, number in SCHEDULE_TO_PROTO.items()}
+
+
+def schedule_from_proto(value: int, unspecified: str | None, field: str = "chunk_schedule") -> str | None:
+    """A ChunkSchedule number as the plan's name; UNSPECIFIED is `unspecified` (which differs by API:
+    a stage reads an older gateway's plan as fixed, the public API reads "not given")."""
+    if value == stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED:
+        return unspecified
+    name = SCHEDULE_FROM_PROTO.get(value)
+    if name is None:
+        raise InvalidRequest(f"unknown chunk schedule {value}", field=field)
+    return name
+
+
+def plan_from_fields(
+    initial: int, chunk: int, left_context: int, schedule: int = stage_pb2.CHUNK_SCHEDULE_UNSPECIFIED
+) -> ChunkPlan:
+    """Zero means "the default" for each frame count (proto3 has no presence for scalars); an
+    unspecified schedule means fixed, what an older gateway (which never sent one) asked for."""
+    return ChunkPlan(
+        initial or DEFAULT_INITIAL_FRAMES,
+        chunk or DEFAULT_CHUNK_FRAMES,
+        left_context if left_context else DEFAULT_LEFT_CONTEXT_FRAMES,
+        schedule_from_proto(schedule, SCHEDULE_FIXED),
+    ).validate()
+
+
+MODE_TO_PROTO = {"async": common_pb2.MODE_ASYNC_CHUNK, "sequential": common_pb2.MODE_SEQUENTIAL}
+
+
+# The stage chain's edges on the wire (see omnistream/request/stage_chain.py for the same edges in process).
+
+
+def audio_part_proto(audio: AudioInput) -> common_pb2.AudioPart:
+    samples = np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1)
+    return common_pb2.AudioPart(samples=to_proto(samples), sample_rate=audio.sample_rate)
+
+
+def content_part_proto(part: Mapping[str, Any]) -> common_pb2.ContentPart:
+    """One part of a message's content (omnistream/request/media.py) as the stage API's decoded part."""
+    kind = part["type"]
+    if kind == "text":
+        return common_pb2.ContentPart(text=part["text"])
+    media = part[kind]
+    if kind == "audio" and isinstance(media, AudioInput):
+        return common_pb2.ContentPart(audio=audio_part_proto(media))
+    if kind == "image" and isinstance(media, ImageInput):
+        pixels = np.ascontiguousarray(media.pixels, dtype=np.uint8)
+        return common_pb2.ContentPart(image=common_pb2.ImagePart(pixels=to_proto(pixels)))
+    if kind == "video" and isinstance(media, VideoInput):
+        video = common_pb2.VideoPart(
+            frames=to_proto(np.ascontiguousarray(media.frames, dtype=np.uint8)), fps=media.fps
+        )
+        if media.audio is not None:
+            video.audio.CopyFrom(audio_part_proto(media.audio))
+        return common_pb2.ContentPart(video=video)
+    # An encoded file here is a gateway bug: media are decoded before a request is admitted.
+    raise TypeError(f"a {kind!r} part holding {type(media).__name__} cannot go to the thinker")
+
+
+def message_proto(message: Mapping[str, Any]) -> common_pb2.Message:
+    """A chat turn: text-only content as `content` (as before media existed), else as `parts`."""
+    content: str | Sequence[Mapping[str, Any]] = message["content"]
+    if isinstance(content, str):
+        return common_pb2.Message(role=message["role"], content=content)
+    return common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
+
+
+def thinker_open_proto(
+    rid: str,
+    opens: StageOpens,
+    messages: Sequence[Mapping[str, Any]] | None,
+    prompt_ids: list[int] | None,
+) -> stage_pb2.ThinkerOpen:
+    """The thinker's open; media parts (decoded arrays, omnistream/request/media.py) travel as tensors."""
+    params = opens.thinker
+    open_ = stage_pb2.ThinkerOpen(
+        request_id=rid,
+        max_tokens=params.max_tokens,
+        ignore_eos=params.ignore_eos,
+        sampling=sampling_to_proto(params.sampling),
+        use_audio_in_video=params.use_audio_in_video,
+        assistant_text=params.assistant_text or "",
+    )
+    if prompt_ids is not None:
+        open_.prompt_ids.extend(prompt_ids)
+    else:
+        open_.messages.extend(message_proto(m) for m in messages or ())
+    return open_
+
+
+def messages_from_proto(messages: Sequence[common_pb2.Message]) -> list[dict[str, Any]]:
+    """Stage-form chat turns as the request model's messages (decoded media as numpy arrays, zero
+    copy). Only the forms the thinker takes are accepted; dtypes and shapes are checked again, with
+    sizes, by the thinker before the request joins a batch."""
+    out: list[dict[str, Any]] = []
+    for i, m in enumerate(messages):
+        if m.parts and m.content:
+            raise InvalidRequest(f"messages[{i}]: give content or parts, not both", field="messages")
+        if not m.parts:
+            out.append({"role": m.role, "content": m.content})
+            continue
+        parts = [_part_from_proto(p, f"messages[{i}].parts[{j}]") for j, p in enumerate(m.parts)]
+        out.append({"role": m.role, "content": parts})
+    return out
+
+
+def _part_from_proto(part: common_pb2.ContentPart, where: str) -> dict[str, Any]:
+    kind = part.WhichOneof("kind")
+    if kind == "text":
+        return {"type": "text", "text": part.text}
+    if kind == "audio":
+        return {"type": "audio", "audio": _audio_from_proto(part.audio, f"{where}.audio")}
+    if kind == "image":
+        pixels = _array(part.image.pixels, "uint8", f"{where}.image.pixels")
+        return {"type": "image", "image": ImageInput(pixels)}
+    if kind == "video":
+        frames = _array(part.video.frames, "uint8", f"{where}.video.frames")
+        audio = None
+        if part.video.HasField("audio"):
+            audio = _audio_from_proto(part.video.audio, f"{where}.video.audio")
+        return {"type": "video", "video": VideoInput(frames, part.video.fps, audio)}
+    # `media` (encoded files) is the gateway's to decode; an empty part is nothing.
+    raise InvalidRequest(f"{where}: the thinker takes text, audio, image or video parts", field="messages")
+
+
+def _audio_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioInput:
+    return AudioInput(_array(msg.samples, "float32", f"{where}.samples"), int(msg.sample_rate))
+
+
+def _array(msg: common_pb2.Tensor, dtype: str, where: str) -> np.ndarray:
+    return numpy_from_proto(msg, max_elements=MAX_PART_ELEMENTS, field=where, expect_dtype=dtype)
+
+
+def media_layout_to_proto(layout: MediaLayout) -> common_pb2.MediaLayout:
+    return common_pb2.MediaLayout(
+        image_grid_thw=[n for g in layout.image_grid_thw for n in g],
+        video_grid_thw=[n for g in layout.video_grid_thw for n in g],
+        video_second_per_grid=layout.video_second_per_grid,
+        audio_feature_lengths=layout.audio_feature_lengths,
+    )
+
+
+def media_layout_from_proto(msg: common_pb2.MediaLayout) -> MediaLayout | None:
+    """None when empty; a malformed layout is refused before it reaches the talker's batch."""
+
+    def triples(values: Sequence[int], name: str) -> tuple[tuple[int, int, int], ...]:
+        if len(values) % 3 or any(v <= 0 for v in values):
+            raise InvalidRequest(
+                f"media_layout.{name} must be positive [t, h, w] triples", field="media_layout"
+            )
+        return tuple((values[i], values[i + 1], values[i + 2]) for i in range(0, len(values), 3))
+
+    layout = MediaLayout(
+        image_grid_thw=triples(msg.image_grid_thw, "image_grid_thw"),
+        video_grid_thw=triples(msg.video_grid_thw, "video_grid_thw"),
+        video_second_per_grid=tuple(msg.video_second_per_grid),
+        audio_feature_lengths=tuple(msg.audio_feature_lengths),
+    )
+    if len(layout.video_second_per_grid) != len(layout.video_grid_thw):
+        raise InvalidRequest("media_layout: one video_second_per_grid per video", field="media_layout")
+    if any(not (np.isfinite(s) and s > 0) for s in layout.video_second_per_grid) or any(
+        n <= 0 for n in layout.audio_feature_lengths
+    ):
+        raise InvalidRequest("media_layout: seconds and lengths must be positive", field="media_layout")
+    return layout if layout != MediaLayout() else None
+
+
+def talker_open_proto(rid: str, opens: StageOpens) -> stage_pb2.TalkerOpen:
+    assert opens.talker is not None and opens.plan is not None
+    return stage_pb2.TalkerOpen(
+        request_id=rid,
+        speaker=opens.talker.speaker,
+        max_frames=opens.talker.max_frames,
+        sampling=sampling_to_proto(opens.talker.sampling),
+        mode=MODE_TO_PROTO[opens.mode],
+        initial_chunk_frames=opens.plan.initial,
+        chunk_frames=opens.plan.chunk,
+        left_context_frames=opens.plan.left_context,
+        chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
+    )
+
+
+def code2wav_open_proto(rid: str, opens: StageOpens) -> stage_pb2.Code2WavOpen:
+    assert opens.plan is not None
+    return stage_pb2.Code2WavOpen(
+        request_id=rid,
+        mode=MODE_TO_PROTO[opens.mode],
+        initial_chunk_frames=opens.plan.initial,
+        chunk_frames=opens.plan.chunk,
+        left_context_frames=opens.plan.left_context,
+        chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
+    )
+
+
+def talker_input_proto(chunk: stage_pb2.ThinkerChunk) -> stage_pb2.TalkerInput:
+    """A thinker chunk as talker input: chunk 0 carries the prompt (with, for media, the deep rows
+    and the media layout, forwarded as they are), the finished one is the last."""
+    msg = stage_pb2.TalkerInput(
+        prompt_ids=chunk.prompt_ids,
+        token_ids=chunk.token_ids,
+        last=chunk.finished,
+        multimodal_positions=chunk.multimodal_positions,
+    )
+    if chunk.HasField("prompt_hidden"):
+        msg.prompt_hidden.CopyFrom(chunk.prompt_hidden)
+    if chunk.HasField("media_layout"):
+        msg.media_layout.CopyFrom(chunk.media_layout)
+    return msg
+
+
+def codec_input_proto(chunk: stage_pb2.TalkerChunk) -> stage_pb2.CodecInput:
+    """A talker chunk as code2wav input: the frames as they are (no re-encoding), the end as `last`."""
+    return stage_pb2.CodecInput(codes=chunk.codes, first_frame=chunk.first_frame, last=chunk.finished)

@@ -1,0 +1,94 @@
+"""The engine's output channel: bounded, ordered, and never waking the engine under its own lock."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from omnistream.engine.engine import Engine, RequestState
+from omnistream.engine.output_stream import OutputStream
+
+
+def test_consumer_wakes_the_engine_without_holding_the_stream_lock():
+    # The engine thread holds its condition and then asks `has_room()` (the stream lock); the
+    # consumer must therefore call back into the engine only after releasing the stream lock,
+    # or the two threads deadlock (seen as a request stuck until its timeout).
+    async def run() -> list[bool]:
+        free: list[bool] = []
+        stream: OutputStream[int] = OutputStream(
+            asyncio.get_running_loop(),
+            8,
+            on_consume=lambda: free.append(
+                stream._lock.acquire(blocking=False) and (stream._lock.release() or True)
+            ),
+        )
+        for i in range(3):
+            stream.put(i)
+        assert await stream.get() == 0
+        assert await stream.get_batch() == [1, 2]
+        return free
+
+    free = asyncio.run(run())
+    assert free and all(free)
+
+
+def test_items_then_close_then_none_and_errors_surface():
+    async def run():
+        stream: OutputStream[int] = OutputStream(asyncio.get_running_loop(), 2)
+        stream.put(1)
+        assert stream.has_room()  # capacity 2, one item: room left
+        stream.put(2)
+        assert not stream.has_room()
+        stream.close()
+        assert [x async for x in stream] == [1, 2]
+        failing: OutputStream[int] = OutputStream(asyncio.get_running_loop(), 2)
+        failing.fail(RuntimeError("boom"))
+        with pytest.raises(RuntimeError, match="boom"):
+            await failing.get()
+        closed: OutputStream[int] = OutputStream(asyncio.get_running_loop(), 2)
+        closed.close()
+        closed.fail(RuntimeError("late"))  # a finished request ignores late failures
+        assert await closed.get() is None
+
+    asyncio.run(run())
+
+
+class _Counter(Engine):
+    """Each step puts the next number for every request until it has three."""
+
+    name = "counter"
+
+    def _schedule(self, candidates):
+        work = [s for s in candidates if not s.finished and s.output.has_room()]
+        return work or None
+
+    def _run(self, work) -> None:
+        for state in work:
+            state.sent = getattr(state, "sent", 0) + 1
+            state.output.put(state.sent)
+            if state.sent == 3:
+                self._finish(state)
+
+
+def test_a_failing_step_listener_does_not_end_the_engine_thread():
+    engine = _Counter(max_requests=2)
+    calls: list[int] = []
+
+    def broken(engine_, seconds) -> None:
+        calls.append(1)
+        raise AttributeError("a metrics hook bug")
+
+    engine.add_step_listener(broken)
+
+    async def run() -> list[int]:
+        state = RequestState("r", engine.new_output())
+        engine._admit(state)
+        engine.start()
+        return [item async for item in state.output]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(run(), 30)) == [1, 2, 3]
+    finally:
+        engine.stop()
+    assert len(calls) >= 3

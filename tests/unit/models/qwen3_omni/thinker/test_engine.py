@@ -1,0 +1,303 @@
+"""Thinker engine: sampling knobs, abort, validation."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+
+import pytest
+
+from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.sampling import SamplingParams
+from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
+from omnistream.request.errors import InternalError, InvalidRequest, Overloaded
+from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_chunk
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    e = ThinkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, max_requests=6
+    )
+    e.start()
+    yield e
+    e.stop()
+
+
+def _prompt(engine) -> list[int]:
+    return engine.encode_chat([{"role": "user", "content": "Tell me about the sea."}])
+
+
+async def _run(engine, rid, params) -> list[int]:
+    out = engine.add_request(rid, _prompt(engine), params)
+    return [t for step in [s async for s in out] for t in step.token_ids]
+
+
+def test_seeded_sampling_is_reproducible_alone_and_batched(engine):
+    sampled = ThinkerParams(20, True, SamplingParams(temperature=1.2, top_p=0.9, top_k=40, seed=1234))
+    alone = asyncio.run(_run(engine, "a", sampled))
+
+    async def batched():
+        other = ThinkerParams(20, True, SamplingParams(temperature=1.0, seed=9))
+        return await asyncio.gather(
+            _run(engine, "b", sampled), _run(engine, "c", other), _run(engine, "d", other)
+        )
+
+    together = asyncio.run(batched())
+    assert together[0] == alone
+    assert len(alone) == 20
+    greedy = asyncio.run(_run(engine, "e", ThinkerParams(20, True)))
+    assert greedy != alone  # sampling at temperature 1.2 really samples
+
+
+def test_abort_frees_state_at_once(engine):
+    async def run():
+        out = engine.add_request("abort-me", _prompt(engine), ThinkerParams(200, True))
+        await out.get()
+        assert engine.num_requests == 1
+        assert engine.abort("abort-me")
+        assert engine.num_requests == 0
+        rest = [s async for s in out]
+        return rest
+
+    rest = asyncio.run(run())
+    assert len(rest) < 200
+
+    # Its KV slot comes back: a full batch still fits afterwards.
+    async def fill():
+        return await asyncio.gather(*(_run(engine, f"f{i}", ThinkerParams(3, True)) for i in range(4)))
+
+    assert all(len(r) == 3 for r in asyncio.run(fill()))
+    deadline = time.monotonic() + 2  # slots come back on the engine thread before its next step
+    while engine.cache.free_slots != 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert engine.cache.free_slots == 4
+
+
+def test_validation_errors_name_the_field(engine):
+    async def run():
+        with pytest.raises(InvalidRequest) as err:
+            engine.add_request("v1", [], ThinkerParams())
+        assert err.value.field == "prompt"
+        with pytest.raises(InvalidRequest) as err:
+            engine.add_request("v2", [1, 99999], ThinkerParams())
+        assert err.value.field == "prompt_ids"
+        with pytest.raises(InvalidRequest) as err:
+            engine.add_request("v3", [1, 2], ThinkerParams(max_tokens=10_000))
+        assert err.value.field == "max_tokens"
+        with pytest.raises(InvalidRequest) as err:
+            engine.add_request("v4", [1, 2], ThinkerParams(5, sampling=SamplingParams(top_p=0)))
+        assert err.value.field == "top_p"
+
+    asyncio.run(run())
+    assert engine.num_requests == 0
+
+
+def test_admission_bound(engine):
+    async def run():
+        outs = [engine.add_request(f"o{i}", [1, 2, 3], ThinkerParams(50, True)) for i in range(6)]
+        with pytest.raises(Overloaded):
+            engine.add_request("o6", [1, 2, 3], ThinkerParams(5, True))
+        for i in range(6):
+            engine.abort(f"o{i}")
+        return outs
+
+    asyncio.run(run())
+    assert engine.num_requests == 0
+
+
+def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_model_dir):
+    """The backstop behind validation: a batched forward that raises is retried request by request,
+    and only the one that fails alone is failed; the others keep their exact greedy output."""
+    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    params = ThinkerParams(12, True)
+    prompt = _prompt(engine)
+    engine.start()
+    try:
+        solo = asyncio.run(_run(engine, "solo", params))
+        forward = engine._forward
+        batch_sizes_failed: list[int] = []
+
+        def faulty_forward(states, ids, **kwargs):
+            # Decode steps only: the prefill succeeds, then the request poisons every batch it joins.
+            if ids.shape[1] == 1 and any(s.request_id == "poison" for s in states):
+                batch_sizes_failed.append(len(states))
+                raise RuntimeError("injected fault")
+            return forward(states, ids, **kwargs)
+
+        engine._forward = faulty_forward
+
+        async def together():
+            async def run(rid):
+                out = engine.add_request(rid, prompt, params)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            return await asyncio.gather(*(run(r) for r in ("a", "b", "poison", "c", "d")))
+
+        results = asyncio.run(together())
+    finally:
+        engine.stop()
+    by_id = dict(zip(("a", "b", "poison", "c", "d"), results, strict=True))
+    assert isinstance(by_id.pop("poison"), Exception)
+    assert all(tokens == solo for tokens in by_id.values()), by_id
+    assert max(batch_sizes_failed) > 1 and batch_sizes_failed[-1] == 1  # failed batched, then alone
+    assert engine.num_requests == 0
+
+
+def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny_model_dir):
+    """The choice comes after the forward: when it raises for a batch, the members are retried alone
+    from the same KV lengths (nothing written twice), so the innocent ones keep their exact output."""
+    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    params = ThinkerParams(12, True)
+    prompt = _prompt(engine)
+    engine.start()
+    try:
+        solo = asyncio.run(_run(engine, "solo", params))
+        choose = engine._choose
+
+        def faulty_choose(states, logits, first):
+            if not first and any(s.request_id == "poison" for s in states):
+                raise RuntimeError("injected fault in the sampler")
+            return choose(states, logits, first)
+
+        engine._choose = faulty_choose
+
+        async def together():
+            async def run(rid):
+                out = engine.add_request(rid, prompt, params)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            return await asyncio.gather(*(run(r) for r in ("a", "poison", "b")))
+
+        results = asyncio.run(together())
+    finally:
+        engine.stop()
+    by_id = dict(zip(("a", "poison", "b"), results, strict=True))
+    assert isinstance(by_id.pop("poison"), Exception)
+    assert all(tokens == solo for tokens in by_id.values()), by_id
+
+
+def test_a_chunked_prompt_gives_the_unchunked_result(engine):
+    """Chunk sizes 1, 7, len-1 and len: the same greedy and seeded-sampled tokens, also with two
+    prompts sharing each step's prefill budget and decoding next to each other."""
+    prompt = long_prompt(engine)
+    greedy = ThinkerParams(16, True)
+    sampled = ThinkerParams(16, True, SamplingParams(temperature=1.1, top_k=40, seed=77))
+
+    async def pair(tag: str):
+        async def one(rid, params):
+            out = engine.add_request(rid, prompt, params)
+            return [t for step in [s async for s in out] for t in step.token_ids]
+
+        return await asyncio.gather(one(f"g-{tag}", greedy), one(f"s-{tag}", sampled))
+
+    with prefill_chunk(engine, len(prompt)):
+        solo = [
+            asyncio.run(_run_ids(engine, "g", prompt, greedy)),
+            asyncio.run(_run_ids(engine, "s", prompt, sampled)),
+        ]
+    for chunk in (1, 7, len(prompt) - 1, len(prompt)):
+        with prefill_chunk(engine, chunk):
+            assert asyncio.run(pair(str(chunk))) == solo, chunk
+    assert len(solo[0]) == 16 and solo[0] != solo[1]
+
+
+async def _run_ids(engine, rid, prompt, params) -> list[int]:
+    out = engine.add_request(rid, prompt, params)
+    return [t for step in [s async for s in out] for t in step.token_ids]
+
+
+def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
+    """Each step prefills one piece of the long prompt and then decodes the running request, so
+    the running request gets a token between every two pieces (observed per step, not timed), and
+    its tokens are those of a solo run."""
+    chunk = 16
+    running_params = ThinkerParams(120, True)
+    solo = asyncio.run(_run_ids(engine, "solo", _prompt(engine), running_params))
+    long_ids = long_prompt(engine)
+    steps: list[tuple[int, int]] = []  # per step after the long request came: (its prefilled, running tokens)
+
+    async def run():
+        out = engine.add_request("running", _prompt(engine), running_params)
+        tokens = [t for t in (await out.get()).token_ids]
+        with engine._cond:
+            running = engine._requests["running"]
+        long_out = engine.add_request("long", long_ids, ThinkerParams(1, True))
+        with engine._cond:
+            long = engine._requests["long"]
+
+        def listener(_engine, _seconds):
+            steps.append((long.prefilled, len(running.generated)))
+
+        engine.add_step_listener(listener)
+        try:
+            first = asyncio.ensure_future(long_out.get())
+            async for step in out:
+                tokens += step.token_ids
+            await first
+        finally:
+            engine._step_listeners.remove(listener)
+        return tokens
+
+    with prefill_chunk(engine, chunk):
+        tokens = asyncio.run(run())
+    assert tokens == solo
+    pieces = [(p, n) for i, (p, n) in enumerate(steps) if p != (steps[i - 1][0] if i else 0)]
+    assert [p for p, _ in pieces] == [*range(chunk, len(long_ids), chunk), len(long_ids)]
+    counts = [n for _, n in pieces]
+    assert all(b > a for a, b in itertools.pairwise(counts)), counts  # a token per piece
+
+
+def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
+    """A piece of a chunked prefill that raises fails that request only: a running request and a
+    request prefilling in the same steps keep their exact tokens, and the failed piece left the KV
+    length where the last good piece put it."""
+    engine = ThinkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, prefill_chunk=8
+    )
+    params = ThinkerParams(10, True)
+    prompt = long_prompt(engine)
+    engine.start()
+    try:
+        solo_short = asyncio.run(_run_ids(engine, "solo-short", _prompt(engine), ThinkerParams(40, True)))
+        solo_long = asyncio.run(_run_ids(engine, "solo-long", prompt, params))
+        forward = engine._forward
+        at_failure: list[tuple[int, int]] = []
+
+        def faulty_forward(states, ids, **kwargs):
+            state = states[0]
+            if state.request_id == "poison" and state.prefilled >= 16:  # a later piece
+                at_failure.append((state.prefilled, engine.cache.lengths[state.slot]))
+                raise RuntimeError("injected fault")
+            return forward(states, ids, **kwargs)
+
+        engine._forward = faulty_forward
+
+        async def together():
+            async def run(rid, ids, p):
+                out = engine.add_request(rid, ids, p)
+                try:
+                    return [t for step in [s async for s in out] for t in step.token_ids]
+                except Exception as exc:
+                    return exc
+
+            running = asyncio.ensure_future(run("running", _prompt(engine), ThinkerParams(40, True)))
+            rest = await asyncio.gather(run("poison", prompt, params), run("other", prompt, params))
+            return [await running, *rest]
+
+        running, poison, other = asyncio.run(together())
+    finally:
+        engine.stop()
+    assert isinstance(poison, InternalError) and "injected fault" in str(poison)
+    assert running == solo_short and other == solo_long
+    # Failed once (alone, at once), with the KV length where its good pieces left it; how many
+    # positions those held depends on what shared the budget with them.
+    assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
+    assert engine.num_requests == 0 and engine.cache.free_slots == 4
