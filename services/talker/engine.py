@@ -48,6 +48,7 @@ from omnistream.playout import (
 from omnistream.qwen3_omni.checkpoint import load_stage
 from omnistream.qwen3_omni.code_predictor import CodePredictorRunner, batch_buckets
 from omnistream.qwen3_omni.constants import DEFAULT_SPEAKER
+from omnistream.qwen3_omni.talker_eos import EosMask
 from omnistream.qwen3_omni.talker_frame import StaticTalkerFrame
 from omnistream.qwen3_omni.talker_prompt import (
     ASSISTANT_PROMPT_TOKENS,
@@ -179,6 +180,7 @@ class TalkerEngine(Engine):
         # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
         # over the request's codebook-0 history) and the code predictor's groups.
         self.sampler = BatchSampler(vocab, options.device, slots=slots, suppress=self.suppress)
+        self.eos_mask = EosMask(vocab, self.codec_eos, slots, options.device)  # ignore_eos requests
         self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
         self.frame: StaticTalkerFrame | None = None
         if static:
@@ -189,6 +191,7 @@ class TalkerEngine(Engine):
                 self.cache,
                 self.sampler,
                 self.cp_sampler,
+                eos_mask=self.eos_mask,
                 graph_buckets=graph_buckets,
                 cuda_graphs=options.graphs,
             )
@@ -367,6 +370,7 @@ class TalkerEngine(Engine):
         for state, _ in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
+                self.eos_mask.set(state.slot, state.params.ignore_eos)
         if not (prefill or predict or decode):
             return None
         self._deferred(deferred)
@@ -420,7 +424,7 @@ class TalkerEngine(Engine):
         """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
         ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
         presence mask, which its first frame starts afresh."""
-        logits = self.talker.codec_head(hidden[:, -1])
+        logits = self.eos_mask.apply(self.talker.codec_head(hidden[:, -1]), self.cache.rows)
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
