@@ -10,6 +10,7 @@ import sys
 
 from omnistream import cli_services
 from omnistream.cli_common import add_model_args, ensure_default_model
+from omnistream.cli_media import add_media_args
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     from omnistream.qwen3_omni.chunk_plan import SCHEDULES
     from omnistream.request_defaults import DEFAULTS as D
 
-    p.add_argument("--system", default=None, help="system prompt, sent as a system message (default: none)")
+    p.add_argument(
+        "--system",
+        default=None,
+        help='system prompt, sent as a system message (default: none; --system "" also means none)',
+    )
     p.add_argument(
         "--mode",
         default=None,
@@ -104,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("generate", help="run one request through the in-process pipeline")
     add_model_args(p)
     p.add_argument("--prompt", required=True)
+    add_media_args(p)  # the same files as `omnistream chat` takes (omnistream/cli_media.py)
     _add_request_args(p)
     p.add_argument("--output-dir", required=True)
     p.set_defaults(func=cmd_generate)
