@@ -45,7 +45,7 @@ from gateway.core import GatewayCore, Session
 from gateway.request_guards import first_invalid_unicode, printable
 from gateway.rest_errors import ErrorResponse, error_body, error_response
 from gateway.rest_responses import SessionStream
-from omnistream.errors import InvalidRequest, OmniError, Unavailable, status_of
+from omnistream.errors import InvalidRequest, OmniError, status_of
 from omnistream.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request import AudioEvent, DoneEvent, GenerationRequest
 from omnistream.request_defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
@@ -286,8 +286,7 @@ def add_speech_route(app: FastAPI, core: GatewayCore) -> None:
         },
     )
     async def speech(body: SpeechRequest, http_request: Request) -> Response:
-        if not core.ready:
-            raise Unavailable("the gateway has no healthy replica for every stage yet")
+        core.readiness.require(audio=True)  # speech needs every stage
         rate = core.deployment.sample_rate or SAMPLE_RATE
         try:
             request = to_generation_request(body, core)
