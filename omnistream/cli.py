@@ -80,7 +80,12 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from omnistream.family import DEFAULT_FAMILY, family_named
 
     path = family_named(DEFAULT_FAMILY).make_tiny(
-        args.dir, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers, experts=args.experts
+        args.dir,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        layers=args.layers,
+        experts=args.experts,
+        answers_end=args.answers_end,
     )
     print(path)
     return 0
@@ -104,6 +109,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--experts", type=int, default=4)
+    p.add_argument(
+        "--no-answers-end",
+        dest="answers_end",
+        action="store_false",
+        help="keep the purely random weights, whose answers run to max_tokens / max_audio_frames",
+    )
     p.set_defaults(func=cmd_make_tiny_model)
 
     p = sub.add_parser("generate", help="run one request through the in-process pipeline")
