@@ -136,9 +136,13 @@ class GatewayConfig:
             self.api_key = os.environ.get(API_KEY_ENV) or None
 
     def validate(self) -> None:
-        for stage in ("thinker", "talker", "code2wav"):
-            if not getattr(self, stage):
-                raise ValueError(f"no {stage} replica configured")
+        # Thinkers alone are a deployment (text chat; audio requests get 503, readiness.py); a
+        # talker without a code2wav, or the reverse, would serve nothing more, so it is a mistake.
+        if not self.thinker:
+            raise ValueError("no thinker replica configured")
+        if bool(self.talker) != bool(self.code2wav):
+            missing = "code2wav" if self.talker else "talker"
+            raise ValueError(f"no {missing} replica configured (audio needs talker and code2wav)")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ValueError("tls_cert and tls_key go together")
         if self.tls_client_ca and not self.tls_cert:

@@ -27,6 +27,7 @@ from gateway.deployment import Deployment
 from gateway.media_decoder import MediaDecoder
 from gateway.media_parts import pending
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import Readiness
 from gateway.replicas import Replicas
 from gateway.session import Session
 from gateway.wiring import StageStubs, run_stages
@@ -39,6 +40,7 @@ from omnistream.service.security import channel_credentials
 from omnistream.wire.chunk_key import validate_request_id
 
 log = logging.getLogger(__name__)
+
 
 def check_prompt_size(request: GenerationRequest, limit: int) -> None:
     """413 for a prompt over `max_prompt_chars`, before any stage sees it: past that it could not
@@ -121,8 +123,14 @@ class GatewayCore:
         self.media.close()
 
     @property
+    def readiness(self) -> Readiness:
+        """What kinds of request can be served now (readiness.py): text needs a thinker only."""
+        return Readiness.of(lambda stage: self.replicas.sets[stage].any_in_rotation)
+
+    @property
     def ready(self) -> bool:
-        return self.replicas.ready
+        """Something can be served (at least text); `readiness` says what."""
+        return self.readiness.ready
 
     def validate(self, request: GenerationRequest) -> None:
         c = self.config
@@ -200,6 +208,7 @@ class GatewayCore:
     ) -> Session:
         rid = validate_request_id(request_id or uuid.uuid4().hex)
         try:
+            self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
             await self.prepare(request)
             self.chunk_plan(request)  # a bad plan is refused before admission
             # Audio may wait here for the listeners already playing (admission.py's audio hold).

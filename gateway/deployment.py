@@ -116,6 +116,12 @@ class Deployment:
     def complete(self) -> bool:
         return all(stage in self.accepted for stage in STAGES)
 
+    @property
+    def known(self) -> bool:
+        """A thinker was accepted: the model is known and text can be served (a deployment of
+        thinkers alone is one; its `output_modalities` are then text only)."""
+        return "thinker" in self.accepted
+
     def _first(self, field: str, *stages: str) -> Any:
         for stage in stages or STAGES:
             info = self.accepted.get(stage)
@@ -167,9 +173,9 @@ class Deployment:
         return ["text", "audio"] if audio else ["text"]
 
     def model_card(self) -> dict[str, Any] | None:
-        """The `/v1/models` entry (OpenAI's shape plus an `omnistream` object); None before the
-        stages were heard from."""
-        if not self.complete:
+        """The `/v1/models` entry (OpenAI's shape plus an `omnistream` object); None before a
+        thinker was heard from (without talker and code2wav: no voices, output text only)."""
+        if not self.known:
             return None
         info = self.to_proto()
         return {

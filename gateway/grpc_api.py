@@ -250,8 +250,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     ) -> gateway_pb2.GatewayInfo:
         try:
             checked(request)
-            if not self.core.deployment.complete:
-                raise Unavailable("the gateway has not accepted a replica of every stage yet")
+            if not self.core.deployment.known:  # thinkers alone: the model, output text only
+                raise Unavailable("the gateway has not accepted a thinker replica yet")
         except OmniError as exc:
             await abort_with(context, exc)
         return self.core.deployment.to_proto()

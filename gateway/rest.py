@@ -253,13 +253,16 @@ def build_app(core: GatewayCore) -> FastAPI:
         return {"status": "ok"}
 
     @app.get(
-        "/ready", summary="Every stage has a SERVING replica", responses={503: {"description": "not ready"}}
+        "/ready",
+        summary="What can be served: text (a thinker) and audio (thinker, talker, code2wav)",
+        responses={503: {"description": "nothing can be served (no thinker)"}},
     )
     async def ready() -> JSONResponse:
-        body: dict[str, Any] = {"ready": core.ready, "stages": core.replicas.snapshot()}
-        if not core.ready:
+        readiness = core.readiness
+        body: dict[str, Any] = {**readiness.body(), "stages": core.replicas.snapshot()}
+        if not readiness.ready:
             body |= error_body(503, _unavailable().message, "unavailable", None)
-        return JSONResponse(body, status_code=200 if core.ready else 503)
+        return JSONResponse(body, status_code=200 if readiness.ready else 503)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:
@@ -341,4 +344,4 @@ def build_app(core: GatewayCore) -> FastAPI:
 def _unavailable() -> OmniError:
     from omnistream.request.errors import Unavailable
 
-    return Unavailable("the gateway has no healthy replica for every stage yet")
+    return Unavailable("no thinker replica is ready: nothing can be served now")

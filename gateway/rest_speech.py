@@ -48,7 +48,7 @@ from gateway.rest_responses import SessionStream
 from gateway.session import Session
 from omnistream.models.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
-from omnistream.request.errors import InvalidRequest, OmniError, Unavailable, status_of
+from omnistream.request.errors import InvalidRequest, OmniError, status_of
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -287,8 +287,7 @@ def add_speech_route(app: FastAPI, core: GatewayCore) -> None:
         },
     )
     async def speech(body: SpeechRequest, http_request: Request) -> Response:
-        if not core.ready:
-            raise Unavailable("the gateway has no healthy replica for every stage yet")
+        core.readiness.require(audio=True)  # speech needs every stage
         rate = core.deployment.sample_rate or SAMPLE_RATE
         try:
             request = to_generation_request(body, core)

@@ -1,8 +1,7 @@
-"""Shared fixtures: the tiny checkpoint is built once per test session."""
+"""Shared fixtures: the tiny checkpoints are built once per test session."""
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
@@ -11,17 +10,29 @@ import pytest
 from omnistream.models.qwen3_omni import tiny
 from omnistream.models.qwen3_omni.tiny import make_tiny_model
 
-# Keyed by the builder's source so a change to the tiny model rebuilds it.
-_DIGEST = hashlib.sha256(Path(tiny.__file__).read_bytes()).hexdigest()[:12]
-CACHE = Path(__file__).resolve().parent.parent / ".cache" / f"test-tiny-model-{_DIGEST}"
+# Keyed by the builder's fingerprint (its sources) so a change to the tiny model rebuilds it.
+_CACHES = Path(__file__).resolve().parent.parent / ".cache"
+CACHE = _CACHES / f"test-tiny-model-{tiny.builder_version()}"
+ENDING_CACHE = _CACHES / f"test-tiny-model-{tiny.builder_version()}-ending"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_dir() -> str:
-    """A deterministic tiny checkpoint (seed 0), reused across sessions when already built."""
+    """A deterministic tiny checkpoint (seed 0) whose answers run to `max_tokens` and
+    `max_audio_frames` (`answers_end=False`): the fixed lengths most tests count on. Reused across
+    sessions when already built."""
     if not (CACHE / "config.json").exists():
-        make_tiny_model(CACHE, seed=0)
+        make_tiny_model(CACHE, seed=0, answers_end=False)
     return str(CACHE)
+
+
+@pytest.fixture(scope="session")
+def ending_tiny_model_dir() -> str:
+    """The tiny checkpoint `make run` serves (seed 0, the default build): its answers end by
+    themselves, in text and in speech (omnistream/models/qwen3_omni/tiny_answer_end.py)."""
+    if not (ENDING_CACHE / "config.json").exists():
+        make_tiny_model(ENDING_CACHE, seed=0)
+    return str(ENDING_CACHE)
 
 
 def pytest_configure(config) -> None:

@@ -106,7 +106,7 @@ def add_realtime_route(app: FastAPI, core: GatewayCore) -> None:
             await _refuse(
                 websocket,
                 protocol,
-                "the gateway has no healthy replica for every stage yet",
+                "no thinker replica is ready: nothing can be served now",
                 "unavailable",
                 TRY_AGAIN_LATER,
             )

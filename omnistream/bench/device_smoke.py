@@ -118,7 +118,7 @@ async def _submit(stage: str, engine, max_tokens: int, max_frames: int, prompt: 
     if stage == "thinker":
         return engine.add_request("smoke", prompt, ThinkerParams(max_tokens=max_tokens, ignore_eos=True))
     if stage == "talker":
-        out = engine.add_request("smoke", TalkerParams(max_frames=max_frames))
+        out = engine.add_request("smoke", TalkerParams(max_frames=max_frames, ignore_eos=True))
         engine.feed("smoke", list(range(5, 5 + max_frames + 4)), True, prompt_ids=prompt)
         return out
     out = engine.add_request("smoke", ChunkPlan(4, 8, 8))

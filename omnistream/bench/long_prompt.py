@@ -133,7 +133,7 @@ async def _talker(engine, short: list[int], long: list[int], running: int, warm:
     frames = engine.max_model_len - len(short) - 16
     outs = []
     for i in range(running):
-        outs.append(engine.add_request(f"run-{i}", TalkerParams(max_frames=frames)))
+        outs.append(engine.add_request(f"run-{i}", TalkerParams(max_frames=frames, ignore_eos=True)))
         engine.feed(f"run-{i}", stream, True, prompt_ids=short)
     drains = [asyncio.ensure_future(_drain(out)) for out in outs]
     states = [_state(engine, f"run-{i}") for i in range(running)]

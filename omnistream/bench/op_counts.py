@@ -115,7 +115,8 @@ def talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool 
     async def run() -> OpCounts:
         prompt = chat.encode_chat([{"role": "user", "content": "hello"}])
         for row in range(batch):
-            engine.add_request(f"r{row}", TalkerParams(max_frames=64, sampling=_sampling(row, greedy)))
+            params = TalkerParams(max_frames=64, sampling=_sampling(row, greedy), ignore_eos=True)
+            engine.add_request(f"r{row}", params)
             engine.feed(f"r{row}", list(range(5, 45)), last=False, prompt_ids=prompt)
         _prefill(engine, lambda s: s.pending_code0 is not None)
         _step(engine)  # the first frame of every row

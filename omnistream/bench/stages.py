@@ -43,7 +43,7 @@ async def _thinker(engine: ThinkerEngine, batch: int) -> None:
 async def _talker(engine: TalkerEngine, prompt: list[int], batch: int) -> None:
     outs = []
     for i in range(batch):
-        outs.append(engine.add_request(f"k{i}", TalkerParams(max_frames=48)))
+        outs.append(engine.add_request(f"k{i}", TalkerParams(max_frames=48, ignore_eos=True)))
         engine.feed(f"k{i}", list(range(5, 69)), True, prompt_ids=prompt)
     await _drain(outs)
 

@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from omnistream.cli.media import add_media_args, media_parts, user_content
+
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 
 
@@ -27,7 +29,7 @@ def add_chat_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--ca", default=None, help="CA file to trust (implies TLS)")
     p.add_argument("--cert", default=None, help="client certificate (mTLS)")
     p.add_argument("--key", default=None, help="client key (mTLS)")
-    p.add_argument("--system", default=None, help="a system prompt")
+    p.add_argument("--system", default=None, help='a system prompt (default: none; --system "": none)')
     p.add_argument("--voice", default=None)
     p.add_argument("--no-audio", action="store_true", help="text only")
     p.add_argument("--output", default="answer.wav", help="WAV of the answer (turn N: <stem>-N.wav)")
@@ -39,8 +41,7 @@ def add_chat_command(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--talker-temperature", type=float, default=None)
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None)
     p.add_argument("--codec-chunk-schedule", choices=("grow", "fixed"), default=None, help="default: grow")
-    for kind in ("audio", "image", "video"):
-        p.add_argument(f"--{kind}", action="append", default=[], help=f"attach a {kind} file (repeatable)")
+    add_media_args(p)
     p.set_defaults(func=run_chat)
 
 
@@ -68,13 +69,10 @@ class _Player:
             self._stream.close()
 
 
-def _content(text: str, args: argparse.Namespace, attach: bool) -> Any:
-    from omnistream.client import media
-
-    parts = [media(path, kind) for kind in ("audio", "image", "video") for path in getattr(args, kind)]
-    if not (attach and parts):
-        return text
-    return [*parts, {"type": "text", "text": text}]
+def system_turns(system: str | None) -> list[dict[str, Any]]:
+    """The conversation's start: the system message, or nothing when there is none or it is ""
+    (`--system ""` means "no system prompt", as for `generate`, not an empty system turn)."""
+    return [{"role": "system", "content": system}] if system else []
 
 
 def _wav_path(args: argparse.Namespace, turn: int, single: bool) -> Path:
@@ -99,7 +97,7 @@ def run_chat(args: argparse.Namespace) -> int:
         "initial_codec_chunk_frames": args.initial_codec_chunk_frames,
         "codec_chunk_schedule": args.codec_chunk_schedule,
     }
-    history: list[dict[str, Any]] = [{"role": "system", "content": args.system}] if args.system else []
+    history = system_turns(args.system)
     single = args.prompt is not None
     prompts = [args.prompt] if single else _lines()
     player = _Player() if args.play else None
@@ -107,10 +105,11 @@ def run_chat(args: argparse.Namespace) -> int:
     try:
         for prompt in prompts:
             if prompt.strip() == "/reset":
-                history = history[:1] if args.system else []
+                history = system_turns(args.system)
                 continue
             turn += 1
-            history.append({"role": "user", "content": _content(prompt, args, attach=turn == 1)})
+            parts = media_parts(args) if turn == 1 else []  # the files go with the first turn
+            history.append({"role": "user", "content": user_content(prompt, parts)})
             result, started = Result(), time.perf_counter()
             first_text = first_audio = None
             for event in client.generate(history, **options):

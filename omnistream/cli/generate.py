@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from omnistream.audio.wav import write_float32_wav
+from omnistream.cli.media import MEDIA_FLAGS, decode_media, encoded_parts, media_parts, user_content
 from omnistream.engine.load_options import LoadOptions, stage_devices
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
@@ -27,9 +28,11 @@ def checkpoint_voices(model_dir: str | Path) -> tuple[str, ...]:
 
 
 def request_input_from_args(args: argparse.Namespace) -> RequestInput:
-    """The flags as given: argparse defaults are None, so what the user left out stays "not given"."""
+    """The flags as given: argparse defaults are None, so what the user left out stays "not given".
+    Media files are still encoded here (`run_generate` decodes them, as the gateway would)."""
+    parts = encoded_parts(media_parts(args)) if any(getattr(args, k, None) for k in MEDIA_FLAGS) else []
     return RequestInput(
-        messages=[{"role": "user", "content": args.prompt}],
+        messages=[{"role": "user", "content": user_content(args.prompt, parts)}],
         system=args.system,
         max_tokens=args.max_tokens,
         ignore_eos=args.ignore_eos,
@@ -63,6 +66,7 @@ def request_from_args(
 
 async def run_generate(args: argparse.Namespace) -> int:
     request = request_from_args(args)
+    await decode_media(request.messages, request.use_audio_in_video)
     out = Path(args.output_dir)
     out.mkdir(parents=True, exist_ok=True)
 

@@ -10,6 +10,7 @@ import sys
 
 from omnistream.cli import services as cli_services
 from omnistream.cli.common import add_model_args, ensure_default_model
+from omnistream.cli.media import add_media_args
 
 
 def _add_request_args(p: argparse.ArgumentParser) -> None:
@@ -18,7 +19,11 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
     from omnistream.request.chunk_plan import SCHEDULES
     from omnistream.request.defaults import DEFAULTS as D
 
-    p.add_argument("--system", default=None, help="system prompt, sent as a system message (default: none)")
+    p.add_argument(
+        "--system",
+        default=None,
+        help='system prompt, sent as a system message (default: none; --system "" also means none)',
+    )
     p.add_argument(
         "--mode",
         default=None,
@@ -75,7 +80,12 @@ def cmd_make_tiny_model(args: argparse.Namespace) -> int:
     from omnistream.models.family import DEFAULT_FAMILY, family_named
 
     path = family_named(DEFAULT_FAMILY).make_tiny(
-        args.dir, seed=args.seed, hidden_size=args.hidden_size, layers=args.layers, experts=args.experts
+        args.dir,
+        seed=args.seed,
+        hidden_size=args.hidden_size,
+        layers=args.layers,
+        experts=args.experts,
+        answers_end=args.answers_end,
     )
     print(path)
     return 0
@@ -99,11 +109,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden-size", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--experts", type=int, default=4)
+    p.add_argument(
+        "--no-answers-end",
+        dest="answers_end",
+        action="store_false",
+        help="keep the purely random weights, whose answers run to max_tokens / max_audio_frames",
+    )
     p.set_defaults(func=cmd_make_tiny_model)
 
     p = sub.add_parser("generate", help="run one request through the in-process pipeline")
     add_model_args(p)
     p.add_argument("--prompt", required=True)
+    add_media_args(p)  # the same files as `omnistream chat` takes (omnistream/cli/media.py)
     _add_request_args(p)
     p.add_argument("--output-dir", required=True)
     p.set_defaults(func=cmd_generate)

@@ -119,7 +119,7 @@ class RequestInput:
     # encoded file until `GatewayCore.open` decodes them).
     messages: Sequence[dict[str, Any]] | None = None
     prompt_ids: Sequence[int] | None = None
-    system: str | None = None  # prepended as a system message (`generate --system`)
+    system: str | None = None  # prepended as a system message (`generate --system`); "": none
     max_tokens: int | None = None
     ignore_eos: bool | None = None
     temperature: float | None = None
@@ -148,7 +148,7 @@ def _given(value: Any, default: Any) -> Any:
 
 def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, Any]] | None:
     if given.messages is None:
-        if given.system is not None:
+        if given.system:
             raise InvalidRequest("a system prompt needs messages, not prompt_ids", field="system")
         return None
     messages = [{"role": m["role"], "content": m["content"]} for m in given.messages]
@@ -156,6 +156,8 @@ def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, Any]] |
         if message["role"] not in ROLES:
             raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", field="messages")
     system = _given(given.system, defaults.system_prompt)
+    if system == "":  # `--system ""`: no system message at all (not an empty one), whatever the table says
+        system = None
     # The table's system prompt only fills in for a sender who gave none; an explicit one always goes.
     if system is not None and (given.system is not None or not any(m["role"] == "system" for m in messages)):
         messages.insert(0, {"role": "system", "content": system})

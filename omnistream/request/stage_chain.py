@@ -53,6 +53,7 @@ class TalkerParams:
     speaker: str = DEFAULT_SPEAKER
     max_frames: int = 4096
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    ignore_eos: bool = False  # exactly max_frames: the end-of-speech code is never chosen
 
 
 @dataclass(frozen=True)
@@ -71,7 +72,9 @@ class StageOpens:
 
 def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpens:
     audio = TALKER in stages_for(request)
-    talker = TalkerParams(request.speaker, request.max_audio_frames, request.talker_sampling)
+    talker = TalkerParams(
+        request.speaker, request.max_audio_frames, request.talker_sampling, request.ignore_eos
+    )
     return StageOpens(
         thinker=ThinkerParams(
             request.max_tokens,

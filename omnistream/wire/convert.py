@@ -243,6 +243,7 @@ def talker_open_proto(rid: str, opens: StageOpens) -> stage_pb2.TalkerOpen:
         chunk_frames=opens.plan.chunk,
         left_context_frames=opens.plan.left_context,
         chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
+        ignore_eos=opens.talker.ignore_eos,
     )
 
 

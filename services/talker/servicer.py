@@ -60,6 +60,7 @@ class TalkerServicer(StageServicer):
             speaker=open_.speaker or self.engine.default_speaker,
             max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
             sampling=sampling_from_proto(open_.sampling, "talker_"),
+            ignore_eos=open_.ignore_eos,
         )
         out = self.engine.add_request(rid, params)
         hold = InputHold(mode, TalkerFeed.merge)

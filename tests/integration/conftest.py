@@ -85,6 +85,18 @@ def stages(tiny_model_dir):
             service.stop()
 
 
+@pytest.fixture(scope="session")
+def ending_stages(ending_tiny_model_dir):
+    """The three stages on the tiny checkpoint `make run` serves, whose answers end by themselves
+    (the `stages` fixture's run to their limits, for fixed lengths)."""
+    services = start_services({s: stage_args(s, ending_tiny_model_dir) for s in STAGES})
+    try:
+        yield services
+    finally:
+        for service in services.values():
+            service.stop()
+
+
 def metric(service: ServiceProcess, name: str) -> float:
     """Sum of a metric's samples on the service's /metrics endpoint."""
     return metric_at(f"http://{service.connect_host}:{service.metrics_port}/metrics", name)

@@ -8,7 +8,8 @@ hears the spoken turn, the answer's audio is played by the page's AudioWorklet (
 samples it rendered), both sides show in the transcript, and the next repetition of the speech,
 arriving while the answer still plays, barges in: playback stops at once, the server cancels the
 answer and truncates it. Before that, in push-to-talk mode, a typed message with an image and a turn
-spoken while Space is held on the talk button get answers, each stopped with Escape.
+spoken while Space is held on the talk button get answers, each stopped with Escape. On the tiny
+checkpoint `make run` serves, an answer ends by itself and the page is "Ready" again.
 No console error may appear on the way. Screenshots of each state go to out/test-artifacts/playground/.
 """
 
@@ -74,6 +75,14 @@ def _tiny_png() -> bytes:
 @pytest.fixture(scope="module")
 def gateway(stages, tmp_path_factory):
     with configured_gateway(stages, tmp_path_factory.mktemp("playground"), {"api_key": API_KEY}) as service:
+        yield service
+
+
+@pytest.fixture(scope="module")
+def ending_gateway(ending_stages, tmp_path_factory):
+    """A gateway over the tiny checkpoint whose answers end (what `make run` serves)."""
+    directory = tmp_path_factory.mktemp("playground-ending")
+    with configured_gateway(ending_stages, directory, {"api_key": API_KEY}) as service:
         yield service
 
 
@@ -250,6 +259,42 @@ def test_spoken_turn_is_played_transcribed_and_barged_in(gateway, browser):
         errors = page.evaluate("window.playground.serverErrors")
         assert errors == [], json.dumps(errors)
         assert page.evaluate("window.playground.error") is None
+        assert console.errors == []
+    finally:
+        page.close()
+
+
+def test_an_answer_ends_by_itself_and_the_page_is_ready_again(ending_gateway, browser):
+    """`make run`'s model: a typed question's spoken answer ends (seconds, not minutes), is played
+    to its end, and the page goes back from speaking to ready (push to talk) / listening (VAD)."""
+    page = browser.new_page()
+    try:
+        console = Console(page)
+        page.goto(gateway_url(ending_gateway) + "/")
+        _wait(page, "window.playground !== undefined")
+        page.fill("#api-key", API_KEY)
+        page.click("summary")
+        page.fill("#extra", json.dumps({"omnistream": {"seed": 5}}))
+        page.check("input[name=mode][value=ptt]")
+        page.click("#connect")
+        _wait(page, "window.playground.state === 'ready'")
+        page.fill("#message", "Tell me about the sea.")
+        page.press("#message", "Enter")
+        _wait(page, "window.playground.metrics.length === 1")  # response.done: generation ended
+        assert page.evaluate("window.playground.metrics[0].status") == "completed"
+        _wait(page, "window.playground.stats.samplesPlayed > 0")
+        # Played to its end, then ready: no Escape, no barge-in.
+        _wait(page, "window.playground.state === 'ready'", timeout=30_000)
+        _shot(page, "answer-ended")
+        played = page.evaluate("window.playground.stats.samplesPlayed") / 24000
+        assert 0 < played < 10, played
+        assert page.evaluate("window.playground.stats.bargeIns") == 0
+        answer = [e for e in page.evaluate("window.playground.transcript()") if e["role"] == "assistant"]
+        assert len(answer) == 1 and answer[0]["status"] in (None, "", "completed"), answer
+        # Hands-free mode: the same page listens again.
+        page.check("input[name=mode][value=vad]")
+        _wait(page, "window.playground.state === 'listening'")
+        assert page.evaluate("window.playground.serverErrors") == []
         assert console.errors == []
     finally:
         page.close()

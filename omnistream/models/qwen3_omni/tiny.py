@@ -307,14 +307,15 @@ def write_processor_config(directory: Path) -> None:
     (directory / "chat_template.jinja").write_text(CHAT_TEMPLATE)
 
 
-def _zero_uninitialized(model) -> None:
-    """transformers leaves some parameters (the talker's MoE experts) as `torch.empty` memory: a few
-    denormal bits of garbage that differ from build to build. Zero them (what they nearly are), so a
-    seed makes the same checkpoint, byte for byte."""
-    with torch.no_grad():
-        for param in model.parameters():
-            if param.numel() and not bool((param.abs() > 1e-30).any()):
-                param.zero_()
+class _ZeroedEmpty(torch.overrides.TorchFunctionMode):
+    """transformers leaves some parameters (the talker's MoE experts) as `torch.empty` memory: a
+    fresh process's denormal bits, or what an earlier build in the process freed. Under this mode
+    that is zeros: a seed makes the same checkpoint byte for byte, however many came before it."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.empty:
+            func = torch.zeros
+        return func(*args, **(kwargs or {}))
 
 
 def _rescale_code2wav(model, target_rms: float, seed: int) -> None:
@@ -337,14 +338,17 @@ def make_tiny_model(
     layers: int = 2,
     experts: int = 4,
     code_predictor_layers: int = 1,
+    answers_end: bool = True,
 ) -> Path:
     """Write a deterministic tiny checkpoint (config, safetensors, tokenizer) into `directory`.
-    `code_predictor_layers=5` gives the real model's code-predictor depth (the talker frame's op
-    count grows with it: 15 steps x layers)."""
+    `code_predictor_layers=5`: the real code-predictor depth (the frame's op count grows with it).
+    `answers_end=False` keeps the purely random thinker and talker, which run to `max_tokens` /
+    `max_audio_frames` (fixed lengths; tiny_answer_end.py)."""
     from transformers import Qwen3OmniMoeForConditionalGeneration
 
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    from omnistream.models.qwen3_omni.tiny_answer_end import make_answers_end
+
+    (directory := Path(directory)).mkdir(parents=True, exist_ok=True)
     ids = build_tokenizer(directory)
     write_processor_config(directory)
     config = tiny_config(
@@ -355,9 +359,11 @@ def make_tiny_model(
         code_predictor_layers=code_predictor_layers,
     )
     torch.manual_seed(seed)
-    model = Qwen3OmniMoeForConditionalGeneration(config).eval()
-    _zero_uninitialized(model)
+    with _ZeroedEmpty():
+        model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     _rescale_code2wav(model, target_rms=0.1, seed=seed)
+    if answers_end:
+        make_answers_end(model, directory)
     model.save_pretrained(str(directory))
     (directory / "omnistream_tiny.json").write_text(
         json.dumps(
@@ -367,6 +373,7 @@ def make_tiny_model(
                 "layers": layers,
                 "experts": experts,
                 "code_predictor_layers": code_predictor_layers,
+                "answers_end": answers_end,
                 "builder": builder_version(),
             }
         )
@@ -375,9 +382,13 @@ def make_tiny_model(
 
 
 def builder_version() -> str:
-    """This builder's fingerprint (its source): a tiny checkpoint from another version of it may
-    lack files the code now reads (e.g. the processor configs), so it is rebuilt, not trusted."""
-    return hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:12]
+    """This builder's fingerprint (its source and the talker rewiring's): a tiny checkpoint from
+    another version may lack files the code now reads (e.g. the processor configs) or behave
+    otherwise (a talker that never ends), so it is rebuilt, not trusted."""
+    digest = hashlib.sha256()
+    for name in ("tiny.py", "tiny_answer_end.py"):
+        digest.update((Path(__file__).parent / name).read_bytes())
+    return digest.hexdigest()[:12]
 
 
 def is_current(directory: str | Path) -> bool:

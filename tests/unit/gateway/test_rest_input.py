@@ -18,6 +18,7 @@ from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.core import GatewayCore, check_prompt_size
 from gateway.deployment import Deployment
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import Readiness
 from gateway.request_guards import first_invalid_unicode, is_valid_unicode, printable
 from gateway.rest import build_app
 from omnistream.pipeline import GenerationRequest
@@ -34,7 +35,7 @@ class FakeCore(GatewayCore):
     """The real `validate` (limits, prompt size) without replicas: `open` records what passed
     validation and then answers 503, so a test sees whether a request would have reached a stage."""
 
-    def __init__(self, config: GatewayConfig, ready: bool = True) -> None:
+    def __init__(self, config: GatewayConfig, ready: bool | set[str] = True) -> None:
         self.config = config
         self.deployment = deployment()
         self.metrics = GatewayMetrics()
@@ -43,8 +44,10 @@ class FakeCore(GatewayCore):
         self._ready = ready
 
     @property
-    def ready(self) -> bool:
-        return self._ready
+    def readiness(self) -> Readiness:
+        """`ready`: every stage up (True), none (False), or the set of stages that are up."""
+        up = self._ready
+        return Readiness.of(lambda stage: up if isinstance(up, bool) else stage in up)
 
     async def open(self, request, request_id=None, timeout=None):
         self.validate(request)
@@ -52,7 +55,7 @@ class FakeCore(GatewayCore):
         raise Unavailable("no stages in this test")
 
 
-def make_client(ready: bool = True, **limits) -> tuple[TestClient, FakeCore]:
+def make_client(ready: bool | set[str] = True, **limits) -> tuple[TestClient, FakeCore]:
     core = FakeCore(GatewayConfig(**STAGES, **limits), ready=ready)
     return TestClient(build_app(core), raise_server_exceptions=False), core
 
@@ -269,6 +272,19 @@ def test_not_ready_is_503_json_on_ready_and_on_the_api():
     assert error_of(ready)["code"] == "unavailable"
     reply = client.post(CHAT, json={"messages": MESSAGES})
     assert reply.status_code == 503 and error_of(reply)["type"] == "service_unavailable"
+
+
+def test_ready_reports_what_each_kind_of_request_needs():
+    client, _ = make_client(ready={"thinker"})
+    ready = client.get("/ready")
+    assert ready.status_code == 200  # text can be served
+    assert ready.json()["serves"] == {"text": True, "audio": False}
+    assert ready.json()["missing"] == {"audio": ["talker", "code2wav"]}
+    client, _ = make_client(ready={"talker", "code2wav"})
+    ready = client.get("/ready")
+    assert ready.status_code == 503 and ready.json()["serves"] == {"text": False, "audio": False}
+    assert ready.json()["missing"] == {"text": ["thinker"], "audio": ["thinker"]}
+    assert "thinker" in error_of(ready)["message"]
 
 
 def test_models_lists_what_the_stages_said_and_nothing_before():

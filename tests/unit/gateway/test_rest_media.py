@@ -13,6 +13,7 @@ from gateway.config import GatewayConfig
 from gateway.core import GatewayCore, check_message_size
 from gateway.media_decoder import MediaDecoder
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import Readiness
 from gateway.rest import build_app
 from omnistream.request.errors import TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
@@ -41,8 +42,8 @@ class MediaCore(GatewayCore):
         self.opened: list[GenerationRequest] = []
 
     @property
-    def ready(self) -> bool:
-        return True
+    def readiness(self) -> Readiness:
+        return Readiness.of(lambda stage: True)
 
     async def open(self, request, request_id=None, timeout=None):
         await self.prepare(request)

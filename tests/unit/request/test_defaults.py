@@ -213,6 +213,18 @@ def test_a_system_prompt_is_added_only_when_given() -> None:
     assert resolve(RequestInput(messages=own), defaults=table).messages == own
 
 
+def test_an_empty_system_prompt_means_no_system_message() -> None:
+    # `generate --system ""`: no system turn at all (an empty one still costs its framing tokens),
+    # and it also overrides a table's default prompt.
+    assert resolve(RequestInput(messages=HI, system="")).messages == HI
+    table = Defaults(system_prompt="You are a helpful assistant.")
+    assert resolve(RequestInput(messages=HI, system=""), defaults=table).messages == HI
+    # With prompt_ids there is nothing to add it to, and nothing to refuse either.
+    assert resolve(RequestInput(prompt_ids=[1, 2], system="")).messages is None
+    with pytest.raises(InvalidRequest):
+        resolve(RequestInput(prompt_ids=[1, 2], system="Be brief."))
+
+
 @pytest.mark.parametrize(
     ("voices", "expected"),
     [((), "ethan"), (("chelsie", "Ethan"), "ethan"), (("zoe", "max"), "zoe")],

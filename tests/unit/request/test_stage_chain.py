@@ -89,3 +89,15 @@ def test_a_given_answer_reaches_the_thinker_open_and_its_wire_form():
     assert wire.assistant_text == "Hi <|im_end|>!"
     plain = GenerationRequest(messages=[{"role": "user", "content": "hi"}])
     assert thinker_open_proto("r", stage_opens(plain, ChunkPlan()), plain.messages, None).assistant_text == ""
+
+
+def test_ignore_eos_reaches_the_talker_open_and_its_wire_form():
+    """A fixed-length request (the benchmark's) must not end at the talker's EOS either."""
+    from omnistream.wire.convert import talker_open_proto
+
+    for ignore in (True, False):
+        request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], ignore_eos=ignore)
+        opens = stage_opens(request, ChunkPlan())
+        assert opens.thinker.ignore_eos is ignore and opens.talker is not None
+        assert opens.talker.ignore_eos is ignore
+        assert talker_open_proto("r", opens).ignore_eos is ignore

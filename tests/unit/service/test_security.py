@@ -15,6 +15,7 @@ from gateway.config import GatewayConfig
 from gateway.main import config_from_args
 from gateway.main_args import add_arguments
 from gateway.metrics import GatewayMetrics
+from gateway.readiness import Readiness
 from gateway.rest import build_app
 from omnistream.request.errors import STATUS_TABLE, Unauthenticated, from_grpc, status_of
 from omnistream.service.security import (
@@ -115,6 +116,7 @@ def _app(api_key: str | None) -> TestClient:
     core = SimpleNamespace(
         config=config,
         ready=True,
+        readiness=Readiness.of(lambda stage: True),
         replicas=SimpleNamespace(snapshot=lambda: {}),
         metrics=GatewayMetrics(),
         deployment=deployment(),

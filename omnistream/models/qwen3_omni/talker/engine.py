@@ -45,6 +45,7 @@ from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
+from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
 from omnistream.models.qwen3_omni.talker.prompt import (
@@ -134,6 +135,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
         # over the request's codebook-0 history) and the code predictor's groups.
         self.sampler = BatchSampler(vocab, options.device, slots=slots, suppress=self.suppress)
+        self.eos_mask = EosMask(vocab, self.codec_eos, slots, options.device)  # ignore_eos requests
         self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
         self.frame: StaticTalkerFrame | None = None
         if static:
@@ -144,6 +146,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                 self.cache,
                 self.sampler,
                 self.cp_sampler,
+                eos_mask=self.eos_mask,
                 graph_buckets=graph_buckets,
                 cuda_graphs=options.graphs,
             )

@@ -52,6 +52,7 @@ from omnistream.engine.batch_sampler import BatchSampler, RowSampling, StepKnobs
 from omnistream.engine.capture import capturable
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.models.qwen3_omni.talker.code_predictor import CAPTURE_WARMUP_RUNS, CodePredictorRunner
+from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.prompt import TTS_EOS, TTS_PAD, TalkerPromptBuilder
 from omnistream.request.sampling_params import SamplingParams
 
@@ -107,6 +108,7 @@ class StaticTalkerFrame:
         cache: SlotKVCache,
         sampler: BatchSampler,
         cp_sampler: BatchSampler,
+        eos_mask: EosMask | None = None,
         graph_buckets: bool = False,
         cuda_graphs: bool = False,
     ) -> None:
@@ -119,6 +121,7 @@ class StaticTalkerFrame:
         self.cache = cache
         self.sampler = sampler
         self.cp_sampler = cp_sampler
+        self.eos_mask = eos_mask
         self.graph_buckets = graph_buckets
         self.device = cache.device
         self.scratch = cache.allocate()  # padding rows of a bucket read and write only here
@@ -271,6 +274,8 @@ class StaticTalkerFrame:
             )
             hidden = out.last_hidden_state[:, -1:]
             logits = self.talker.codec_head(hidden[:, -1])
+            if self.eos_mask is not None:
+                logits = self.eos_mask.apply(logits, slots)
             code0 = self.sampler.sample(logits, knobs, slots, noise=None if noise is None else noise[:, 0])
             self.hidden.index_copy_(0, slots, hidden)
             return code0

@@ -25,7 +25,6 @@ CODE_PREDICTOR_SAMPLING = SamplingParams(
 )
 
 
-
 class FrameSteps:
     """The frame half of `TalkerEngine`."""
 
@@ -78,7 +77,7 @@ class FrameSteps:
         """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
         ids to the host). The penalty covers the request's codebook-0 history, kept as its slot's
         presence mask, which its first frame starts afresh."""
-        logits = self.talker.codec_head(hidden[:, -1])
+        logits = self.eos_mask.apply(self.talker.codec_head(hidden[:, -1]), self.cache.rows)
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:

@@ -73,6 +73,7 @@ class DeadlineSchedule:
         for state, _ in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
+                self.eos_mask.set(state.slot, state.params.ignore_eos)
         if not (prefill or predict or decode):
             return None
         self._deferred(deferred)

@@ -89,7 +89,7 @@ def deep_model_dir(tiny_model_dir) -> str:
 
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(tiny, "tiny_config", deeper)
-            tiny.make_tiny_model(directory, seed=0, layers=4)
+            tiny.make_tiny_model(directory, seed=0, layers=4, answers_end=False)
     return str(directory)
 
 
