@@ -34,7 +34,7 @@ from gateway.wiring import StageStubs, run_stages
 from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.request.errors import InvalidRequest, OmniError, TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
-from omnistream.request.media import text_of
+from omnistream.request.media import media_kinds, text_of
 from omnistream.request.stage_chain import stages_for
 from omnistream.service.security import channel_credentials
 from omnistream.wire.chunk_key import validate_request_id
@@ -223,6 +223,7 @@ class GatewayCore:
         # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
         plan = self.chunk_plan(request, permit)
         stages = stages_for(request)
+        kinds = media_kinds(request.messages)  # the thinker picked must take them all
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
         deadline = asyncio.get_running_loop().time() + timeout
         # A replica that is down is found when its stage does not accept the open message; nothing
@@ -230,7 +231,7 @@ class GatewayCore:
         attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in stages))
         for attempt in range(attempts):
             try:
-                picked = [self.replicas.pick(stage) for stage in stages]
+                picked = [self.replicas.pick(s, kinds if s == "thinker" else frozenset()) for s in stages]
             except Unavailable:
                 permit.release()
                 self.metrics.in_flight.dec()

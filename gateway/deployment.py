@@ -8,13 +8,16 @@ rotation): mixing checkpoints or protocol versions would answer some requests wi
 another voice set, or codes the next stage cannot decode.
 
 Limits and the software version may differ between replicas: hardware differs, and a rolling
-upgrade runs two releases side by side (the chunk protocol version is what must match).
+upgrade runs two releases side by side (the chunk protocol version is what must match). So may the
+input modalities of thinkers: a transformers thinker takes audio, images and video, a vLLM one text
+only; the deployment takes what its thinkers in rotation take between them, and each request goes
+to a thinker that takes all of its media (gateway/replicas.py).
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from omnistream.request.stage_chain import STAGES
@@ -38,7 +41,6 @@ SAME_STAGE_FIELDS = (
     "sample_rate",
     "codebooks",
     "frames_per_second",
-    "input_modalities",
 )
 # Every stage must agree with every other on these: one model, one protocol.
 SHARED_FIELDS = ("model_id", "family", "chunk_protocol_version")
@@ -92,6 +94,8 @@ class Deployment:
 
     def __init__(self) -> None:
         self.accepted: dict[str, StageInfo] = {}
+        # What the thinkers in rotation take between them (set by Replicas); None: the first's.
+        self.thinker_modalities: Callable[[], tuple[str, ...] | None] | None = None
 
     def admit(self, stage: str, info: StageInfo) -> str | None:
         """Accept `info` (the first of its stage becomes the deployment's), or return why not."""
@@ -141,8 +145,11 @@ class Deployment:
 
     @property
     def input_modalities(self) -> tuple[str, ...] | None:
-        """What the thinker takes in a prompt ("text", "audio", ...); None until one was accepted."""
-        modalities = self._first("input_modalities", "thinker")
+        """What the thinkers take in a prompt ("text", "audio", ...), all those in rotation
+        together; None until one was accepted."""
+        modalities = self.thinker_modalities() if self.thinker_modalities is not None else None
+        if modalities is None:
+            modalities = self._first("input_modalities", "thinker")
         return None if modalities is None else tuple(modalities)
 
     @property
@@ -162,7 +169,7 @@ class Deployment:
             voices=self.voices or (),
             sample_rate=self.sample_rate or 0,
             frames_per_second=self._first("frames_per_second", "code2wav", "talker") or 0.0,
-            input_modalities=self._first("input_modalities", "thinker") or (),
+            input_modalities=self.input_modalities or (),
             output_modalities=self.output_modalities,
             stages=[self.accepted[s] for s in STAGES if s in self.accepted],
         )

@@ -81,17 +81,44 @@ class Replica:
     def in_rotation(self) -> bool:
         return self.healthy and self.accepted
 
+    @property
+    def input_modalities(self) -> frozenset[str]:
+        """What its Info says it takes in a prompt (a thinker; empty for the other stages)."""
+        return frozenset(self.info.input_modalities) if self.info is not None else frozenset()
+
+    def takes(self, kinds: frozenset[str]) -> bool:
+        """Does it take every one of `kinds` (media in a prompt)? An Info that names no modalities
+        (an older stage) is taken to accept whatever the deployment does, as before."""
+        return not kinds or not self.input_modalities or kinds <= self.input_modalities
+
 
 @dataclass
 class ReplicaSet:
     stage: str
     replicas: list[Replica] = field(default_factory=list)
 
-    def pick(self) -> Replica:
-        usable = [r for r in self.replicas if r.in_rotation]
-        if not usable:
+    def pick(self, kinds: frozenset[str] = frozenset()) -> Replica:
+        """The least-loaded replica in rotation that takes every one of `kinds` (the request's media:
+        a deployment may mix thinkers that take media with text-only ones, e.g. vLLM's)."""
+        rotation = [r for r in self.replicas if r.in_rotation]
+        if not rotation:
             raise Unavailable(f"no healthy {self.stage} replica")
+        usable = [r for r in rotation if r.takes(kinds)]
+        if not usable:
+            raise Unavailable(
+                f"no healthy {self.stage} replica takes {' and '.join(sorted(kinds))} input now "
+                f"(the {len(rotation)} in rotation take: "
+                f"{', '.join(sorted(set().union(*(r.input_modalities for r in rotation))))})"
+            )
         return min(usable, key=lambda r: (r.inflight, r.served))
+
+    def input_modalities(self) -> tuple[str, ...] | None:
+        """What the replicas in rotation take between them, in Info order (None: none reported)."""
+        seen: dict[str, None] = {}
+        for replica in self.replicas:
+            if replica.in_rotation and replica.info is not None:
+                seen.update(dict.fromkeys(replica.info.input_modalities))
+        return tuple(seen) or None
 
     @property
     def any_in_rotation(self) -> bool:
@@ -126,6 +153,7 @@ class Replicas:
         self.server_name = server_name
         self.resolver = resolver
         self.sets = {stage: ReplicaSet(stage) for stage in STUBS}
+        self.deployment.thinker_modalities = self.sets["thinker"].input_modalities
         self.targets = [
             Target.parse(stage, entry) for stage, entries in addresses.items() for entry in entries
         ]
@@ -166,8 +194,8 @@ class Replicas:
         if not any(r.accepted for r in keep):
             self.deployment.forget(stage)
 
-    def pick(self, stage: str) -> Replica:
-        return self.sets[stage].pick()
+    def pick(self, stage: str, kinds: frozenset[str] = frozenset()) -> Replica:
+        return self.sets[stage].pick(kinds)
 
     @property
     def ready(self) -> bool:

@@ -75,6 +75,17 @@ def text_of(content: str | Sequence[Mapping[str, Any]]) -> str:
     return "".join(p["text"] for p in parts_of(content) if p["type"] == "text")
 
 
+def media_kinds(messages: Sequence[Mapping[str, Any]] | None) -> frozenset[str]:
+    """The kinds of media a conversation holds ("audio", "image", "video"), encoded or decoded:
+    what a thinker replica must take to serve it (gateway replica choice)."""
+    return frozenset(
+        part["type"]
+        for message in messages or ()
+        for part in parts_of(message["content"])
+        if part["type"] in MEDIA_TYPES
+    )
+
+
 def has_media(messages: Sequence[Mapping[str, Any]] | None) -> bool:
     return next(media_of(messages), None) is not None
 

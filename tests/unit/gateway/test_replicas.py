@@ -265,3 +265,54 @@ async def test_a_replica_that_disagrees_stays_out_until_the_deployment_it_disagr
         assert replicas.deployment.voices == ("vivian",)
     finally:
         await replicas.stop()
+
+
+ALL_MEDIA = ["text", "audio", "image", "video"]
+
+
+async def test_thinkers_that_take_different_media_share_a_deployment_and_each_request_goes_to_one_that_takes_its_media(
+    monkeypatch,
+):
+    """A transformers thinker (text and media) beside a vLLM one (text only): both join, the
+    deployment takes what they take between them, text goes to either (least loaded), media only
+    to the one that takes it, and with it gone media gets 503 naming what is missing."""
+    media_thinker = "127.0.0.1:7001"
+
+    async def check(self, replica) -> None:
+        replica.healthy = True
+        taken = ALL_MEDIA if replica.address == media_thinker else ["text"]
+        extra = {"input_modalities": taken} if replica.stage == "thinker" else {}
+        replica.info = stage_info(replica.stage, **extra)
+
+    monkeypatch.setattr(Replicas, "check", check)
+    replicas = Replicas(
+        {
+            "thinker": [media_thinker, "127.0.0.1:7011"],
+            "talker": ["127.0.0.1:7002"],
+            "code2wav": ["127.0.0.1:7003"],
+        },
+        1024,
+    )
+    await replicas.start()
+    try:
+        thinkers = {r["address"]: r for r in replicas.snapshot()["thinker"]}
+        assert all(t["in_rotation"] and t["refused"] is None for t in thinkers.values())
+        assert replicas.deployment.input_modalities == tuple(ALL_MEDIA)
+        assert list(replicas.deployment.to_proto().input_modalities) == ALL_MEDIA
+
+        texts = set()
+        for _ in range(4):  # least loaded: text alternates between the two
+            replica = replicas.pick("thinker")
+            replica.served += 1
+            texts.add(replica.address)
+        assert texts == {media_thinker, "127.0.0.1:7011"}
+        for kinds in ({"image"}, {"audio", "video"}):
+            assert replicas.pick("thinker", frozenset(kinds)).address == media_thinker
+
+        replicas.sets["thinker"].replicas[0].healthy = False  # the media thinker is down
+        assert replicas.deployment.input_modalities == ("text",)
+        assert replicas.pick("thinker").address == "127.0.0.1:7011"
+        with pytest.raises(Unavailable, match="no healthy thinker replica takes image input now"):
+            replicas.pick("thinker", frozenset({"image"}))
+    finally:
+        await replicas.stop()
