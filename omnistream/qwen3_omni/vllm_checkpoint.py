@@ -12,12 +12,14 @@ the audio and vision towers out. One more step for small test models: vLLM's CPU
 take head sizes of 32 and up (`SUPPORTED_HEAD_DIMS`), and the tiny checkpoint's are 16. Such heads
 are widened with zero dimensions (`pad_heads`): each original rotary pair (i, i + D/2) sits at
 (i r, P/2 + i r) of the P = r D wide head, where the RoPE frequency is the same, the other slots are
-zero in q, k and v and read by nothing in o_proj; the k norm's weight is divided by sqrt(r), which
-undoes both the wider RMS (its mean is over r times more, all-zero, slots) and the wider softmax
-scale 1/sqrt(P). What is left is the norm's epsilon acting at 1/r of its weight: a ~1e-7 relative
-change, float32 noise. The real checkpoint (head_dim 128) is copied unchanged. It is deterministic (sorted tensors, fixed metadata) and
-cached next to the source (`<model>-vllm-thinker/`), keyed by this module's source and the source
-checkpoint's config and weight files, so a rebuilt tiny model or a new converter rebuilds it.
+zero in q, k and v and read by nothing in o_proj. The q/k norms' RMS over P slots is 1/sqrt(r) of the
+one over D, so q and k come out sqrt(r) larger: q's factor is what the wider softmax scale 1/sqrt(P)
+takes back, and k's weight is divided by sqrt(r) to take back its own. What is left is the norm's
+epsilon acting at 1/r of its weight: a ~1e-7 relative change, float32 noise. The real checkpoint (head_dim 128) is copied unchanged.
+
+It is deterministic (sorted tensors, fixed metadata) and cached next to the source
+(`<model>-vllm-thinker/`), keyed by this module's source and the source checkpoint's config and
+weight files, so a rebuilt tiny model or a new converter rebuilds it.
 
 Self-contained on purpose (json, safetensors, torch only; no transformers): it runs in the vLLM
 environment, whose transformers is older than the project's.
@@ -40,7 +42,13 @@ STAMP = "omnistream_vllm_thinker.json"
 SUFFIX = "-vllm-thinker"
 # Tokenizer files copied as they are (vLLM runs with skip_tokenizer_init, but a person pointing
 # vLLM's own server at the directory gets the same tokenizer and chat template).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "vocab.json", "merges.txt")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "chat_template.jinja",
+    "vocab.json",
+    "merges.txt",
+)
 # Text-model config keys that carry over to Qwen3MoeConfig unchanged.
 TEXT_KEYS = (
     "vocab_size",
@@ -151,7 +159,8 @@ def text_config(config: dict[str, Any]) -> dict[str, Any]:
     rope = dict(text.get("rope_parameters") or text.get("rope_scaling") or {})
     theta = rope.get("rope_theta", text.get("rope_theta", 10000.0))
     if rope.get("rope_type", rope.get("type", "default")) not in ("default", "mrope"):
-        raise ValueError(f"the thinker's rope type {rope.get('rope_type')!r} has no text-only equivalent here")
+        kind = rope.get("rope_type")
+        raise ValueError(f"the thinker's rope type {kind!r} has no text-only equivalent here")
     out = {key: text[key] for key in TEXT_KEYS if key in text}
     eos = config.get("im_end_token_id", text.get("eos_token_id"))
     out.update(
@@ -190,7 +199,8 @@ def convert(model_dir: str | Path, output: str | Path) -> Path:
     model_dir, output = Path(model_dir), Path(output)
     config = json.loads((model_dir / "config.json").read_text())
     if config.get("model_type") != "qwen3_omni_moe":
-        raise ValueError(f"{model_dir} is not a Qwen3-Omni checkpoint (model_type {config.get('model_type')!r})")
+        kind = config.get("model_type")
+        raise ValueError(f"{model_dir} is not a Qwen3-Omni checkpoint (model_type {kind!r})")
     tensors = {}
     for path in _weight_files(model_dir):
         with safe_open(str(path), "pt") as f:
@@ -205,12 +215,14 @@ def convert(model_dir: str | Path, output: str | Path) -> Path:
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{output.name}.", dir=output.parent))
     try:
-        save_file(dict(sorted(tensors.items())), str(staging / "model.safetensors"), metadata={"format": "pt"})
+        weights = dict(sorted(tensors.items()))
+        save_file(weights, str(staging / "model.safetensors"), metadata={"format": "pt"})
         (staging / "config.json").write_text(json.dumps(text_config(config), indent=2, sort_keys=True) + "\n")
         for name in TOKENIZER_FILES:
             if (model_dir / name).exists():
                 shutil.copyfile(model_dir / name, staging / name)
-        stamp = {"source": str(model_dir.resolve()), "key": source_key(model_dir), "architecture": ARCHITECTURE}
+        stamp = {"source": str(model_dir.absolute()), "key": source_key(model_dir)}
+        stamp["architecture"] = ARCHITECTURE
         (staging / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
         if output.exists():
             shutil.rmtree(output, ignore_errors=True)

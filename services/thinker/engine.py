@@ -28,13 +28,11 @@ from typing import Any
 import torch
 
 from omnistream.batch_sampler import BatchSampler, RowSampling
-from omnistream.chat_encoding import ChatEncoder
 from omnistream.detokenizer import IncrementalDetokenizer
 from omnistream.engine import Engine, OutputStream, RequestState
 from omnistream.errors import InvalidRequest
 from omnistream.kvcache import SlotKVCache
 from omnistream.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
-from omnistream.media import MediaLayout
 from omnistream.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.qwen3_omni.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.qwen3_omni.thinker_media import (
@@ -47,25 +45,15 @@ from omnistream.qwen3_omni.thinker_media import (
     encode_slices,
     plan_slices,
 )
+
+# ThinkerOutput and SPOKEN_PIECE_TOKENS are re-exported (callers import them from here).
+from omnistream.qwen3_omni.thinker_text import (  # noqa: F401
+    SPOKEN_PIECE_TOKENS,
+    ThinkerOutput,
+    ThinkerText,
+    spoken_piece,
+)
 from omnistream.stage_chain import ThinkerParams  # the open params are part of the stage chain
-
-# Tokens of a given answer (speech) per output: about what a decode step makes at a time when the
-# consumer lags, small enough that the talker starts on the first piece at once.
-SPOKEN_PIECE_TOKENS = 8
-
-
-@dataclass
-class ThinkerOutput:
-    token_ids: list[int]
-    text_delta: str
-    index: int  # index of the first token in `token_ids` among the generated tokens
-    finished: bool = False
-    finish_reason: str | None = None
-    prompt_ids: list[int] | None = None  # only on the first output
-    # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
-    prompt_hidden: torch.Tensor | None = None
-    multimodal_positions: list[int] | None = None
-    media_layout: MediaLayout | None = None  # first output of a prompt with media
 
 
 @dataclass
@@ -118,15 +106,15 @@ class ThinkerEngine(Engine):
         self.device = options.device
         self.dtype = options.torch_dtype()
         text = self.config.thinker_config.text_config
-        self.vocab_size = text.vocab_size
-        self.eos_ids = {self.config.im_end_token_id}
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
+        # The text rules (encoding, request checks, given answers) the vLLM thinker shares.
+        self.text = ThinkerText(self.config, self.tokenizer, max_model_len)
+        self.vocab_size = self.text.vocab_size
+        self.eos_ids = self.text.eos_ids
         self.max_model_len = max_model_len
         self.max_batch = max_batch
-        self.chat = ChatEncoder(self.tokenizer, max_model_len)
+        self.chat = self.text.chat
         tc = self.config.thinker_config
-        self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
+        self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
         self.accept_layer = self.config.talker_config.accept_hidden_layer
@@ -148,21 +136,12 @@ class ThinkerEngine(Engine):
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
-        that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
-        prompts: servicers call it off the event loop."""
-        return self.chat.encode(messages)
+        """See `ThinkerText.encode_chat` (slow for long prompts: call it off the event loop)."""
+        return self.text.encode_chat(messages)
 
     def encode_assistant_text(self, text: str) -> list[int]:
-        """The ids the thinker streams for a given answer (speech): the text tokenized as plain text
-        (special-token strings in it stay text), then the end-of-turn token, as a generated answer
-        ends. Slow for long texts: servicers call it off the event loop."""
-        if not text:
-            raise InvalidRequest("the text to speak is empty", field="input")
-        if len(text.encode("utf-8", "surrogatepass")) > self.chat.max_token_bytes * self.max_model_len:
-            limit = self.max_model_len
-            raise InvalidRequest(f"the text to speak cannot fit in {limit} tokens", field="input")
-        return [*self.chat.encode_text(text), self.config.im_end_token_id]
+        """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
+        return self.text.encode_assistant_text(text)
 
     def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
@@ -179,33 +158,13 @@ class ThinkerEngine(Engine):
     ) -> OutputStream:
         """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
         off the event loop (else it runs here)."""
-        if not prompt_ids:
-            raise InvalidRequest("the prompt is empty", field="prompt")
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
+        self.text.check_ids(prompt_ids, has_media=media is not None)
         if media is not None:
             if list(prompt_ids) != media.prompt_ids:
                 raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
             check_media_prompt(media, prompt_ids, self.config)
             media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
-        elif not self.multimodal_ids.isdisjoint(prompt_ids):
-            # Their rows come from media encoders this thinker does not run (text-only input).
-            raise InvalidRequest(
-                "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
-            )
-        if not params.max_tokens >= 1:
-            raise InvalidRequest("max_tokens must be at least 1", field="max_tokens")
-        if params.assistant_text is not None:
-            # A given answer takes what it is, up to max_tokens; the rest of the budget is not held.
-            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
-            self._check_spoken(prompt_ids, spoken, params)
-        elif len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model length {self.max_model_len}",
-                field="max_tokens",
-            )
-        params.sampling.validate()
+        spoken = self.text.check_budget(prompt_ids, params, spoken)
         state = _ThinkerState(
             request_id=request_id,
             output=self.new_output(),
@@ -222,20 +181,6 @@ class ThinkerEngine(Engine):
             state.rope_delta = media.rope_delta
         self._admit(state)
         return state.output
-
-    def _check_spoken(self, prompt_ids: list[int], spoken: list[int], params: ThinkerParams) -> None:
-        if len(spoken) > params.max_tokens:
-            raise InvalidRequest(
-                f"the text to speak is {len(spoken)} tokens (with the end of turn), over the limit of "
-                f"{params.max_tokens}",
-                field="input",
-            )
-        if len(prompt_ids) + len(spoken) > self.max_model_len:
-            raise InvalidRequest(
-                f"the prompt ({len(prompt_ids)} tokens) + the text to speak ({len(spoken)} tokens) "
-                f"exceed the model length {self.max_model_len}",
-                field="input",
-            )
 
     # --- engine thread ------------------------------------------------------------------------------
     def _release(self, state: _ThinkerState) -> None:
@@ -390,25 +335,9 @@ class ThinkerEngine(Engine):
         if state.finished:  # aborted while the step ran
             return
         assert state.spoken is not None and state.detok is not None
-        first = not state.generated
-        start = len(state.generated)
-        piece = state.spoken[start : start + SPOKEN_PIECE_TOKENS]
-        state.generated.extend(piece)
-        finished = len(state.generated) == len(state.spoken)
-        delta = "".join(state.detok.add(t) for t in piece)
-        if finished:
-            delta += state.detok.flush()
-        state.output.put(
-            ThinkerOutput(
-                token_ids=piece,
-                text_delta=delta,
-                index=start,
-                finished=finished,
-                finish_reason="stop" if finished else None,
-                prompt_ids=list(state.prompt_ids) if first else None,
-            )
-        )
-        if finished:
+        output = spoken_piece(state.prompt_ids, state.spoken, state.generated, state.detok)
+        state.output.put(output)
+        if output.finished:
             self._finish(state)
 
     def _prefill_piece(
