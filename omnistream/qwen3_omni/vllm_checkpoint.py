@@ -15,7 +15,8 @@ are widened with zero dimensions (`pad_heads`): each original rotary pair (i, i 
 zero in q, k and v and read by nothing in o_proj. The q/k norms' RMS over P slots is 1/sqrt(r) of the
 one over D, so q and k come out sqrt(r) larger: q's factor is what the wider softmax scale 1/sqrt(P)
 takes back, and k's weight is divided by sqrt(r) to take back its own. What is left is the norm's
-epsilon acting at 1/r of its weight: a ~1e-7 relative change, float32 noise. The real checkpoint (head_dim 128) is copied unchanged.
+epsilon acting at 1/r of its weight: a ~1e-7 relative change, float32 noise. The real checkpoint
+(head_dim 128) is copied unchanged.
 
 It is deterministic (sorted tensors, fixed metadata) and cached next to the source
 (`<model>-vllm-thinker/`), keyed by this module's source and the source checkpoint's config and
