@@ -59,6 +59,11 @@ class LoadOptions:
     # The talker runs each frame as two fixed-shape, graph-capturable steps
     # (omnistream/qwen3_omni/talker_frame.py); with `cuda_graphs` they are captured too.
     static_frames: bool = False
+    # The thinker's engine: "transformers" (ours, every modality) or "vllm" (vLLM's async engine,
+    # text only; needs the vLLM environment, `make setup-vllm`). Other stages have one engine.
+    backend: str = "transformers"
+    # With backend "vllm": what vLLM loads ("auto", "text", "native"; see qwen3_omni/vllm_thinker.py).
+    vllm_load: str = "auto"
 
     @property
     def dtype_name(self) -> str:
