@@ -10,13 +10,14 @@ is ordinary RoPE over the full rotary width, so `rope_type: default` with the sa
 The conversion renames `thinker.model.*` -> `model.*`, `thinker.lm_head.*` -> `lm_head.*` and leaves
 the audio and vision towers out. One more step for small test models: vLLM's CPU attention kernels
 take head sizes of 32 and up (`SUPPORTED_HEAD_DIMS`), and the tiny checkpoint's are 16. Such heads
-are widened with zero dimensions (`pad_heads`): each original rotary pair (i, i + D/2) sits at
-(i r, P/2 + i r) of the P = r D wide head, where the RoPE frequency is the same, the other slots are
-zero in q, k and v and read by nothing in o_proj. The q/k norms' RMS over P slots is 1/sqrt(r) of the
-one over D, so q and k come out sqrt(r) larger: q's factor is what the wider softmax scale 1/sqrt(P)
-takes back, and k's weight is divided by sqrt(r) to take back its own. What is left is the norm's
-epsilon acting at 1/r of its weight: a ~1e-7 relative change, float32 noise. The real checkpoint
-(head_dim 128) is copied unchanged.
+are widened from D to P = r D dimensions (`pad_heads`) so that attention computes the same thing:
+each original rotary pair (i, i + D/2) sits at (i r, P/2 + i r), where the RoPE frequency is the
+same. The other slots of q and k hold copies of the original rows, so the q/k norms' RMS over P
+slots is exactly the one over D, and the norms' weights are zero there, so the copies leave the
+norm as zeros (and RoPE keeps zeros zero): q and k are the original ones in their slots and zero
+elsewhere. The q norm's weight is multiplied by sqrt(r) to undo the wider softmax scale 1/sqrt(P).
+v's extra slots are zero and o_proj reads nothing from them. What differs is rounding only. The
+real checkpoint (head_dim 128) is copied unchanged.
 
 It is deterministic (sorted tensors, fixed metadata) and cached next to the source
 (`<model>-vllm-thinker/`), keyed by this module's source and the source checkpoint's config and
@@ -123,32 +124,37 @@ def pad_heads(tensors: dict[str, Any], text: dict[str, Any], width: int) -> dict
         return tensors
     ratio = width // dim
     half = dim // 2
-    slots = torch.tensor([i * ratio for i in range(half)] + [width // 2 + i * ratio for i in range(half)])
+    slots = [i * ratio for i in range(half)] + [width // 2 + i * ratio for i in range(half)]
+    others = [j for j in range(width) if j not in set(slots)]
+    # Row j of the original head goes to slots[j], and once more to each of its copies in `others`.
+    source = torch.tensor(list(range(dim)) + [j % dim for j in range(len(others))])
+    place = torch.tensor(slots + others)
     heads = {"q_proj": text["num_attention_heads"], "k_proj": text["num_key_value_heads"]}
-    heads["v_proj"] = heads["k_proj"]
     out = dict(tensors)
     for name, tensor in tensors.items():
         if ".self_attn." not in name:
             continue
         part = name.split(".self_attn.")[1].split(".")[0]
-        if part in heads and name.endswith(".weight"):  # [H * D, hidden] -> [H * P, hidden]
+        if part in heads:  # [H * D, ...] -> [H * P, ...], copies in the extra slots
             h = heads[part]
-            wide = tensor.new_zeros(h, width, tensor.shape[1])
-            wide[:, slots] = tensor.view(h, dim, tensor.shape[1])
-            out[name] = wide.reshape(h * width, tensor.shape[1])
-        elif part in heads and name.endswith(".bias"):
-            h = heads[part]
-            wide = tensor.new_zeros(h, width)
-            wide[:, slots] = tensor.view(h, dim)
-            out[name] = wide.reshape(h * width)
+            rows = tensor.view(h, dim, *tensor.shape[1:])
+            wide = rows.new_zeros(h, width, *tensor.shape[1:])
+            wide[:, place] = rows[:, source]
+            out[name] = wide.reshape(h * width, *tensor.shape[1:])
+        elif part == "v_proj":  # zeros in the extra slots
+            h = text["num_key_value_heads"]
+            rows = tensor.view(h, dim, *tensor.shape[1:])
+            wide = rows.new_zeros(h, width, *tensor.shape[1:])
+            wide[:, slots] = rows
+            out[name] = wide.reshape(h * width, *tensor.shape[1:])
         elif part == "o_proj" and name.endswith(".weight"):  # [hidden, H * D] -> [hidden, H * P]
             h = text["num_attention_heads"]
             wide = tensor.new_zeros(tensor.shape[0], h, width)
             wide[:, :, slots] = tensor.view(tensor.shape[0], h, dim)
             out[name] = wide.reshape(tensor.shape[0], h * width)
-        elif part in ("q_norm", "k_norm"):  # [D] -> [P]
+        elif part in ("q_norm", "k_norm"):  # [D] -> [P], zero on the copies
             wide = tensor.new_zeros(width)
-            wide[slots] = tensor if part == "q_norm" else tensor / ratio**0.5
+            wide[slots] = tensor * ratio**0.5 if part == "q_norm" else tensor
             out[name] = wide
     return out
 
@@ -225,6 +231,7 @@ def convert(model_dir: str | Path, output: str | Path) -> Path:
         stamp = {"source": str(model_dir.absolute()), "key": source_key(model_dir)}
         stamp["architecture"] = ARCHITECTURE
         (staging / STAMP).write_text(json.dumps(stamp, indent=2, sort_keys=True) + "\n")
+        staging.chmod(0o755)  # mkdtemp's 0700 would keep it from other users of the cache
         if output.exists():
             shutil.rmtree(output, ignore_errors=True)
         try:
