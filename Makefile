@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine clean
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine \
+	bench-thinkers clean
 
 setup: $(STAMP) proto
 
@@ -72,7 +73,9 @@ sysdeps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The vLLM thinker tests run when .venv-vllm exists (make setup-vllm), and are skipped, saying so, otherwise.
 test: setup sysdeps
+	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
 	$(PY) -m pytest -q
 
 # Audio continuity: the services through the gateway (REST/SSE, as a user's client) at concurrency 1/4/10/16,
@@ -99,6 +102,11 @@ bench-engine: tiny-model
 	done
 	$(PY) tools/prefill-itl --model $(TINY) --tokens 4000 $(if $(BASELINE),--baseline $(BASELINE) --repeats 2)
 
+# The two thinker backends side by side through their services (needs make setup-vllm): TTFT, ITL and
+# tokens/s at concurrency 1 and 10, a 10-turn conversation's TTFT per turn (tools/thinker-backends).
+bench-thinkers: tiny-model setup-vllm
+	$(PY) tools/thinker-backends --model $(TINY) --json bench-results/thinker-backends.json
+
 test-slow: setup sysdeps
 	$(PY) -m pytest -q -m slow
 
@@ -106,4 +114,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache out omnistream/proto
+	rm -rf $(VENV) $(VLLM_VENV) .cache out omnistream/proto
