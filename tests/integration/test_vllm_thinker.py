@@ -20,6 +20,7 @@ import pytest
 
 from omnistream.chunk_key import ChunkKey, Stage
 from omnistream.convert import message_proto
+from omnistream.family import read_config
 from omnistream.launcher import start_services
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from tests.media_samples import image
@@ -201,3 +202,24 @@ def test_media_is_refused_by_name(stack):
     assert code == grpc.StatusCode.INVALID_ARGUMENT and "text prompts only" in details
     tokens, _, _ = asyncio.run(thinker_tokens(stack["thinker-vllm"], "after-media", [5, 6, 7]))
     assert len(tokens) == 24
+
+
+def test_bad_requests_get_the_transformers_thinkers_statuses(stack, tiny_model_dir):
+    """Refused before vLLM sees them, with the same status and message on both thinkers."""
+    image_token = read_config(tiny_model_dir)["thinker_config"]["image_token_id"]
+    cases = {
+        "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=5000),
+        "vocab": thinker_open("vocab", [5, 100000]),
+        "placeholder": thinker_open("placeholder", [5, image_token, 7]),
+    }
+
+    async def run(name):
+        async with grpc.aio.insecure_channel(stack[name].address) as channel:
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            return {case: await raw_stream(stub.Stream, [first]) for case, first in cases.items()}
+
+    vllm, ours = asyncio.run(run("thinker-vllm")), asyncio.run(run("thinker"))
+    assert vllm == ours
+    assert {code for code, _ in vllm.values()} == {grpc.StatusCode.INVALID_ARGUMENT}
+    assert "model length" in vllm["too-long"][1] and "placeholder" in vllm["placeholder"][1]
+    assert vllm_idle(stack["thinker-vllm"])
