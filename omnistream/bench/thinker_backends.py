@@ -9,8 +9,8 @@ out of the measure). Per backend, in turn, A B B A over `repeats`:
   between token chunks, divided over the tokens a chunk carries: a consumer that lags gets several
   per chunk, so its median can be ~0), TPOT (a request's decode time over its tokens after the
   first), output tokens/s of the wave;
-- a multi-turn conversation: each turn re-sends the whole history as chat messages (what a realtime
-  session does), TTFT at each turn; the answer of one turn is the next turn's assistant message.
+- multi-turn conversations: each turn re-sends the whole history as chat messages (what a realtime
+  session does), TTFT at each turn (the median over `conversations` of them, one after another); the answer of one turn is the next turn's assistant message.
   vLLM's prefix cache keeps the shared history; the transformers thinker prefills it again.
 
 Timings, not assertions: on a shared CPU the numbers move with the other load. The tiny model is far
@@ -114,7 +114,7 @@ async def wave(address: str, prompts: list[list[int]], concurrency: int, max_tok
 
 
 async def conversation(
-    address: str, turns: int, user_words: int, answer_tokens: int, tag: str
+    address: str, turns: int, user_words: int, answer_tokens: int, tag: str, seed: int = 0
 ) -> list[float]:
     """TTFT per turn of one conversation whose every turn re-sends the whole history."""
     history: list[dict] = [{"role": "system", "content": "You are a helpful voice assistant."}]
@@ -122,7 +122,7 @@ async def conversation(
     async with grpc.aio.insecure_channel(address) as channel:
         stub = stage_pb2_grpc.ThinkerServiceStub(channel)
         for turn in range(1, turns + 1):
-            words = " ".join(f"w{(turn * 7919 + k * 104729) % 997}" for k in range(user_words))
+            words = " ".join(f"w{(turn * 7919 + k * 104729 + seed * 31) % 997}" for k in range(user_words))
             history.append({"role": "user", "content": f"Turn {turn}: {words}"})
             timing, text = await one(stub, f"{tag}-turn{turn}", answer_tokens, messages=history)
             ttfts.append(timing.ttft)
@@ -155,6 +155,7 @@ def measure(
     user_words: int = 40,
     answer_tokens: int = 24,
     repeats: int = 1,
+    conversations: int = 3,
     dtype: str = "float32",
     vllm_python: str | None = None,
 ) -> dict:
@@ -175,8 +176,15 @@ def measure(
                 n = requests_per_wave if c > 1 else max(4, requests_per_wave // 4)
                 row = asyncio.run(wave(address, prompts[:n], c, max_tokens, f"{backend}-{run}-c{c}"))
                 results[backend]["waves"].append(row)
-            ttfts = asyncio.run(conversation(address, turns, user_words, answer_tokens, f"{backend}-{run}"))
-            results[backend]["turn_ttft_ms"].append([1000 * t for t in ttfts])
+            # Several conversations (different words), the median per turn: one TTFT is one sample.
+            runs = [
+                asyncio.run(
+                    conversation(address, turns, user_words, answer_tokens, f"{backend}-{run}-{k}", k)
+                )
+                for k in range(conversations)
+            ]
+            per_turn = [1000 * statistics.median(t) for t in zip(*runs, strict=True)]
+            results[backend]["turn_ttft_ms"].append(per_turn)
     finally:
         stop_services(list(services.values()))
     return results
@@ -196,7 +204,7 @@ def table(results: dict, turns_shown: tuple[int, ...] = (1, 5, 10)) -> str:
             )
     lines.append("")
     lines.append(
-        "multi-turn TTFT ms (each turn re-sends the whole history): "
+        "multi-turn TTFT ms, median of the conversations (each turn re-sends the history): "
         + ", ".join(f"turn {t}" for t in turns_shown)
     )
     for backend, result in results.items():
@@ -218,6 +226,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-tokens", type=int, default=64)
     p.add_argument("--turns", type=int, default=10)
     p.add_argument("--repeats", type=int, default=1)
+    p.add_argument("--conversations", type=int, default=3, help="conversations per run (median per turn)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--vllm-python", default=None)
     p.add_argument("--json", default=None, help="also write the results here")
@@ -231,6 +240,7 @@ def main(argv: list[str] | None = None) -> int:
         max_tokens=args.max_tokens,
         turns=args.turns,
         repeats=args.repeats,
+        conversations=args.conversations,
         dtype=args.dtype,
         vllm_python=args.vllm_python,
     )
