@@ -10,8 +10,9 @@ out of the measure). Per backend, in turn, A B B A over `repeats`:
   per chunk, so its median can be ~0), TPOT (a request's decode time over its tokens after the
   first), output tokens/s of the wave;
 - multi-turn conversations: each turn re-sends the whole history as chat messages (what a realtime
-  session does), TTFT at each turn (the median over `conversations` of them, one after another); the answer of one turn is the next turn's assistant message.
-  vLLM's prefix cache keeps the shared history; the transformers thinker prefills it again.
+  session does), TTFT at each turn (the median over `conversations` of them, one after another);
+  the answer of one turn is the next turn's assistant message. vLLM's prefix cache keeps the
+  shared history; the transformers thinker prefills it again.
 
 Timings, not assertions: on a shared CPU the numbers move with the other load. The tiny model is far
 from the shape of the real one (a 30B MoE on a GPU): what this shows on CPU is the per-step overhead
