@@ -211,6 +211,8 @@ class VllmThinkerEngine:
             raise InvalidRequest(TEXT_ONLY, field="messages")
         self.text.check_ids(prompt_ids)
         spoken = self.text.check_budget(prompt_ids, params, spoken)
+        if self.poisoned is None and self.llm.errored:  # died while idle: nothing had noticed
+            self._poison(RuntimeError("vLLM's engine core is dead"))
         if self.poisoned is not None:
             raise Unavailable("the thinker's vLLM engine died; it is restarting")
         if self._stopping:

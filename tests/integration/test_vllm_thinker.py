@@ -12,6 +12,11 @@ One stack per module: vLLM's engine takes ~20-40 s to start here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
 
 import grpc
 import httpx
@@ -223,3 +228,40 @@ def test_bad_requests_get_the_transformers_thinkers_statuses(stack, tiny_model_d
     assert {code for code, _ in vllm.values()} == {grpc.StatusCode.INVALID_ARGUMENT}
     assert "model length" in vllm["too-long"][1] and "placeholder" in vllm["placeholder"][1]
     assert vllm_idle(stack["thinker-vllm"])
+
+
+def _children(pid: int) -> dict[int, bytes]:
+    """Direct children of `pid` and their command lines (/proc; no psutil)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes()
+    return found
+
+
+@pytest.mark.slow
+def test_a_dead_vllm_engine_fails_with_unavailable_and_exits_3(tiny_model_dir):
+    """vLLM's engine core process killed while idle: the next request gets UNAVAILABLE and the
+    thinker exits 3 (as a poisoned GPU does), for its supervisor to start a fresh one."""
+    spec = {"thinker": args("thinker", tiny_model_dir, "--backend", "vllm")}
+    service = start_services(spec, timeout=300, pythons={"thinker": VLLM_PYTHON})["thinker"]
+    try:
+        (core,) = [
+            pid for pid, cmd in _children(service.proc.pid).items() if cmd.startswith(b"VLLM::EngineCore")
+        ]
+        os.kill(core, signal.SIGKILL)
+        time.sleep(2)
+
+        async def run():
+            async with grpc.aio.insecure_channel(service.address) as channel:
+                return await raw_stream(
+                    stage_pb2_grpc.ThinkerServiceStub(channel).Stream, [thinker_open("x", [5, 6])]
+                )
+
+        code, details = asyncio.run(run())
+        assert code == grpc.StatusCode.UNAVAILABLE and "died" in details
+        assert service.proc.wait(30) == 3
+    finally:
+        service.stop()
