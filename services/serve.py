@@ -23,14 +23,16 @@ async def serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"omnistream serve {args.stage}: {refusal}", file=sys.stderr, flush=True)
         return 2
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    if args.threads and getattr(args, "backend", "transformers") != "vllm":
+        torch.set_num_threads(args.threads)  # vLLM's worker process sets its own
     options = LoadOptions(
         args.device,
         args.dtype,
         args.allow_float64,
         cuda_graphs=getattr(args, "cuda_graphs", None),
         static_frames=getattr(args, "static_frames", True),
+        backend=getattr(args, "backend", "transformers"),
+        vllm_load=getattr(args, "vllm_load", "auto"),
     )
     family = family_for(args.model)
     engine = family.engine(

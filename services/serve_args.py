@@ -115,6 +115,26 @@ def add_talker_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_thinker_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only the thinker takes: the other stages reject them instead of ignoring them."""
+    p.add_argument(
+        "--backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="the thinker's engine: transformers (default; text, audio, images, video) or vllm "
+        "(vLLM's async engine: continuous batching, prefix caching; text prompts only, its Info says "
+        "so; run with the vLLM environment's python, see `make setup-vllm`)",
+    )
+    p.add_argument(
+        "--vllm-load",
+        choices=("auto", "text", "native"),
+        default="auto",
+        help="with --backend vllm: text (the thinker's language model converted to a "
+        "Qwen3MoeForCausalLM directory beside the checkpoint), native (the checkpoint itself, "
+        "through vLLM's Qwen3-Omni thinker), or auto (default: native on cuda, text on cpu)",
+    )
+
+
 def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
     """Flags only Code2Wav takes: the other stages reject them instead of ignoring them."""
     p.add_argument(

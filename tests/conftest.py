@@ -39,6 +39,18 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say it when the vLLM thinker tests were skipped for want of their environment (a plain
+    `-q` run shows only a count of skips)."""
+    from tests.vllm_env import SKIP_REASON
+
+    skipped = [
+        r for r in terminalreporter.stats.get("skipped", []) if SKIP_REASON in str(getattr(r, "longrepr", ""))
+    ]
+    if skipped:
+        terminalreporter.write_line(f"{len(skipped)} skipped: {SKIP_REASON}")
+
+
 @pytest.fixture(scope="session")
 def media_expected(tiny_model_dir):
     """The transformers reference's outputs for tests/media_samples.py's conversations (computed

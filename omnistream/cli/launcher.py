@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -170,19 +171,23 @@ def start_services(
     tls: ClientTLS | None = None,
     wrappers: dict[str, list[str]] | None = None,
     cancel: threading.Event | None = None,
+    pythons: dict[str, str] | None = None,
 ) -> dict[str, ServiceProcess]:
     """Start several services at once (model loading overlaps), then wait for each to be SERVING.
 
     `tls`: the services serve TLS; the health wait uses these client credentials. `wrappers`: a
     command to run a service's process under, per name (e.g. `ip netns exec NS`; it must exec the
     service, not fork it, for the parent-death tie to hold). `cancel`: once set, the start is
-    abandoned (StartCancelled). On any failure every service started here is killed.
+    abandoned (StartCancelled). `pythons`: the interpreter to run a service with, per name (default:
+    this one), e.g. the vLLM environment's for a vLLM thinker. On any failure every service started
+    here is killed.
     """
     started: dict[str, tuple[ServiceProcess, threading.Event]] = {}
     try:
         for name, args in specs.items():
             check_cancel(cancel)
-            started[name] = _spawn(name, args, env, (wrappers or {}).get(name, []))
+            python = (pythons or {}).get(name)
+            started[name] = _spawn(name, args, env, (wrappers or {}).get(name, []), python)
         for service, ready in started.values():
             _wait_listening(service, ready, timeout, cancel)
             wait_serving(service.address, timeout, service.proc, tls, cancel)
@@ -210,12 +215,16 @@ def _wait_listening(
 
 
 def _spawn(
-    name: str, args: list[str], env: dict | None, wrapper: list[str]
+    name: str, args: list[str], env: dict | None, wrapper: list[str], python: str | None = None
 ) -> tuple[ServiceProcess, threading.Event]:
     """Start one service in its own session (a terminal's Ctrl-C reaches only the supervisor, which
-    stops the services in order), tied to this process by `lifeline.spawn`."""
-    cmd = [*wrapper, sys.executable, "-m", "omnistream.cli.main", *args]
+    stops the services in order), tied to this process by `lifeline.spawn`. Another interpreter
+    (`python`) runs this same source tree: it goes first on that process's PYTHONPATH."""
+    cmd = [*wrapper, python or sys.executable, "-m", "omnistream.cli.main", *args]
     proc_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+    if python is not None:
+        root = str(Path(__file__).resolve().parents[1])
+        proc_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, proc_env.get("PYTHONPATH")) if p)
     proc = spawn(cmd, proc_env, stdout=subprocess.PIPE, stderr=None, text=True, start_new_session=True)
     service = ServiceProcess(name, proc)
     ready = threading.Event()

@@ -34,7 +34,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     for stage in ("thinker", "talker", "code2wav"):
         sp = kinds.add_parser(stage, help=f"the {stage} stage service")
         serve_args.add_arguments(sp)
-        if stage == "talker":
+        if stage == "thinker":
+            serve_args.add_thinker_arguments(sp)
+        elif stage == "talker":
             serve_args.add_talker_arguments(sp)
         elif stage == "code2wav":
             serve_args.add_code2wav_arguments(sp)

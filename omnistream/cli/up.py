@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
 import sys
 import threading
@@ -43,6 +44,21 @@ from services.serve_args import positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
+VLLM_PYTHON_ENV = "OMNISTREAM_VLLM_PYTHON"
+
+
+def vllm_python(given: str | None = None) -> str:
+    """The interpreter a vLLM thinker runs with: `given`, $OMNISTREAM_VLLM_PYTHON, or this tree's
+    .venv-vllm; StartError (before anything starts) when it does not exist."""
+    from omnistream.models.qwen3_omni.thinker.vllm_engine import vllm_python_default
+
+    path = given or os.environ.get(VLLM_PYTHON_ENV) or str(vllm_python_default())
+    if not os.access(path, os.X_OK):
+        raise StartError(
+            f"the vLLM thinker needs the vLLM environment's python, and {path} is not one: "
+            f"run `make setup-vllm`, or pass --vllm-python / set ${VLLM_PYTHON_ENV}"
+        )
+    return path
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -63,6 +79,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
         help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
+    )
+    p.add_argument(
+        "--thinker-backend",
+        choices=("transformers", "vllm"),
+        default="transformers",
+        help="the thinker's engine (see serve thinker --backend); vllm runs it with --vllm-python",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=None,
+        help=f"the interpreter of the vLLM environment (default: ${VLLM_PYTHON_ENV}, else "
+        ".venv-vllm/bin/python of this source tree, which `make setup-vllm` builds)",
     )
 
 
@@ -138,6 +166,8 @@ def start_stack(
     audio_hold: bool = True,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
+    thinker_backend: str = "transformers",
+    vllm_python_path: str | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
@@ -150,6 +180,9 @@ def start_stack(
 
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either
     already in `services` or killed by `start_services`.
+
+    `thinker_backend` "vllm": the thinker is `serve thinker --backend vllm`, run by the vLLM
+    environment's interpreter (`vllm_python_path`, see `vllm_python`).
     """
     devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
@@ -159,11 +192,15 @@ def start_stack(
         return [*args, "--allow-float64"] if allow_float64 else args
 
     specs = {"thinker": [*stage_args("thinker"), *prefill]}
+    pythons = {}
+    if thinker_backend == "vllm":
+        specs["thinker"] += ["--backend", "vllm"]
+        pythons["thinker"] = vllm_python(vllm_python_path)
     for i in range(talker_replicas):
         specs[f"talker-{i}"] = [*stage_args("talker"), *prefill]
     for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = stage_args("code2wav")
-    services.update(start_services(specs, cancel=cancel))
+    services.update(start_services(specs, cancel=cancel, pythons=pythons))
     gateway_args = [
         "serve",
         "gateway",
@@ -273,6 +310,8 @@ def run_up(args: argparse.Namespace) -> int:
             code2wav_replicas=args.code2wav_replicas,
             prefill_chunk=args.prefill_chunk,
             cancel=stop,
+            thinker_backend=args.thinker_backend,
+            vllm_python_path=args.vllm_python,
         )
         _say(usage_text(args.host, gateway.http_port, gateway.port))
         return _supervise(services, stop)

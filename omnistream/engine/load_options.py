@@ -61,6 +61,11 @@ class LoadOptions:
     # (omnistream/models/qwen3_omni/talker/frame.py), the same codes as the eager frame on the CPU, where
     # it is also a little faster (docs/benchmarks.md); with graphs they are captured too.
     static_frames: bool = True
+    # The thinker's engine: "transformers" (ours, every modality) or "vllm" (vLLM's async engine,
+    # text only; needs the vLLM environment, `make setup-vllm`). Other stages have one engine.
+    backend: str = "transformers"
+    # With backend "vllm": what vLLM loads ("auto", "text", "native"; see thinker/vllm_engine.py).
+    vllm_load: str = "auto"
 
     @property
     def graphs(self) -> bool:

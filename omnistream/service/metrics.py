@@ -94,6 +94,9 @@ class StageMetrics:
         self.requests = Counter(
             "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
         ).labels(**labels)
+        # An engine's own metrics beside ours (the vLLM thinker's `vllm:*`).
+        for collector in getattr(engine, "metric_collectors", list)():
+            r.register(collector)
         self.running.set_function(lambda: engine.counts()[0])
         self.waiting.set_function(lambda: engine.counts()[1])
         engine.add_step_listener(self._on_step)

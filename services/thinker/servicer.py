@@ -39,7 +39,8 @@ class ThinkerServicer(StageServicer):
     def _describe(self, info: stage_pb2.StageInfo) -> None:
         facts = describe_loaded(self.engine.config)
         info.family = facts.family
-        info.input_modalities.extend(facts.input_modalities)
+        # An engine may take less than the model does (the vLLM thinker: text only).
+        info.input_modalities.extend(getattr(self.engine, "input_modalities", facts.input_modalities))
         info.limits.max_model_len = self.engine.max_model_len
 
     async def _prompt(self, open_: stage_pb2.ThinkerOpen) -> tuple[list[int], Any]:

@@ -19,6 +19,7 @@ FILES = [
     COMPOSE / "docker-compose.yml",
     COMPOSE / "docker-compose.checkpoint.yml",
     COMPOSE / "docker-compose.gpu.yml",
+    COMPOSE / "docker-compose.vllm.yml",
 ]
 STAGES = ("thinker", "talker", "code2wav")
 
@@ -116,3 +117,25 @@ def test_gpu_override_gives_each_stage_its_own_gpu_and_the_same_command_on_cuda(
         assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
         gpus += device["device_ids"]
     assert len(gpus) == len(set(gpus)) == len(STAGES)  # one GPU per stage, none shared
+
+
+def test_vllm_override_adds_a_vllm_thinker_under_the_thinker_name():
+    """One more thinker, on vLLM: its own image and GPU, the checkpoint, and the `thinker` alias, so
+    the gateway's `dns:///thinker:50051` finds both thinkers."""
+    ((name, service),) = yaml.safe_load(FILES[3].read_text())["services"].items()
+    assert name == "thinker-vllm"
+    args = cli_args(service["command"], service["environment"])
+    assert args.stage == "thinker" and args.backend == "vllm" and args.device == "cuda"
+    assert service["build"]["dockerfile"] == "deploy/docker/Dockerfile.vllm"
+    assert service["networks"]["default"]["aliases"] == ["thinker"]
+    (volume,) = service["volumes"]
+    assert volume["read_only"] is True and volume["target"] == service["environment"]["OMNISTREAM_MODEL"]
+    (device,) = service["deploy"]["resources"]["reservations"]["devices"]
+    gpu_override = yaml.safe_load(FILES[2].read_text())["services"]
+    taken = {
+        d
+        for s in gpu_override.values()
+        for d in s["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+    }
+    assert device["driver"] == "nvidia" and not set(device["device_ids"]) & taken
+    assert service["healthcheck"]["test"] == ["CMD", "omnistream", "health", "127.0.0.1:50051"]

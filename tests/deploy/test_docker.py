@@ -45,6 +45,25 @@ def test_dockerfile_passes_hadolint():
     assert result.returncode == 0 and json.loads(result.stdout) == [], result.stdout + result.stderr
 
 
+def test_vllm_dockerfile_passes_hadolint_and_copies_what_exists():
+    """The vLLM thinker's image (deploy/docker/Dockerfile.vllm): lint-clean, its sources let through
+    by its own .dockerignore, its command a vLLM thinker."""
+    hadolint = tool("hadolint")
+    path = DEPLOY / "docker" / "Dockerfile.vllm"
+    result = run(hadolint, "--format", "json", path)
+    assert result.returncode == 0 and json.loads(result.stdout) == [], result.stdout + result.stderr
+    text = re.sub(r"\\\n\s*", " ", path.read_text())
+    ignore = (DEPLOY / "docker" / "Dockerfile.vllm.dockerignore").read_text().split()
+    for line in text.splitlines():
+        if line.startswith("COPY ") and "--from" not in line:
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+                assert f"!{source}" in ignore, source
+    (cmd,) = [line for line in text.splitlines() if line.startswith("CMD ")]
+    args = cli_args(json.loads(cmd[4:]), {"OMNISTREAM_MODEL": "/models/qwen3-omni"})
+    assert args.stage == "thinker" and args.backend == "vllm"
+
+
 def test_hadolint_is_not_vacuous(tmp_path):
     hadolint = tool("hadolint")
     bad = tmp_path / "Dockerfile"

@@ -85,7 +85,7 @@ def test_validation_is_not_vacuous(tmp_path):
     assert result.returncode != 0 and "grcp" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("variant", ["base", "gpu"])
+@pytest.mark.parametrize("variant", ["base", "gpu", "gpu-vllm"])
 def test_rendered_variants_pass_strict_validation(variant, tmp_path):
     docs, path = render(variant, tmp_path)
     assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"}
@@ -195,3 +195,32 @@ def test_gpu_variant_requests_gpus_and_mounts_the_checkpoint(tmp_path):
         assert _env(container)["OMNISTREAM_MODEL"] == mount["mountPath"]
         assert spec["terminationGracePeriodSeconds"] > args.grace_seconds
     assert "nvidia.com/gpu" not in _container(deployments["gateway"])["resources"].get("limits", {})
+
+
+def test_gpu_vllm_variant_adds_one_vllm_thinker_the_gateway_knows(tmp_path):
+    """A mixed deployment: the transformers thinker (media) and a vLLM thinker of its own
+    Deployment and headless Service (the other's selector never matches its pods), both in the
+    gateway's thinker list, the vLLM one on a GPU with the checkpoint and its own image."""
+    docs, _ = render("gpu-vllm", tmp_path)
+    deployments, services = by_kind(docs, "Deployment"), by_kind(docs, "Service")
+    vllm = deployments["thinker-vllm"]
+    container = _container(vllm)
+    args = cli_args(container["args"], _env(container))
+    assert args.stage == "thinker" and args.backend == "vllm" and args.device == "cuda"
+    assert container["image"].startswith("omnistream-vllm:")
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert _env(container)["OMNISTREAM_MODEL"] == "/models/qwen3-omni"
+    assert any(m["mountPath"] == "/dev/shm" for m in container["volumeMounts"])
+    for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+        assert container[probe]["grpc"]["port"] == args.port
+    pod_labels = vllm["spec"]["template"]["metadata"]["labels"]
+    assert services["thinker-vllm"]["spec"]["selector"].items() <= pod_labels.items()
+    assert services["thinker-vllm"]["spec"]["clusterIP"] == "None"
+    thinker_selector = deployments["thinker"]["spec"]["selector"]["matchLabels"]
+    assert not thinker_selector.items() <= pod_labels.items()
+    assert deployments["thinker"]["spec"]["replicas"] == 1
+    thinker = _container(deployments["thinker"])
+    assert cli_args(thinker["args"], _env(thinker)).backend == "transformers"
+    (configmap,) = by_kind(docs, "ConfigMap").values()
+    config = yaml.safe_load(configmap["data"]["gateway.yaml"])
+    assert config["stages"]["thinker"] == ["dns:///thinker:50051", "dns:///thinker-vllm:50051"]

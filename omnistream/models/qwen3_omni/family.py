@@ -35,6 +35,8 @@ if TYPE_CHECKING:
 TALKER_LENGTH_FACTOR = 2
 # The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
 INPUT_MODALITIES = ("text", "audio", "image", "video")
+# The thinker's engines: ours, and vLLM's (text only, thinker/vllm_engine.py).
+BACKENDS = ("transformers", "vllm")
 
 
 class Qwen3OmniFamily:
@@ -97,6 +99,21 @@ class Qwen3OmniFamily:
             from omnistream.models.qwen3_omni.memory import check_stage_fits
 
             check_stage_fits(self.load_config(model_dir), stage, options, max_batch, max_model_len)
+        if options.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {options.backend!r}; backends are {BACKENDS}")
+        if options.backend == "vllm" and stage != "thinker":
+            raise ValueError(f"the vllm backend serves the thinker only, not the {stage}")
+        if stage == "thinker" and options.backend == "vllm":
+            from omnistream.models.qwen3_omni.thinker.vllm_engine import VllmThinkerEngine
+
+            return VllmThinkerEngine(  # type: ignore[return-value]  (the engine API, not the class)
+                str(model_dir),
+                options,
+                max_model_len=max_model_len,
+                prefill_chunk=prefill_chunk,
+                vllm_load=options.vllm_load,
+                **limits,
+            )
         if stage == "thinker":
             from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 

@@ -123,7 +123,7 @@ def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
     """`up --prefill-chunk` is a stage flag of the stages that prefill prompts (not code2wav's)."""
     seen: list[dict[str, list[str]]] = []
 
-    def capture(specs, cancel=None):
+    def capture(specs, cancel=None, **kw):
         seen.append(specs)
         raise StartCancelled()
 
@@ -166,3 +166,54 @@ def test_usage_points_to_the_playground_first():
     pointers = [line.strip() for line in text.splitlines()[2:] if line.strip()]
     assert pointers[0].startswith("Playground: http://127.0.0.1:8000/ ")
     assert text.index("Playground:") < text.index("omnistream chat") < text.index("curl")
+
+
+def test_a_vllm_thinker_runs_with_the_vllm_environments_python(monkeypatch, tmp_path):
+    """`up --thinker-backend vllm`: the thinker alone gets `--backend vllm` and the other python."""
+    python = tmp_path / "python"
+    python.write_text("#!/bin/sh\n")
+    python.chmod(0o755)
+    seen = []
+
+    def capture(specs, cancel=None, pythons=None):
+        seen.append((specs, pythons))
+        raise StartCancelled()
+
+    monkeypatch.setattr(up, "start_services", capture)
+    with pytest.raises(StartCancelled):
+        up.start_stack("m", {}, thinker_backend="vllm", vllm_python_path=str(python))
+    specs, pythons = seen[0]
+    assert specs["thinker"][-2:] == ["--backend", "vllm"]
+    assert "--backend" not in specs["talker-0"] and "--backend" not in specs["code2wav-0"]
+    assert pythons == {"thinker": str(python)}
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    assert args.parse_args(["--model", "m"]).thinker_backend == "transformers"
+
+
+def test_a_missing_vllm_python_is_refused_before_anything_starts(monkeypatch, tmp_path):
+    monkeypatch.delenv(up.VLLM_PYTHON_ENV, raising=False)
+    started = []
+    monkeypatch.setattr(up, "start_services", lambda *a, **kw: started.append(a))
+    with pytest.raises(StartError, match="make setup-vllm"):
+        up.start_stack("m", {}, thinker_backend="vllm", vllm_python_path=str(tmp_path / "none"))
+    assert started == []
+    monkeypatch.setenv(up.VLLM_PYTHON_ENV, sys.executable)
+    assert up.vllm_python() == sys.executable
+
+
+def test_another_python_runs_this_source_tree(monkeypatch):
+    """The launcher puts this tree first on the other interpreter's PYTHONPATH, so the vLLM
+    environment runs the same code as the rest of the stack."""
+    seen = {}
+
+    def spawn(cmd, env, **kw):
+        seen.update(cmd=cmd, env=env)
+        return subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True)
+
+    monkeypatch.setattr(launcher, "spawn", spawn)
+    service, _ = launcher._spawn("thinker", ["serve", "thinker"], None, [], "/opt/other/python")
+    service.proc.wait(10)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
+    assert seen["cmd"][:3] == ["/opt/other/python", "-m", "omnistream.cli.main"]
+    assert seen["env"]["PYTHONPATH"].split(os.pathsep)[0] == root

@@ -270,7 +270,7 @@ async def test_a_replica_that_disagrees_stays_out_until_the_deployment_it_disagr
 ALL_MEDIA = ["text", "audio", "image", "video"]
 
 
-async def test_thinkers_that_take_different_media_share_a_deployment_and_each_request_goes_to_one_that_takes_its_media(
+async def test_thinkers_taking_different_media_share_a_deployment_and_media_go_to_one_that_takes_them(
     monkeypatch,
 ):
     """A transformers thinker (text and media) beside a vLLM one (text only): both join, the

@@ -84,3 +84,12 @@ def test_the_engine_factory_hands_the_audio_stages_their_step_budgets(tiny_model
     )  # default: the batch
     code2wav = FAMILY.engine("code2wav", tiny_model_dir, options, max_step_frames=30, first_audio_target=1.5)
     assert (code2wav.max_step_frames, code2wav.first_audio_target) == (30, 1.5)
+
+
+def test_the_vllm_backend_serves_the_thinker_only(tiny_model_dir):
+    """Refused before any weight is read: vLLM runs no talker or code2wav here, and a misspelt
+    backend is named."""
+    with pytest.raises(ValueError, match="thinker only"):
+        FAMILY.engine("talker", tiny_model_dir, LoadOptions(backend="vllm"))
+    with pytest.raises(ValueError, match="unknown backend"):
+        FAMILY.engine("thinker", tiny_model_dir, LoadOptions(backend="onnx"))

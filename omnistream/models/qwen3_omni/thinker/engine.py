@@ -29,7 +29,6 @@ from typing import Any
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
-from omnistream.engine.chat_encoding import ChatEncoder
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import Engine
 from omnistream.engine.kvcache import SlotKVCache
@@ -40,6 +39,7 @@ from omnistream.models.qwen3_omni.thinker.given_answers import GivenAnswers
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
 from omnistream.models.qwen3_omni.thinker.state import ThinkerOutput, _Step, _ThinkerState
+from omnistream.models.qwen3_omni.thinker.text import ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
     Slice,
     check_media_prompt,
@@ -73,15 +73,15 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         self.device = options.device
         self.dtype = options.torch_dtype()
         text = self.config.thinker_config.text_config
-        self.vocab_size = text.vocab_size
-        self.eos_ids = {self.config.im_end_token_id}
-        if self.tokenizer.eos_token_id is not None:
-            self.eos_ids.add(self.tokenizer.eos_token_id)
+        # The text rules (encoding, request checks, given answers) the vLLM thinker shares.
+        self.text = ThinkerText(self.config, self.tokenizer, max_model_len)
+        self.vocab_size = self.text.vocab_size
+        self.eos_ids = self.text.eos_ids
         self.max_model_len = max_model_len
         self.max_batch = max_batch
-        self.chat = ChatEncoder(self.tokenizer, max_model_len)
+        self.chat = self.text.chat
         tc = self.config.thinker_config
-        self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
+        self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
         self.accept_layer = self.config.talker_config.accept_hidden_layer
@@ -103,10 +103,8 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
-        that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
-        prompts: servicers call it off the event loop."""
-        return self.chat.encode(messages)
+        """See `ThinkerText.encode_chat` (slow for long prompts: call it off the event loop)."""
+        return self.text.encode_chat(messages)
 
     def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
@@ -123,33 +121,13 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
     ) -> OutputStream:
         """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
         off the event loop (else it runs here)."""
-        if not prompt_ids:
-            raise InvalidRequest("the prompt is empty", field="prompt")
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
-            raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
+        self.text.check_ids(prompt_ids, has_media=media is not None)
         if media is not None:
             if list(prompt_ids) != media.prompt_ids:
                 raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
             check_media_prompt(media, prompt_ids, self.config)
             media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
-        elif not self.multimodal_ids.isdisjoint(prompt_ids):
-            # Their rows come from media encoders this thinker does not run (text-only input).
-            raise InvalidRequest(
-                "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
-            )
-        if not params.max_tokens >= 1:
-            raise InvalidRequest("max_tokens must be at least 1", field="max_tokens")
-        if params.assistant_text is not None:
-            # A given answer takes what it is, up to max_tokens; the rest of the budget is not held.
-            spoken = spoken if spoken is not None else self.encode_assistant_text(params.assistant_text)
-            self._check_spoken(prompt_ids, spoken, params)
-        elif len(prompt_ids) + params.max_tokens > self.max_model_len:
-            raise InvalidRequest(
-                f"prompt ({len(prompt_ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model length {self.max_model_len}",
-                field="max_tokens",
-            )
-        params.sampling.validate()
+        spoken = self.text.check_budget(prompt_ids, params, spoken)
         state = _ThinkerState(
             request_id=request_id,
             output=self.new_output(),

@@ -9,23 +9,9 @@ import torch
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import RequestState
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
+from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput  # noqa: F401  (re-exported: what it emits)
 from omnistream.models.qwen3_omni.thinker.thinker_media import Encoded, PromptEmbedding, Slice
-from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import ThinkerParams
-
-
-@dataclass
-class ThinkerOutput:
-    token_ids: list[int]
-    text_delta: str
-    index: int  # index of the first token in `token_ids` among the generated tokens
-    finished: bool = False
-    finish_reason: str | None = None
-    prompt_ids: list[int] | None = None  # only on the first output
-    # First output of a prompt with media: deep rows [len(positions), H] of its multimodal positions.
-    prompt_hidden: torch.Tensor | None = None
-    multimodal_positions: list[int] | None = None
-    media_layout: MediaLayout | None = None  # first output of a prompt with media
 
 
 @dataclass

@@ -1,0 +1,447 @@
+"""The Qwen3-Omni thinker on vLLM's async engine: the same engine API as thinker/engine.py.
+
+Built by the family (`LoadOptions.backend == "vllm"`), served by the same ThinkerServicer: the
+chunks, statuses and Info are the stage contract's, so the gateway, talker and Code2Wav cannot tell
+the backends apart, except that this one's Info accepts only text (`input_modalities`).
+
+What vLLM does here: its own continuous batching, paged KV cache with automatic prefix caching (a
+conversation that re-sends its history each turn prefills only the new part), chunked prefill
+(`--prefill-chunk` is its per-step token budget), its limits (`max_model_len`, `max_num_seqs` =
+`--max-batch`). What stays ours: the chat encoding, the request checks and their error messages,
+and given answers (speech), which need no model (`thinker/text.py`, shared with the transformers
+engine). Each request is one `AsyncLLM.generate` task over token ids with DELTA outputs; cancelling
+the task (the stream ended: client cancel, deadline, error) is what aborts it inside vLLM, through
+vLLM's own abort path in `generate`.
+
+Text only: the talker needs nothing but the thinker's token ids for a text prompt (it embeds them
+itself); media prompts need the deep hidden rows at the media positions, which this engine does not
+produce, so it refuses them and reports `input_modalities=["text"]` for the gateway to route by.
+
+What it loads (`vllm_load`): "text", the thinker's language model converted to a Qwen3MoeForCausalLM
+directory (vllm_checkpoint.py; the CPU path and the tests), or "native", the checkpoint directory
+itself through vLLM's own Qwen3-Omni thinker (GPU deployments of the real model). Default: text on
+the CPU, native on an accelerator.
+
+vLLM starts its engine core in a child process (spawned: the caller's `__main__` must be guarded,
+as `omnistream.cli` is). This module imports vLLM only inside the engine, so the family imports
+without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omnistream.engine.engine import EngineStats
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions, is_accelerator
+from omnistream.engine.output_stream import OutputStream
+from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
+from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
+from omnistream.request.stage_chain import ThinkerParams
+
+log = logging.getLogger(__name__)
+
+INPUT_MODALITIES = ("text",)
+LOAD_CHOICES = ("auto", "text", "native")
+# vLLM's CPU KV cache in GiB unless the environment says otherwise (its default, 4 GiB per process,
+# is far more than a test thinker needs on a shared machine).
+CPU_KVCACHE_GIB = "1"
+TEXT_ONLY = (
+    "this thinker replica (vLLM backend) takes text prompts only; requests with audio, images or "
+    "video are served by a transformers thinker"
+)
+
+
+@dataclass
+class _Request:
+    request_id: str
+    output: OutputStream
+    prompt_ids: list[int]
+    params: ThinkerParams
+    spoken: list[int] | None
+    task: asyncio.Task | None = None
+    started: bool = False  # vLLM (or the given answer) produced its first output
+    generated: list[int] = field(default_factory=list)
+    room: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def resolve_load(load: str, device: str) -> str:
+    if load not in LOAD_CHOICES:
+        raise ValueError(f"unknown vllm load {load!r}; choose from {LOAD_CHOICES}")
+    if load == "auto":
+        return "native" if is_accelerator(device) else "text"
+    return load
+
+
+class VllmThinkerEngine:
+    """A thinker engine whose model work is vLLM's: the API ThinkerServicer, StageMetrics, the
+    speed meter and run_stage_server use (add_request, abort, counts, stats, step and fatal
+    listeners, start/stop), with the request bookkeeping on the event loop (no engine thread:
+    vLLM's engine core runs in its own process, its outputs arrive as asyncio tasks)."""
+
+    name = "thinker"
+
+    def __init__(
+        self,
+        model_dir: str,
+        options: LoadOptions = LoadOptions(),
+        max_batch: int = 16,
+        max_model_len: int = 4096,
+        max_requests: int | None = None,
+        output_capacity: int = 512,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        vllm_load: str = "auto",
+    ) -> None:
+        from transformers import AutoConfig, AutoTokenizer
+
+        self.config = AutoConfig.from_pretrained(str(model_dir))
+        self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+        self.text = ThinkerText(self.config, self.tokenizer, max_model_len)
+        self.max_model_len = max_model_len
+        self.max_batch = max_batch
+        self.max_requests = max_requests or max_batch * 4
+        self.output_capacity = output_capacity
+        self.input_modalities = INPUT_MODALITIES
+        self.stats = EngineStats()
+        self.poisoned: BaseException | None = None
+        self._requests: dict[str, _Request] = {}
+        self._step_listeners: list[Any] = []
+        self._fatal_listeners: list[Any] = []
+        self._stopping = False
+        self._last_record: float | None = None  # end of the last step, or when work arrived
+        # vLLM's own view, from its scheduler's stats each engine step (tests and metrics read it).
+        self.vllm_running = 0
+        self.vllm_waiting = 0
+        if options.dtype_name == "float64":
+            raise InvalidRequest("the vLLM thinker runs float32, bfloat16 or float16", field="dtype")
+        self.load = resolve_load(vllm_load, options.device)
+        self.vllm_model = self._model_dir(model_dir)
+        self.llm = self._start_vllm(options, prefill_chunk)
+
+    # --- construction -------------------------------------------------------------------------------
+    def _model_dir(self, model_dir: str) -> str:
+        if self.load == "native":
+            return str(model_dir)
+        from omnistream.models.qwen3_omni.thinker.vllm_checkpoint import ensure_converted
+
+        return str(ensure_converted(model_dir))
+
+    def _start_vllm(self, options: LoadOptions, prefill_chunk: int):
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        device = options.device
+        if is_accelerator(device):
+            index = device.partition(":")[2]
+            if index and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                os.environ["CUDA_VISIBLE_DEVICES"] = index  # vLLM takes the first visible device
+        else:
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
+        args = AsyncEngineArgs(
+            model=self.vllm_model,
+            dtype=options.dtype_name,
+            max_model_len=self.max_model_len,
+            max_num_seqs=self.max_batch,
+            # vLLM's per-step token budget is our prefill chunk (its chunked prefill is on).
+            max_num_batched_tokens=max(prefill_chunk, self.max_batch),
+            enable_prefix_caching=True,
+            # Token ids in, token ids out: our tokenizer and chat encoding are the contract's.
+            skip_tokenizer_init=True,
+            # Our sampling params are the request's whole truth (no generation_config defaults).
+            generation_config="vllm",
+            enforce_eager=not is_accelerator(device),
+            seed=0,
+            disable_log_stats=False,
+            enable_log_requests=False,
+            # The native model is multimodal; this replica takes text only, so vLLM sets up no
+            # encoder for it (text-only mode of a multimodal model).
+            **(
+                {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}} if self.load == "native" else {}
+            ),
+        )
+        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
+
+    def _stat_logger_factory(self):
+        from vllm.v1.metrics.loggers import StatLoggerBase
+
+        engine = self
+
+        class StepRecorder(StatLoggerBase):
+            """Turns each engine step vLLM reports into our step listeners' call (speed meter,
+            stage metrics) and keeps vLLM's running/waiting counts."""
+
+            def __init__(self, vllm_config, engine_index: int = 0) -> None:
+                pass
+
+            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+                engine._on_vllm_step(scheduler_stats, iteration_stats)
+
+            def log_engine_initialized(self) -> None:
+                pass
+
+        return StepRecorder
+
+    # --- the engine API -------------------------------------------------------------------------------
+    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+        """See `ThinkerText.encode_chat` (call it off the event loop)."""
+        return self.text.encode_chat(messages)
+
+    def encode_assistant_text(self, text: str) -> list[int]:
+        """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
+        return self.text.encode_assistant_text(text)
+
+    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False):
+        raise InvalidRequest(TEXT_ONLY, field="messages")
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_ids: list[int],
+        params: ThinkerParams,
+        media: Any = None,
+        spoken: list[int] | None = None,
+    ) -> OutputStream:
+        """Checked as the transformers thinker checks (same errors), admitted under `max_requests`,
+        then run as one asyncio task; the returned stream ends with the request."""
+        if media is not None:
+            raise InvalidRequest(TEXT_ONLY, field="messages")
+        self.text.check_ids(prompt_ids)
+        spoken = self.text.check_budget(prompt_ids, params, spoken)
+        if self.poisoned is None and self.llm.errored:  # died while idle: nothing had noticed
+            self._poison(RuntimeError("vLLM's engine core is dead"))
+        if self.poisoned is not None:
+            raise Unavailable("the thinker's vLLM engine died; it is restarting")
+        if self._stopping:
+            raise Overloaded("thinker engine is stopping")
+        if request_id in self._requests:
+            raise InvalidRequest(f"request {request_id!r} is already running", field="request_id")
+        if len(self._requests) >= self.max_requests:
+            raise Overloaded(f"thinker engine is at its limit of {self.max_requests} requests")
+        request = _Request(request_id, None, list(prompt_ids), params, spoken)  # type: ignore[arg-type]
+        request.output = OutputStream(
+            asyncio.get_running_loop(), self.output_capacity, on_consume=request.room.set
+        )
+        if not self._requests:
+            self._last_record = time.perf_counter()  # idle time before this is no step's
+        self._requests[request_id] = request
+        run = self._speak(request) if spoken is not None else self._generate(request)
+        request.task = asyncio.get_running_loop().create_task(run, name=f"thinker-{request_id}")
+        return request.output
+
+    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+        """Forget the request now and cancel its task: inside `AsyncLLM.generate` the cancellation
+        aborts the request in vLLM's scheduler. With `output`, only the request owning it."""
+        request = self._requests.get(request_id)
+        if request is None or (output is not None and request.output is not output):
+            return False
+        del self._requests[request_id]
+        self.stats.aborted += 1
+        if request.task is not None:
+            request.task.cancel()
+        request.output.close()
+        return True
+
+    def wake(self) -> None:
+        """Nothing to wake: outputs are pushed by vLLM's output handler."""
+
+    @property
+    def num_requests(self) -> int:
+        return len(self._requests)
+
+    def has_request(self, request_id: str) -> bool:
+        return request_id in self._requests
+
+    def request_ids(self) -> list[str]:
+        return list(self._requests)
+
+    def counts(self) -> tuple[int, int]:
+        """(running, waiting): a request runs once it produced output (vLLM admitted and prefilled
+        it, or it is a given answer being streamed); before that it waits in vLLM's queue."""
+        running = sum(1 for r in self._requests.values() if r.started)
+        return running, len(self._requests) - running
+
+    def num_unfinished_in_vllm(self) -> int:
+        """Requests vLLM's output processor still tracks (0 once every one ended or was aborted)."""
+        return self.llm.get_num_unfinished_requests()
+
+    def add_step_listener(self, listener) -> None:
+        """`listener(engine, seconds)` after each vLLM engine step (on the event loop)."""
+        self._step_listeners.append(listener)
+
+    def add_fatal_listener(self, listener) -> None:
+        """`listener(error)` once, when vLLM's engine dies."""
+        self._fatal_listeners.append(listener)
+
+    def metric_collectors(self) -> list[Any]:
+        """vLLM's own Prometheus metrics (`vllm:*`, in prometheus_client's global registry), for the
+        stage's /metrics beside ours: `vllm:num_requests_running` is vLLM's scheduler's count."""
+        from prometheus_client import REGISTRY
+
+        class VllmMetrics:
+            def collect(self):
+                for family in REGISTRY.collect():
+                    if family.name.startswith("vllm:"):
+                        yield family
+
+        return [VllmMetrics()]
+
+    def start(self) -> None:
+        """vLLM's engine started in the constructor (it loads the weights there, as the
+        transformers engine does)."""
+
+    def stop(self) -> None:
+        self._stopping = True
+        for request in list(self._requests.values()):
+            if request.task is not None:
+                request.task.cancel()
+            request.output.close()
+        self._requests.clear()
+        self.llm.shutdown()
+
+    # --- per request ----------------------------------------------------------------------------------
+    def _sampling(self, request: _Request):
+        from vllm.sampling_params import RequestOutputKind, SamplingParams
+
+        s = request.params.sampling
+        return SamplingParams(
+            n=1,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            repetition_penalty=s.repetition_penalty,
+            seed=s.seed,
+            max_tokens=request.params.max_tokens,
+            # Our end-of-turn ids stop it (and are sent, as the transformers thinker sends them),
+            # unless the request ignores them; vLLM's own EOS handling stays out of it.
+            ignore_eos=True,
+            stop_token_ids=[] if request.params.ignore_eos else sorted(self.text.eos_ids),
+            output_kind=RequestOutputKind.DELTA,
+            detokenize=False,
+        )
+
+    async def _generate(self, request: _Request) -> None:
+        from vllm.inputs import TokensPrompt
+
+        detok = self.text.detokenizer()
+        try:
+            prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
+            async for result in self.llm.generate(prompt, self._sampling(request), request.request_id):
+                completion = result.outputs[0]
+                tokens = list(completion.token_ids)
+                finished = result.finished
+                delta = "".join(detok.add(t) for t in tokens)
+                if finished:
+                    delta += detok.flush()
+                first = not request.started
+                request.started = True
+                index = len(request.generated)
+                request.generated.extend(tokens)
+                reason = None
+                if finished:
+                    reason = "length" if completion.finish_reason == "length" else "stop"
+                request.output.put(
+                    ThinkerOutput(
+                        token_ids=tokens,
+                        text_delta=delta,
+                        index=index,
+                        finished=finished,
+                        finish_reason=reason,
+                        prompt_ids=list(request.prompt_ids) if first else None,
+                    )
+                )
+            self._finish(request)
+        except asyncio.CancelledError:
+            raise  # aborted: `generate` has told vLLM, `abort` did our side
+        except Exception as exc:
+            self._failed(request, exc)
+
+    async def _speak(self, request: _Request) -> None:
+        """A given answer: no model work, the pieces the transformers thinker sends, paced by the
+        output's bound (each waits until the consumer took something)."""
+        assert request.spoken is not None
+        detok = self.text.detokenizer()
+        request.started = True
+        while len(request.generated) < len(request.spoken):
+            while not request.output.has_room():
+                request.room.clear()
+                await request.room.wait()
+            request.output.put(spoken_piece(request.prompt_ids, request.spoken, request.generated, detok))
+            await asyncio.sleep(0)
+        self._finish(request)
+
+    def _finish(self, request: _Request) -> None:
+        if self._requests.get(request.request_id) is request:
+            del self._requests[request.request_id]
+            self.stats.finished += 1
+        request.output.close()
+
+    def _failed(self, request: _Request, exc: Exception) -> None:
+        from vllm.exceptions import VLLMClientError
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if isinstance(exc, EngineDeadError):
+            self._poison(exc)
+            return
+        if self._requests.get(request.request_id) is request:
+            del self._requests[request.request_id]
+        self.stats.errors += 1
+        if isinstance(exc, OmniError):
+            error = exc
+        elif isinstance(exc, VLLMClientError | ValueError):  # vLLM refused the request itself
+            error = InvalidRequest(f"the thinker's vLLM engine refused the request: {exc}")
+        else:
+            log.exception("thinker (vLLM): request %s failed", request.request_id, exc_info=exc)
+            error = InternalError(f"thinker failed on this request: {type(exc).__name__}: {exc}")
+        request.output.fail(error)
+
+    def _poison(self, error: BaseException) -> None:
+        """vLLM's engine core died: every request fails with UNAVAILABLE and the fatal listeners are
+        told (the server then exits non-zero, to be restarted), once."""
+        if self.poisoned is not None:
+            return
+        self.poisoned = error
+        self._stopping = True
+        log.critical("thinker: vLLM's engine died (%s); failing %d request(s)", error, len(self._requests))
+        for request in list(self._requests.values()):
+            request.output.fail(Unavailable("the thinker's vLLM engine died; it is restarting"))
+        self.stats.errors += len(self._requests)
+        self._requests.clear()
+        for listener in self._fatal_listeners:
+            try:
+                listener(error)
+            except Exception:
+                log.exception("thinker: a fatal listener failed")
+
+    # --- vLLM's steps ---------------------------------------------------------------------------------
+    def _on_vllm_step(self, scheduler_stats, iteration_stats) -> None:
+        """One engine step's stats (on the event loop, from vLLM's output handler): the step's
+        time is the time since the previous report, or since the first request while it was idle."""
+        now = time.perf_counter()
+        if scheduler_stats is not None:
+            self.vllm_running = scheduler_stats.num_running_reqs
+            self.vllm_waiting = scheduler_stats.num_waiting_reqs
+        if iteration_stats is None:
+            return
+        previous = self._last_record
+        self._last_record = now
+        seconds = 0.0 if previous is None else now - previous
+        self.stats.steps += 1
+        self.stats.last_step_seconds = seconds
+        self.stats.last_units = iteration_stats.num_generation_tokens
+        self.stats.last_batch_size = self.vllm_running
+        for listener in self._step_listeners:
+            try:
+                listener(self, seconds)
+            except Exception:  # a metrics hook must never break vLLM's output handler
+                log.exception("thinker step listener %r failed", listener)
+
+
+def vllm_python_default(root: str | Path | None = None) -> Path:
+    """The interpreter of the vLLM environment `make setup-vllm` builds (.venv-vllm at the root)."""
+    root = Path(root) if root is not None else Path(__file__).resolve().parents[4]
+    return root / ".venv-vllm" / "bin" / "python"

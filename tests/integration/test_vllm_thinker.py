@@ -1,0 +1,267 @@
+"""A thinker on vLLM (`serve thinker --backend vllm`, run by the vLLM environment's python) beside a
+transformers thinker, both real processes sharing one talker and one code2wav.
+
+The two thinkers must be indistinguishable to everything after them for text prompts: the same
+token ids (greedy, alone and batched inside vLLM), hence the same codes and audio; a cancelled or
+timed-out stream must end its request inside vLLM (vLLM's own `vllm:num_requests_*` gauges on the
+thinker's /metrics, not only ours); a given answer (speech) is spoken the same; and the vLLM thinker
+says in its Info that it takes text only, refusing media with INVALID_ARGUMENT.
+One stack per module: vLLM's engine takes ~20-40 s to start here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+from pathlib import Path
+
+import grpc
+import httpx
+import numpy as np
+import pytest
+
+from omnistream.cli.launcher import start_services
+from omnistream.models.family import read_config
+from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
+from omnistream.wire.chunk_key import ChunkKey, Stage
+from omnistream.wire.convert import message_proto
+from tests.media_samples import image
+from tests.vllm_env import VLLM_PYTHON, requires_vllm
+
+from .conftest import gateway_process, metric, wait_for
+from .stage_calls import collect_services, make_request, raw_stream
+
+pytestmark = requires_vllm
+
+PROMPTS = [
+    [{"role": "user", "content": "Tell me a story about the sea."}],
+    [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello, how are you?"}],
+]
+SPEECH = "The sea was calm tonight, and the boats came home."
+SPEECH_EXTRA = {"talker_temperature": 0, "initial_codec_chunk_frames": 4, "max_audio_frames": 40}
+LONG = 3000  # tokens: a request that is still running when the test cancels it
+
+
+def args(stage: str, model: str, *extra: str) -> list[str]:
+    return ["serve", stage, "--model", model, "--dtype", "float32", "--max-batch", "8", *extra]
+
+
+@pytest.fixture(scope="module")
+def stack(tiny_model_dir):
+    """thinker-vllm, thinker (transformers), talker, code2wav."""
+    specs = {
+        "thinker-vllm": args("thinker", tiny_model_dir, "--backend", "vllm"),
+        "thinker": args("thinker", tiny_model_dir),
+        "talker": args("talker", tiny_model_dir),
+        "code2wav": args("code2wav", tiny_model_dir),
+    }
+    services = start_services(specs, timeout=300, pythons={"thinker-vllm": VLLM_PYTHON})
+    try:
+        yield services
+    finally:
+        for service in services.values():
+            service.stop()
+
+
+def chain(stack, thinker: str) -> dict:
+    return {"thinker": stack[thinker], "talker": stack["talker"], "code2wav": stack["code2wav"]}
+
+
+def thinker_open(rid: str, ids: list[int], max_tokens: int = 24, **kw) -> stage_pb2.ThinkerRequest:
+    open_ = stage_pb2.ThinkerOpen(
+        request_id=rid, prompt_ids=ids, max_tokens=max_tokens, ignore_eos=True, **kw
+    )
+    return stage_pb2.ThinkerRequest(key=ChunkKey(rid, Stage.GATEWAY, 0).to_proto(), open=open_)
+
+
+async def thinker_tokens(service, rid: str, ids: list[int]) -> tuple[list[int], list[int], str]:
+    """(generated ids, the first chunk's prompt ids, finish reason) of one raw thinker stream."""
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        call = stage_pb2_grpc.ThinkerServiceStub(channel).Stream(timeout=60)
+        await call.write(thinker_open(rid, ids))
+        await call.done_writing()
+        tokens, prompt, reason = [], None, ""
+        async for chunk in call:
+            tokens.extend(chunk.token_ids)
+            if prompt is None:
+                prompt = list(chunk.prompt_ids)
+            reason = chunk.finish_reason or reason
+        return tokens, prompt, reason
+
+
+def vllm_idle(service) -> bool:
+    """vLLM's scheduler holds no request, and neither does our side of the thinker."""
+    return (
+        metric(service, "vllm:num_requests_running") == 0
+        and metric(service, "vllm:num_requests_waiting") == 0
+        and metric(service, "omnistream_stage_engine_requests") == 0
+        and metric(service, "omnistream_stage_open_streams") == 0
+    )
+
+
+def test_info_says_text_only(stack):
+    async def info(name):
+        async with grpc.aio.insecure_channel(stack[name].address) as channel:
+            return await stage_pb2_grpc.ThinkerServiceStub(channel).Info(stage_pb2.InfoRequest())
+
+    vllm, ours = asyncio.run(info("thinker-vllm")), asyncio.run(info("thinker"))
+    assert list(vllm.input_modalities) == ["text"]
+    assert set(ours.input_modalities) == {"text", "audio", "image", "video"}
+    assert vllm.family == ours.family and vllm.limits.max_model_len == ours.limits.max_model_len
+
+
+@pytest.mark.parametrize("index", range(len(PROMPTS)))
+def test_text_codes_and_audio_equal_the_transformers_thinkers(stack, index):
+    """The whole chain, greedy, once with each thinker: the same ids, text, codec frames, samples."""
+    want = asyncio.run(collect_services(chain(stack, "thinker"), make_request(PROMPTS[index]), f"tf-{index}"))
+    got = asyncio.run(
+        collect_services(chain(stack, "thinker-vllm"), make_request(PROMPTS[index]), f"v-{index}")
+    )
+    assert got[3].output_ids == want[3].output_ids and len(want[3].output_ids) > 0
+    assert got[0] == want[0]
+    np.testing.assert_array_equal(got[1], want[1])
+    np.testing.assert_array_equal(got[2], want[2])
+
+
+def test_concurrent_prompts_batched_in_vllm_match_alone(stack):
+    """Six prompts of different lengths at once (vLLM batches them into shared steps) against the
+    transformers thinker's tokens for each alone; the first chunk carries the prompt ids."""
+    prompts = [[(i * 31 + k * 7) % 400 + 10 for i in range(n)] for k, n in enumerate((3, 9, 17, 40, 75, 130))]
+
+    async def run():
+        want = [await thinker_tokens(stack["thinker"], f"alone-{k}", p) for k, p in enumerate(prompts)]
+        vllm = stack["thinker-vllm"]
+        got = await asyncio.gather(*(thinker_tokens(vllm, f"batch-{k}", p) for k, p in enumerate(prompts)))
+        return want, got
+
+    want, got = asyncio.run(run())
+    assert got == want
+    assert [g[1] for g in got] == prompts and {g[2] for g in got} == {"length"}
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
+    service = stack["thinker-vllm"]
+
+    async def run():
+        async with grpc.aio.insecure_channel(service.address) as channel:
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            call = stub.Stream(timeout=60 if how == "cancel" else 3.0)
+            await call.write(thinker_open(f"end-{how}", [5, 6, 7], max_tokens=LONG))
+            await call.done_writing()
+            got = 0
+            running = 0.0
+            try:
+                async for chunk in call:
+                    got += len(chunk.token_ids)
+                    if got >= 8 and not running:
+                        running = metric(service, "vllm:num_requests_running")
+                        if how == "cancel":
+                            call.cancel()
+                            break
+            except grpc.aio.AioRpcError as exc:
+                assert how == "deadline" and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            assert got < LONG  # it ended early, not by running out of tokens
+            return running, await wait_for(lambda: vllm_idle(service), timeout=10.0)
+
+    running, idle = asyncio.run(run())
+    assert running == 1  # vLLM's own gauge saw it running before the stream ended
+    assert idle
+
+
+def test_a_given_answer_is_spoken_the_same(stack):
+    """POST /v1/audio/speech through a gateway over each thinker: the same wav, byte for byte."""
+    wavs = []
+    for thinker in ("thinker", "thinker-vllm"):
+        with gateway_process(chain(stack, thinker)) as gateway:
+            body = {"model": "qwen3-omni", "voice": "ethan", "input": SPEECH, "response_format": "wav"}
+            reply = httpx.post(
+                f"http://127.0.0.1:{gateway.http_port}/v1/audio/speech",
+                json={**body, **SPEECH_EXTRA},
+                timeout=120,
+            )
+            assert reply.status_code == 200, reply.text
+            wavs.append(reply.content)
+    assert wavs[0][:4] == b"RIFF" and len(wavs[0]) > 1000
+    assert wavs[1] == wavs[0]
+
+
+def test_media_is_refused_by_name(stack):
+    """A chat with an image sent to the vLLM thinker itself (the gateway routes such requests to a
+    thinker whose Info lists images): INVALID_ARGUMENT saying why, and the thinker keeps serving."""
+    messages = [
+        {"role": "user", "content": [{"type": "image", "image": image()}, {"type": "text", "text": "?"}]}
+    ]
+    open_ = stage_pb2.ThinkerOpen(request_id="media", max_tokens=4)
+    open_.messages.append(message_proto(messages[0]))
+    first = stage_pb2.ThinkerRequest(key=ChunkKey("media", Stage.GATEWAY, 0).to_proto(), open=open_)
+
+    async def run():
+        async with grpc.aio.insecure_channel(stack["thinker-vllm"].address) as channel:
+            return await raw_stream(stage_pb2_grpc.ThinkerServiceStub(channel).Stream, [first])
+
+    code, details = asyncio.run(run())
+    assert code == grpc.StatusCode.INVALID_ARGUMENT and "text prompts only" in details
+    tokens, _, _ = asyncio.run(thinker_tokens(stack["thinker-vllm"], "after-media", [5, 6, 7]))
+    assert len(tokens) == 24
+
+
+def test_bad_requests_get_the_transformers_thinkers_statuses(stack, tiny_model_dir):
+    """Refused before vLLM sees them, with the same status and message on both thinkers."""
+    image_token = read_config(tiny_model_dir)["thinker_config"]["image_token_id"]
+    cases = {
+        "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=5000),
+        "vocab": thinker_open("vocab", [5, 100000]),
+        "placeholder": thinker_open("placeholder", [5, image_token, 7]),
+    }
+
+    async def run(name):
+        async with grpc.aio.insecure_channel(stack[name].address) as channel:
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            return {case: await raw_stream(stub.Stream, [first]) for case, first in cases.items()}
+
+    vllm, ours = asyncio.run(run("thinker-vllm")), asyncio.run(run("thinker"))
+    assert vllm == ours
+    assert {code for code, _ in vllm.values()} == {grpc.StatusCode.INVALID_ARGUMENT}
+    assert "model length" in vllm["too-long"][1] and "placeholder" in vllm["placeholder"][1]
+    assert vllm_idle(stack["thinker-vllm"])
+
+
+def _children(pid: int) -> dict[int, bytes]:
+    """Direct children of `pid` and their command lines (/proc; no psutil)."""
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if int((entry / "stat").read_text().rpartition(")")[2].split()[1]) == pid:
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes()
+    return found
+
+
+@pytest.mark.slow
+def test_a_dead_vllm_engine_fails_with_unavailable_and_exits_3(tiny_model_dir):
+    """vLLM's engine core process killed while idle: the next request gets UNAVAILABLE and the
+    thinker exits 3 (as a poisoned GPU does), for its supervisor to start a fresh one."""
+    spec = {"thinker": args("thinker", tiny_model_dir, "--backend", "vllm")}
+    service = start_services(spec, timeout=300, pythons={"thinker": VLLM_PYTHON})["thinker"]
+    try:
+        (core,) = [
+            pid for pid, cmd in _children(service.proc.pid).items() if cmd.startswith(b"VLLM::EngineCore")
+        ]
+        os.kill(core, signal.SIGKILL)
+        time.sleep(2)
+
+        async def run():
+            async with grpc.aio.insecure_channel(service.address) as channel:
+                return await raw_stream(
+                    stage_pb2_grpc.ThinkerServiceStub(channel).Stream, [thinker_open("x", [5, 6])]
+                )
+
+        code, details = asyncio.run(run())
+        assert code == grpc.StatusCode.UNAVAILABLE and "died" in details
+        assert service.proc.wait(30) == 3
+    finally:
+        service.stop()

@@ -1,0 +1,131 @@
+"""The thinker's text model as a Qwen3MoeForCausalLM directory (thinker/vllm_checkpoint.py).
+
+Three checks: the conversion is deterministic and cached by its key; the converted model (its
+widened heads included) computes the thinker's logits, read with transformers' own Qwen3-MoE in
+the project's environment; and vLLM, loading it, makes the transformers thinker's greedy tokens,
+alone and in one batch of prompts of different lengths (needs the vLLM environment).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+
+import pytest
+import torch
+
+from omnistream.engine.chat_encoding import ChatEncoder
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.family import family_for
+from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
+from omnistream.models.qwen3_omni.thinker import vllm_checkpoint, vllm_greedy
+from omnistream.request.stage_chain import ThinkerParams
+from tests.vllm_env import VLLM_PYTHON, requires_vllm
+
+MAX_TOKENS = 24
+
+
+def prompts(model_dir: str) -> list[list[int]]:
+    """Prompts of 3, ~15, ~60 and 200 ids: two chats in the model's framing and two runs of ids."""
+    chat = ChatEncoder(load_tokenizer(model_dir), 4096)
+    story = chat.encode([{"role": "user", "content": "Tell me a story."}])
+    system = {"role": "system", "content": "Be brief."}
+    long = chat.encode([system, {"role": "user", "content": "the sea " * 25}])
+    return [[5, 6, 7], story, long, [(i * 37) % 400 + 10 for i in range(200)]]
+
+
+def transformers_greedy(model_dir: str, batch: list[list[int]]) -> list[list[int]]:
+    """The project's thinker engine, each prompt alone, greedy, end of turn ignored."""
+
+    async def run() -> list[list[int]]:
+        engine = family_for(model_dir).engine("thinker", model_dir, LoadOptions(dtype="float32"), max_batch=4)
+        engine.start()
+        try:
+            out = []
+            for i, ids in enumerate(batch):
+                params = ThinkerParams(max_tokens=MAX_TOKENS, ignore_eos=True)
+                stream = engine.add_request(f"r{i}", ids, params)
+                out.append([t async for o in stream for t in o.token_ids])
+            return out
+        finally:
+            engine.stop()
+
+    return asyncio.run(run())
+
+
+def test_conversion_is_deterministic_and_cached(tiny_model_dir, tmp_path):
+    a = vllm_checkpoint.convert(tiny_model_dir, tmp_path / "a")
+    b = vllm_checkpoint.convert(tiny_model_dir, tmp_path / "b")
+    for name in ("model.safetensors", "config.json", "tokenizer.json"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    config = json.loads((a / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3MoeForCausalLM"]
+    assert config["head_dim"] == 32  # the tiny model's 16, widened for vLLM's CPU kernels
+    assert config["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0}
+    before = (a / "model.safetensors").stat().st_mtime_ns
+    assert vllm_checkpoint.ensure_converted(tiny_model_dir, a) == a
+    assert (a / "model.safetensors").stat().st_mtime_ns == before  # reused, not rewritten
+    (a / vllm_checkpoint.STAMP).write_text(json.dumps({"key": "an older converter"}))
+    assert not vllm_checkpoint.is_current(a, tiny_model_dir)
+
+
+def test_default_output_sits_beside_the_checkpoint(tmp_path):
+    assert vllm_checkpoint.default_output(tmp_path / "tiny") == tmp_path / "tiny-vllm-thinker"
+
+
+def test_refuses_a_checkpoint_of_another_family(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"model_type": "llama"}))
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(ValueError, match="not a Qwen3-Omni checkpoint"):
+        vllm_checkpoint.convert(tmp_path, tmp_path / "out")
+
+
+def test_converted_model_computes_the_thinkers_logits(tiny_model_dir, tmp_path):
+    """transformers' Qwen3MoeForCausalLM on the converted directory (head_dim 32, plain RoPE) vs the
+    Qwen3-Omni thinker (head_dim 16, M-RoPE at equal positions), text prompts, float64."""
+    from transformers import AutoModelForCausalLM
+
+    converted = vllm_checkpoint.convert(tiny_model_dir, tmp_path / "converted")
+    options = LoadOptions(dtype="float64")
+    thinker = load_stage("thinker", tiny_model_dir, options).thinker
+    plain = AutoModelForCausalLM.from_pretrained(
+        str(converted), dtype=torch.float64, experts_implementation="eager"
+    ).eval()
+    for ids in prompts(tiny_model_dir):
+        x = torch.tensor([ids])
+        with torch.no_grad():
+            want = thinker(input_ids=x).logits
+            got = plain(input_ids=x).logits
+        # The widened heads compute the same attention (vllm_checkpoint.py); only rounding differs,
+        # and both models take their attention softmax in float32, where it shows (~2e-8 here).
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
+
+
+@requires_vllm
+def test_vllm_greedy_equals_transformers_alone_and_batched(tiny_model_dir):
+    batch = prompts(tiny_model_dir)
+    want = transformers_greedy(tiny_model_dir, batch)
+    batches = [[batch[1]], [batch[3]], batch]  # two alone, then all four in one batch
+    run = subprocess.run(
+        [
+            VLLM_PYTHON,
+            "-m",
+            "omnistream.models.qwen3_omni.thinker.vllm_greedy",
+            "--model",
+            tiny_model_dir,
+            "--max-tokens",
+            str(MAX_TOKENS),
+        ],
+        input=json.dumps(batches),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+    assert run.returncode == 0, run.stderr[-3000:]
+    (line,) = [line for line in run.stdout.splitlines() if line.startswith(vllm_greedy.MARK)]
+    got = json.loads(line[len(vllm_greedy.MARK) :])
+    assert got[0] == [want[1]]
+    assert got[1] == [want[3]]
+    assert got[2] == want
