@@ -265,3 +265,48 @@ def test_a_dead_vllm_engine_fails_with_unavailable_and_exits_3(tiny_model_dir):
         assert service.proc.wait(30) == 3
     finally:
         service.stop()
+
+
+def test_one_gateway_over_both_thinkers_sends_text_to_either_and_media_to_the_one_that_takes_it(stack):
+    """A mixed deployment behind one gateway: both thinkers join (their Infos differ only in what they
+    take), the gateway says it takes images, text requests are spread over both (least loaded),
+    and every request with an image runs on the transformers thinker, each answered."""
+    import base64
+
+    from tests.media_files import image_file
+
+    picture = "data:image/png;base64," + base64.b64encode(image_file()).decode()
+    with gateway_process(stack) as gateway:  # thinker-vllm and thinker both join as thinkers
+        base = f"http://127.0.0.1:{gateway.http_port}"
+        card = httpx.get(f"{base}/v1/models", timeout=30).json()["data"][0]["omnistream"]
+        assert {"text", "image"} <= set(card["input_modalities"])
+        served = {
+            name: metric(stack[name], "omnistream_stage_requests_total")
+            for name in ("thinker", "thinker-vllm")
+        }
+
+        def chat(content) -> None:
+            body = {"model": "qwen3-omni", "messages": [{"role": "user", "content": content}]}
+            body |= {"modalities": ["text"], "max_tokens": 4}
+            reply = httpx.post(f"{base}/v1/chat/completions", json=body, timeout=120)
+            assert reply.status_code == 200, reply.text
+            assert reply.json()["choices"][0]["finish_reason"] in ("stop", "length")
+
+        for _ in range(4):
+            chat("Hello there")
+        text = {
+            name: metric(stack[name], "omnistream_stage_requests_total") - served[name] for name in served
+        }
+        assert text["thinker"] >= 1 and text["thinker-vllm"] >= 1 and sum(text.values()) == 4
+        for _ in range(3):
+            chat(
+                [
+                    {"type": "image_url", "image_url": {"url": picture}},
+                    {"type": "text", "text": "What is it?"},
+                ]
+            )
+        media = {
+            name: metric(stack[name], "omnistream_stage_requests_total") - served[name] - text[name]
+            for name in served
+        }
+        assert media == {"thinker": 3, "thinker-vllm": 0}
