@@ -86,6 +86,8 @@ bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --transport rest --modes async \
 		--max-concurrency 1,4,10,16 --codec-chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
 		--audio-frames 340 --output-dir bench-results
+	@if [ -x $(VLLM_PY) ]; then $(MAKE) --no-print-directory bench-thinkers; \
+	else echo "make bench: no $(VLLM_VENV) (make setup-vllm): the thinker backends were not compared"; fi
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
 bench-seed: tiny-model
