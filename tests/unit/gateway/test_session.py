@@ -33,8 +33,15 @@ def _audio(seconds: float, rate: int = 24_000) -> AudioEvent:
     return AudioEvent(np.zeros(round(seconds * rate), np.float32), 0, rate)
 
 
-async def _play(monkeypatch, timeline: list[tuple[float, object]]) -> tuple[Session, GatewayMetrics]:
-    """Hand out the events of `timeline` at its times, as a client reading them would be."""
+async def _play(
+    monkeypatch,
+    timeline: list[tuple[float, object]],
+    permit=None,
+    guard: tuple[float, float] | None = None,
+    after_each=None,
+) -> tuple[Session, GatewayMetrics]:
+    """Hand out the events of `timeline` at its times, as a client reading them would be; `guard`:
+    (first chunk seconds, start guard seconds); `after_each()` runs after every event handed out."""
     clock = Clock()
     monkeypatch.setattr(gateway.session.time, "perf_counter", clock)
     events = [event for _, event in timeline]
@@ -47,12 +54,15 @@ async def _play(monkeypatch, timeline: list[tuple[float, object]]) -> tuple[Sess
     metrics = GatewayMetrics()
     core = SimpleNamespace(metrics=metrics)
     loop = asyncio.get_running_loop()
-    session = Session(core, "r", Permit(), [], body, loop.time() + 30)  # type: ignore[arg-type]
+    permit = permit or Permit()
+    session = Session(core, "r", permit, [], body, loop.time() + 30, *(guard or ()))  # type: ignore[arg-type]
     metrics.in_flight.inc()
     session.start()
     for at, _ in timeline:
         clock.now = at
         await session.next_event()
+        if after_each is not None:
+            after_each()
     await session.aclose()
     return session, metrics
 
@@ -109,10 +119,7 @@ async def test_a_stream_with_a_short_first_chunk_holds_new_starts_until_it_has_t
     1.0 s of guard reached only with the fifth chunk (1.28 s more at 0.5: 2.16 in hand)."""
     from gateway.admission import Admission
 
-    clock = Clock()
-    monkeypatch.setattr(gateway.session.time, "perf_counter", clock)
     admission = Admission(16, audio_gate=lambda running: True)
-    permit = await admission.acquire(audio=True)
     timeline = [
         (0.1, _audio(0.16)),
         (0.2, _audio(0.16)),
@@ -121,31 +128,13 @@ async def test_a_stream_with_a_short_first_chunk_holds_new_starts_until_it_has_t
         (0.5, _audio(1.28)),
         (0.6, _done()),
     ]
-    events = [event for _, event in timeline]
-
-    async def body(emit):
-        for event in events[:-1]:
-            await emit(event)
-        return events[-1]
-
-    metrics = GatewayMetrics()
-    core = SimpleNamespace(metrics=metrics)
-    loop = asyncio.get_running_loop()
-    session = Session(core, "r", permit, [], body, loop.time() + 30, 0.16, 1.0)  # type: ignore[arg-type]
-    metrics.in_flight.inc()
-    assert admission.audio_starting == 1
-    session.start()
     fragile = []
-    for at, _ in timeline:
-        clock.now = at
-        await session.next_event()
-        fragile.append(admission.audio_starting)
+    permit = await admission.acquire(audio=True)
+    await _play(monkeypatch, timeline, permit, (0.16, 1.0), lambda: fragile.append(admission.audio_starting))
     assert fragile == [1, 1, 1, 1, 0, 0]
-    await session.aclose()
     assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)
 
     # A first chunk of the guard or more is not fragile at all.
     permit = await admission.acquire(audio=True)
-    session = Session(core, "s", permit, [], body, loop.time() + 30, 1.28, 1.0)  # type: ignore[arg-type]
-    assert admission.audio_starting == 0
-    permit.release()
+    await _play(monkeypatch, timeline, permit, (1.28, 1.0), lambda: fragile.append(admission.audio_starting))
+    assert fragile[6:] == [0] * 6

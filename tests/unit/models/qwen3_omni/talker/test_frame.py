@@ -198,17 +198,16 @@ class _FakeGraph:
         self.out.copy_(self.step())
 
 
-def test_graph_path_replays_static_inputs_and_gives_the_eager_codes(tiny_model_dir, monkeypatch):
-    """What the frame does once graphs are captured, without a GPU: each step's inputs are copied
-    into the bucket's static inputs, a graph per (step, bucket, KV width, sampling variant) is
-    recorded on first use and replayed after, and its output is what the frame reads. The codes
-    must be the eager path's; the capture itself (`_record` on CUDA) is left to a CUDA machine."""
+def _graph_codes(model_dir, monkeypatch, graph_type, sampling) -> tuple[list, list]:
+    """The codes with the frame's CUDA graphs faked by `graph_type` on the CPU, and the graphs
+    recorded: `_record` makes one per (step, bucket, KV width, variant), the CUDA-only guard is
+    passed (tested below) and the graph path runs as on a GPU."""
     from omnistream.models.qwen3_omni.talker import frame as talker_frame
 
     recorded: list[_FakeGraph] = []
 
     def record(self, step):
-        graph = _FakeGraph(step)
+        graph = graph_type(step)
         recorded.append(graph)
         return graph, graph.out
 
@@ -219,14 +218,23 @@ def test_graph_path_replays_static_inputs_and_gives_the_eager_codes(tiny_model_d
     original = talker_frame.StaticTalkerFrame.__init__
 
     def cpu_graphs(self, *args, **kwargs):
-        kwargs["cuda_graphs"] = False  # the CUDA-only guard, tested below
+        kwargs["cuda_graphs"] = False
         original(self, *args, **kwargs)
         self.cuda_graphs = True
 
     monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", cpu_graphs)
-    sampling = [SAMPLING[0], SamplingParams(), SamplingParams()]
-    graphs = _codes(tiny_model_dir, sampling, static=True, graph_buckets=True)
+    codes = _codes(model_dir, sampling, static=True, graph_buckets=True)
     monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", original)
+    return codes, recorded
+
+
+def test_graph_path_replays_static_inputs_and_gives_the_eager_codes(tiny_model_dir, monkeypatch):
+    """What the frame does once graphs are captured, without a GPU: each step's inputs are copied
+    into the bucket's static inputs, a graph per (step, bucket, KV width, sampling variant) is
+    recorded on first use and replayed after, and its output is what the frame reads. The codes
+    must be the eager path's; the capture itself (`_record` on CUDA) is left to a CUDA machine."""
+    sampling = [SAMPLING[0], SamplingParams(), SamplingParams()]
+    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, _FakeGraph, sampling)
     eager = _codes(tiny_model_dir, sampling, static=False)
     assert graphs == eager
     assert recorded and sum(g.replays for g in recorded) > len(recorded)  # recorded once, replayed
@@ -247,30 +255,8 @@ def test_a_graph_that_replays_other_values_than_its_eager_step_is_dropped_for_ea
 ):
     """Graphs are on by default on CUDA and have to be safe there: each one's first replay is
     compared with an eager run of the same step, and one that differs never serves a frame."""
-    from omnistream.models.qwen3_omni.talker import frame as talker_frame
-
-    recorded: list[_FakeGraph] = []
-
-    def record(self, step):
-        graph = _WrongGraph(step)
-        recorded.append(graph)
-        return graph, graph.out
-
-    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "_record", record)
-    monkeypatch.setattr(
-        talker_frame.StaticTalkerFrame, "_current_device", lambda self: contextlib.nullcontext()
-    )
-    original = talker_frame.StaticTalkerFrame.__init__
-
-    def cpu_graphs(self, *args, **kwargs):
-        kwargs["cuda_graphs"] = False
-        original(self, *args, **kwargs)
-        self.cuda_graphs = True
-
-    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", cpu_graphs)
     sampling = [SamplingParams(), SamplingParams()]
-    graphs = _codes(tiny_model_dir, sampling, static=True, graph_buckets=True)
-    monkeypatch.setattr(talker_frame.StaticTalkerFrame, "__init__", original)
+    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, _WrongGraph, sampling)
     assert graphs == _codes(tiny_model_dir, sampling, static=False)
     assert recorded and all(g.replays == 1 for g in recorded)  # checked once, never replayed again
     assert "replays other values than its eager step" in caplog.text
