@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from omnistream.models.qwen3_omni.thinker.vllm_engine import vllm_python_default
+from omnistream.models.qwen3_omni.thinker.vllm_launch import vllm_python_default
 
 VLLM_PYTHON = os.environ.get("OMNISTREAM_VLLM_PYTHON") or str(vllm_python_default())
 # The environment's own stamp too: a half-built one (make setup-vllm still running) has a python.

@@ -50,7 +50,7 @@ VLLM_PYTHON_ENV = "OMNISTREAM_VLLM_PYTHON"
 def vllm_python(given: str | None = None) -> str:
     """The interpreter a vLLM thinker runs with: `given`, $OMNISTREAM_VLLM_PYTHON, or this tree's
     .venv-vllm; StartError (before anything starts) when it does not exist."""
-    from omnistream.models.qwen3_omni.thinker.vllm_engine import vllm_python_default
+    from omnistream.models.qwen3_omni.thinker.vllm_launch import vllm_python_default
 
     path = given or os.environ.get(VLLM_PYTHON_ENV) or str(vllm_python_default())
     if not os.access(path, os.X_OK):

@@ -31,26 +31,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import os
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from omnistream.engine.engine import EngineStats
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions, is_accelerator
+from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
+from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
 from omnistream.request.stage_chain import ThinkerParams
 
 log = logging.getLogger(__name__)
 
 INPUT_MODALITIES = ("text",)
-LOAD_CHOICES = ("auto", "text", "native")
-# vLLM's CPU KV cache in GiB unless the environment says otherwise (its default, 4 GiB per process,
-# is far more than a test thinker needs on a shared machine).
-CPU_KVCACHE_GIB = "1"
 TEXT_ONLY = (
     "this thinker replica (vLLM backend) takes text prompts only; requests with audio, images or "
     "video are served by a transformers thinker"
@@ -68,14 +63,6 @@ class _Request:
     started: bool = False  # vLLM (or the given answer) produced its first output
     generated: list[int] = field(default_factory=list)
     room: asyncio.Event = field(default_factory=asyncio.Event)
-
-
-def resolve_load(load: str, device: str) -> str:
-    if load not in LOAD_CHOICES:
-        raise ValueError(f"unknown vllm load {load!r}; choose from {LOAD_CHOICES}")
-    if load == "auto":
-        return "native" if is_accelerator(device) else "text"
-    return load
 
 
 class VllmThinkerEngine:
@@ -121,7 +108,15 @@ class VllmThinkerEngine:
             raise InvalidRequest("the vLLM thinker runs float32, bfloat16 or float16", field="dtype")
         self.load = resolve_load(vllm_load, options.device)
         self.vllm_model = self._model_dir(model_dir)
-        self.llm = self._start_vllm(options, prefill_chunk)
+        self.llm = start_async_llm(
+            self.vllm_model,
+            options,
+            self.max_model_len,
+            self.max_batch,
+            prefill_chunk,
+            native=self.load == "native",
+            on_step=self._on_vllm_step,
+        )
 
     # --- construction -------------------------------------------------------------------------------
     def _model_dir(self, model_dir: str) -> str:
@@ -130,61 +125,6 @@ class VllmThinkerEngine:
         from omnistream.models.qwen3_omni.thinker.vllm_checkpoint import ensure_converted
 
         return str(ensure_converted(model_dir))
-
-    def _start_vllm(self, options: LoadOptions, prefill_chunk: int):
-        from vllm.engine.arg_utils import AsyncEngineArgs
-        from vllm.v1.engine.async_llm import AsyncLLM
-
-        device = options.device
-        if is_accelerator(device):
-            index = device.partition(":")[2]
-            if index and "CUDA_VISIBLE_DEVICES" not in os.environ:
-                os.environ["CUDA_VISIBLE_DEVICES"] = index  # vLLM takes the first visible device
-        else:
-            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", CPU_KVCACHE_GIB)
-        args = AsyncEngineArgs(
-            model=self.vllm_model,
-            dtype=options.dtype_name,
-            max_model_len=self.max_model_len,
-            max_num_seqs=self.max_batch,
-            # vLLM's per-step token budget is our prefill chunk (its chunked prefill is on).
-            max_num_batched_tokens=max(prefill_chunk, self.max_batch),
-            enable_prefix_caching=True,
-            # Token ids in, token ids out: our tokenizer and chat encoding are the contract's.
-            skip_tokenizer_init=True,
-            # Our sampling params are the request's whole truth (no generation_config defaults).
-            generation_config="vllm",
-            enforce_eager=not is_accelerator(device),
-            seed=0,
-            disable_log_stats=False,
-            enable_log_requests=False,
-            # The native model is multimodal; this replica takes text only, so vLLM sets up no
-            # encoder for it (text-only mode of a multimodal model).
-            **(
-                {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}} if self.load == "native" else {}
-            ),
-        )
-        return AsyncLLM.from_engine_args(args, stat_loggers=[self._stat_logger_factory()])
-
-    def _stat_logger_factory(self):
-        from vllm.v1.metrics.loggers import StatLoggerBase
-
-        engine = self
-
-        class StepRecorder(StatLoggerBase):
-            """Turns each engine step vLLM reports into our step listeners' call (speed meter,
-            stage metrics) and keeps vLLM's running/waiting counts."""
-
-            def __init__(self, vllm_config, engine_index: int = 0) -> None:
-                pass
-
-            def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
-                engine._on_vllm_step(scheduler_stats, iteration_stats)
-
-            def log_engine_initialized(self) -> None:
-                pass
-
-        return StepRecorder
 
     # --- the engine API -------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -439,9 +379,3 @@ class VllmThinkerEngine:
                 listener(self, seconds)
             except Exception:  # a metrics hook must never break vLLM's output handler
                 log.exception("thinker step listener %r failed", listener)
-
-
-def vllm_python_default(root: str | Path | None = None) -> Path:
-    """The interpreter of the vLLM environment `make setup-vllm` builds (.venv-vllm at the root)."""
-    root = Path(root) if root is not None else Path(__file__).resolve().parents[4]
-    return root / ".venv-vllm" / "bin" / "python"

@@ -18,7 +18,7 @@ import json
 import os
 import sys
 
-from omnistream.models.qwen3_omni.thinker.vllm_engine import CPU_KVCACHE_GIB
+from omnistream.models.qwen3_omni.thinker.vllm_launch import CPU_KVCACHE_GIB
 
 MARK = "vllm-greedy: "  # the result line's prefix (vLLM logs to stdout too)
 

@@ -7,17 +7,17 @@ from pathlib import Path
 
 import pytest
 
-from omnistream.models.qwen3_omni.thinker import vllm_engine as vllm_thinker
+from omnistream.models.qwen3_omni.thinker import vllm_launch
 
 
 def test_load_is_native_on_an_accelerator_and_text_on_the_cpu():
-    assert vllm_thinker.resolve_load("auto", "cpu") == "text"
-    assert vllm_thinker.resolve_load("auto", "cuda:1") == "native"
-    assert vllm_thinker.resolve_load("text", "cuda") == "text"
+    assert vllm_launch.resolve_load("auto", "cpu") == "text"
+    assert vllm_launch.resolve_load("auto", "cuda:1") == "native"
+    assert vllm_launch.resolve_load("text", "cuda") == "text"
     with pytest.raises(ValueError, match="unknown vllm load"):
-        vllm_thinker.resolve_load("both", "cpu")
+        vllm_launch.resolve_load("both", "cpu")
 
 
 def test_the_default_python_is_the_trees_vllm_environment():
-    root = Path(vllm_thinker.__file__).resolve().parents[4]
-    assert vllm_thinker.vllm_python_default() == root / ".venv-vllm" / "bin" / "python"
+    root = Path(vllm_launch.__file__).resolve().parents[4]
+    assert vllm_launch.vllm_python_default() == root / ".venv-vllm" / "bin" / "python"
