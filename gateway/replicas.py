@@ -107,8 +107,7 @@ class ReplicaSet:
         if not usable:
             raise Unavailable(
                 f"no healthy {self.stage} replica takes {' and '.join(sorted(kinds))} input now "
-                f"(the {len(rotation)} in rotation take: "
-                f"{', '.join(sorted(set().union(*(r.input_modalities for r in rotation))))})"
+                f"(the {len(rotation)} in rotation take: {', '.join(self.input_modalities() or ())})"
             )
         return min(usable, key=lambda r: (r.inflight, r.served))
 
