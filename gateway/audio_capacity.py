@@ -34,6 +34,15 @@ which with one replica measured at a batch no larger than S is C / (S x frame_ra
   that is `initial >= chunk / headroom` (the second, full-size window must be made while the first
   plays); a growing schedule keeps the first chunk small down to a headroom of about 1.7. The
   largest size when none suffices.
+* start jitter: the prediction has every window after the first arrive `jitter` seconds later
+  still (0.1 s by default, `--audio-start-jitter`). Speed is measured over many steps; a stream's
+  first second is when one step or one message runs late (its own and its neighbours' text decode
+  and prefill share the cores with it), and a 2-frame first chunk (137 ms of audio) has nothing in
+  hand for that. Measured on the 2-core machine with per-stage timestamps: a starting stream's
+  second window came 40-170 ms later than its speed predicted in about one request of 16 at
+  concurrency 4, which then stalled with the 2-frame first chunk the prediction allowed (it had
+  ~10 ms to spare). With the allowance a stream starts with 2 frames only at a headroom of about
+  4.6 or more (one stream alone, on this machine: TTFP unchanged) and with 4 below it.
 
 Torch-free and pure: the numbers come from the replicas (`replica_speeds`).
 """
@@ -54,6 +63,7 @@ AUDIO_STAGES = ("talker", "code2wav")
 # What the exact streaming Code2Wav keeps back of a stream's first window until the next one (555
 # samples at 24 kHz for Qwen3-Omni, rounded up): the first chunk plays that much shorter.
 FIRST_CHUNK_HOLDBACK_S = 0.025
+DEFAULT_START_JITTER_S = 0.1  # how late a starting stream's later windows may come (module docstring)
 PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the growth, sizes repeat
 
 
@@ -135,12 +145,17 @@ def chunk_sizes(chunk: int) -> list[int]:
 
 
 def predicted_stalls(
-    headroom: float, plan: ChunkPlan, frame_rate: float = DEFAULT_FRAME_RATE, pause: float = 0.0
+    headroom: float,
+    plan: ChunkPlan,
+    frame_rate: float = DEFAULT_FRAME_RATE,
+    pause: float = 0.0,
+    jitter: float = 0.0,
 ) -> int:
     """Stalls the listener model predicts for a stream made `headroom` times faster than real time
     and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows;
-    every window after the first arrives `pause` seconds later still (the other streams' work that
-    runs between two of this one's, `code2wav_pause`)."""
+    every window after the first arrives `pause + jitter` seconds later still (`pause`: the other
+    streams' work that runs between two of this one's, `code2wav_pause`; `jitter`: the start
+    jitter allowance)."""
     if headroom <= 0:
         return PREDICTED_WINDOWS
     made = headroom * frame_rate  # frames a second
@@ -149,7 +164,7 @@ def predicted_stalls(
     for index, length in enumerate(plan.window_lengths(PREDICTED_WINDOWS)):
         end += length
         seconds = length / frame_rate - (FIRST_CHUNK_HOLDBACK_S if index == 0 else 0.0)
-        late = pause if index else 0.0
+        late = pause + jitter if index else 0.0
         arrivals.append(AudioArrival(end / made + late, max(0, round(seconds * rate)), rate))
     return listen(arrivals).stalls
 
@@ -170,12 +185,13 @@ def initial_frames_for(
     schedule: str = "grow",
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
+    jitter: float = DEFAULT_START_JITTER_S,
 ) -> int:
     """The smallest first chunk of the load rule's sizes under which the predicted listener never
-    waits (module docstring); the largest when none does."""
+    waits, with `jitter` to spare (module docstring); the largest when none does."""
     sizes = chunk_sizes(chunk)
     for size in sizes:
         plan = ChunkPlan(size, chunk, schedule=schedule)
-        if predicted_stalls(headroom, plan, frame_rate, pause) == 0:
+        if predicted_stalls(headroom, plan, frame_rate, pause, jitter) == 0:
             return size
     return sizes[-1]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import yaml
 
+from gateway.audio_capacity import DEFAULT_START_JITTER_S
 from gateway.media_limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
 
@@ -52,6 +53,9 @@ class GatewayConfig:
     # shorter than this many seconds has less than this in hand, new audio requests wait, then start
     # together; 0 turns it off.
     audio_start_guard: float = 1.0
+    # First-chunk sizing (audio_capacity.py): a starting stream's later windows are predicted this
+    # many seconds later than its measured speed says (jitter of a shared machine); 0: speed alone.
+    audio_start_jitter: float = DEFAULT_START_JITTER_S
     request_timeout: float = 600.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = DEFAULTS.max_tokens
@@ -153,6 +157,8 @@ class GatewayConfig:
             raise ValueError("audio_hold_margin must be at least 0")
         if self.audio_start_guard < 0:
             raise ValueError("audio_start_guard must be at least 0")
+        if not 0 <= self.audio_start_jitter <= 10:
+            raise ValueError("audio_start_jitter must be in [0, 10] seconds")
         if self.audio_hold_queue is not None and self.audio_hold_queue < 0:
             raise ValueError("audio_hold_queue must be at least 0")
         if self.discovery_interval <= 0:

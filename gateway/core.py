@@ -200,6 +200,7 @@ class GatewayCore:
                     request.codec_chunk_schedule,
                     self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
                     pause,
+                    self.config.audio_start_jitter,
                 )
         return request.chunk_plan(initial)
 

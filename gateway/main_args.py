@@ -37,6 +37,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "hand, new audio requests wait, then start together, each sized knowing the others (1.0; 0: off)",
     )
     p.add_argument(
+        "--audio-start-jitter",
+        type=float,
+        default=None,
+        help="seconds: a new stream's first chunk is sized as if its later windows came this much later "
+        "than measured speed says, so the jitter of a shared machine finds audio in hand (0.1; 0: off)",
+    )
+    p.add_argument(
         "--audio-hold-queue",
         type=int,
         default=None,

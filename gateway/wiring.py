@@ -181,8 +181,6 @@ async def run_stages(
                     raise InternalError("code2wav sent audio without its sample rate")
                 marks.setdefault("ttfp", time.perf_counter())
                 state["samples"] += audio.size
-                if not chunk.sample_rate:
-                    raise InternalError("code2wav sent audio without its sample rate")
                 rate = chunk.sample_rate
                 await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 

@@ -14,6 +14,7 @@ import torch
 from omnistream.engine.load_options import LoadOptions
 from omnistream.models.family import family_for
 from omnistream.service.bootstrap import ServeOptions, run_stage_server
+from omnistream.service.cpu_priority import lower_cpu_priority
 from omnistream.service.metrics import StageMetrics
 from services import serve_args
 
@@ -23,6 +24,8 @@ async def serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"omnistream serve {args.stage}: {refusal}", file=sys.stderr, flush=True)
         return 2
+    for change in lower_cpu_priority(args.nice):  # before the engine and gRPC start their threads
+        print(f"omnistream serve {args.stage}: {change}", file=sys.stderr, flush=True)
     if args.threads and getattr(args, "backend", "transformers") != "vllm":
         torch.set_num_threads(args.threads)  # vLLM's worker process sets its own
     options = LoadOptions(

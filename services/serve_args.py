@@ -57,11 +57,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1,
         help="torch intra-op threads (0: torch's default). One is fastest for small models on a shared CPU.",
     )
+    p.add_argument(
+        "--nice",
+        type=nice_value,
+        default=0,
+        help="run this stage at a lower CPU priority (0-19) where stages share cores: the others get "
+        "the cores first while they are contended (omnistream/service/cpu_priority.py; "
+        "`omnistream up` runs the thinker at 5). Default: 0",
+    )
     p.add_argument("--tls-cert", default=None, help="PEM certificate: serve gRPC over TLS")
     p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
     p.add_argument(
         "--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)"
     )
+
+
+def nice_value(text: str) -> int:
+    """argparse type of `--nice`: a nice value a process may take without privilege."""
+    value = int(text)
+    if not 0 <= value <= 19:
+        raise argparse.ArgumentTypeError(f"must be in [0, 19], got {value}")
+    return value
 
 
 def non_negative_seconds(text: str) -> float:

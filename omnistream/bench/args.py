@@ -82,6 +82,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the engines' prompt positions prefilled per step (default: theirs)",
     )
+    p.add_argument(
+        "--thinker-nice",
+        type=int,
+        default=None,
+        help="the services target's thinker CPU priority (serve --nice; default: omnistream up's, 5)",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

@@ -222,6 +222,7 @@ async def run_bench(args: argparse.Namespace) -> int:
         codec_chunk_schedule=schedules[0],
     )
     prefill = {} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}
+    nice = {} if args.thinker_nice is None else {"thinker_nice": args.thinker_nice}
     services: dict = {}
     clients: dict = {}
     pipeline = None
@@ -234,7 +235,9 @@ async def run_bench(args: argparse.Namespace) -> int:
             else:
                 from omnistream.cli.up import start_stack
 
-                gateway = start_stack(args.model, services, max_concurrency=max(concurrencies) * 2, **prefill)
+                gateway = start_stack(
+                    args.model, services, max_concurrency=max(concurrencies) * 2, **prefill, **nice
+                )
                 clients["services"] = (
                     RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer, sample_rate)
                     if args.transport == "rest"

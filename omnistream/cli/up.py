@@ -40,11 +40,13 @@ from omnistream.engine.load_options import (
     stage_devices,
 )
 from omnistream.service.ports import in_use_message, port_in_use
-from services.serve_args import positive_int
+from services.serve_args import nice_value, positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
 VLLM_PYTHON_ENV = "OMNISTREAM_VLLM_PYTHON"
+# The thinker's nice when the stages share this machine's cores (omnistream/service/cpu_priority.py).
+DEFAULT_THINKER_NICE = 5
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -85,6 +87,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         choices=("transformers", "vllm"),
         default="transformers",
         help="the thinker's engine (see serve thinker --backend); vllm runs it with --vllm-python",
+    )
+    p.add_argument(
+        "--thinker-nice",
+        type=nice_value,
+        default=DEFAULT_THINKER_NICE,
+        help="the thinker's CPU priority (serve --nice): on shared cores the audio stages and the "
+        "gateway go first while the thinker, far ahead of them, takes what is left (0: equal; "
+        f"default: {DEFAULT_THINKER_NICE})",
     )
     p.add_argument(
         "--vllm-python",
@@ -168,6 +178,7 @@ def start_stack(
     cancel: threading.Event | None = None,
     thinker_backend: str = "transformers",
     vllm_python_path: str | None = None,
+    thinker_nice: int = DEFAULT_THINKER_NICE,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
@@ -183,6 +194,9 @@ def start_stack(
 
     `thinker_backend` "vllm": the thinker is `serve thinker --backend vllm`, run by the vLLM
     environment's interpreter (`vllm_python_path`, see `vllm_python`).
+
+    `thinker_nice`: the thinker's `serve --nice` (omnistream/service/cpu_priority.py): the stages
+    started here share this machine's cores.
     """
     devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
@@ -191,7 +205,7 @@ def start_stack(
         args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
         return [*args, "--allow-float64"] if allow_float64 else args
 
-    specs = {"thinker": [*stage_args("thinker"), *prefill]}
+    specs = {"thinker": [*stage_args("thinker"), "--nice", str(thinker_nice), *prefill]}
     pythons = {}
     if thinker_backend == "vllm":
         specs["thinker"] += ["--backend", "vllm"]
@@ -312,6 +326,7 @@ def run_up(args: argparse.Namespace) -> int:
             cancel=stop,
             thinker_backend=args.thinker_backend,
             vllm_python_path=args.vllm_python,
+            thinker_nice=args.thinker_nice,
         )
         _say(usage_text(args.host, gateway.http_port, gateway.port))
         return _supervise(services, stop)

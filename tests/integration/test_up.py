@@ -8,6 +8,7 @@ started" is found through /proc even after the services were re-parented (tests/
 
 from __future__ import annotations
 
+import contextlib
 import os
 import queue
 import re
@@ -106,6 +107,33 @@ def _all_gone(up: Up, *ports: int) -> bool:
     return not up.pids() and not any(port_in_use("127.0.0.1", p) for p in ports)
 
 
+def _thread_nices(pid: int) -> set[int]:
+    """The nice value of every thread of `pid` (/proc/PID/task/TID/stat, field 19)."""
+    nices = set()
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            nices.add(int((task / "stat").read_text().rpartition(")")[2].split()[16]))
+    return nices
+
+
+def _cpu_priorities_hold(up: Up) -> None:
+    """The thinker and every one of its threads run at nice 5 (and so does its session's autogroup,
+    where the kernel has them); the audio stages and the gateway keep nice 0."""
+    seen = {}
+    for pid in up.pids():
+        with contextlib.suppress(OSError):
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            if b"serve" in argv:
+                seen[argv[argv.index(b"serve") + 1].decode()] = pid
+    assert set(seen) == {"thinker", "talker", "code2wav", "gateway"}, seen
+    assert _thread_nices(seen["thinker"]) == {5}
+    for stage in ("talker", "code2wav", "gateway"):
+        assert _thread_nices(seen[stage]) == {0}, stage
+    autogroup = Path(f"/proc/{seen['thinker']}/autogroup")
+    if autogroup.exists():
+        assert autogroup.read_text().split()[-1] == "5", autogroup.read_text()
+
+
 def _curl_works(text: str) -> None:
     match = re.search(r"^\s*(curl .*?)(?=\n\s*\n)", text, re.S | re.M)
     assert match, text
@@ -154,6 +182,7 @@ def test_up_serves_refuses_busy_ports_and_stops_on_sighup(tiny_model_dir, tmp_pa
     every port."""
     with run_up(tmp_path, tiny_model_dir, "--http-port", "0", "--grpc-port", "0") as first:
         http_port, grpc_port, text = _serving(first)
+        _cpu_priorities_hold(first)
         _playground_served(text)
         _curl_works(text)
         _chat_works(grpc_port, http_port, tmp_path)

@@ -155,10 +155,10 @@ def test_up_refuses_stages_that_do_not_fit_their_shared_gpu_before_starting(
         ["--model", tiny_model_dir, "--device", "cuda:0", "--http-port", "0", "--grpc-port", "0"]
     )
     assert up.run_up(args) == 1
-    err = capsys.readouterr().err
-    assert (
-        err.startswith("omnistream up: cuda:0 would hold thinker ") and "talker" in err and "code2wav" in err
-    )
+    # Its one line (transformers may warn about the tiny config before it, once per process).
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("omnistream up:")]
+    assert len(err) == 1 and err[0].startswith("omnistream up: cuda:0 would hold thinker ")
+    assert "talker" in err[0] and "code2wav" in err[0]
 
 
 def test_usage_points_to_the_playground_first():
@@ -217,3 +217,27 @@ def test_another_python_runs_this_source_tree(monkeypatch):
     root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
     assert seen["cmd"][:3] == ["/opt/other/python", "-m", "omnistream.cli.main"]
     assert seen["env"]["PYTHONPATH"].split(os.pathsep)[0] == root
+
+
+def test_the_thinker_alone_runs_at_a_lower_cpu_priority(monkeypatch):
+    """`up` shares one machine's cores between the stages: the thinker gets `--nice` (default 5),
+    the audio stages keep theirs; `--thinker-nice 0` asks for equal priority, 20 is refused."""
+    seen = []
+
+    def capture(specs, cancel=None, **kw):
+        seen.append(specs)
+        raise StartCancelled()
+
+    monkeypatch.setattr(up, "start_services", capture)
+    for kwargs, expected in (({}, str(up.DEFAULT_THINKER_NICE)), ({"thinker_nice": 0}, "0")):
+        with pytest.raises(StartCancelled):
+            up.start_stack("m", {}, **kwargs)
+        specs = seen.pop()
+        at = specs["thinker"].index("--nice")
+        assert specs["thinker"][at + 1] == expected
+        assert "--nice" not in specs["talker-0"] and "--nice" not in specs["code2wav-0"]
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    assert args.parse_args(["--model", "m"]).thinker_nice == 5
+    with pytest.raises(SystemExit):
+        args.parse_args(["--model", "m", "--thinker-nice", "20"])
