@@ -24,7 +24,7 @@ async def serve(args: argparse.Namespace) -> int:
     if refusal:
         print(f"omnistream serve {args.stage}: {refusal}", file=sys.stderr, flush=True)
         return 2
-    for change in lower_cpu_priority(args.nice):  # before the engine and gRPC start their threads
+    for change in lower_cpu_priority(args.nice):  # before the engine and gRPC start theirs
         print(f"omnistream serve {args.stage}: {change}", file=sys.stderr, flush=True)
     if args.threads and getattr(args, "backend", "transformers") != "vllm":
         torch.set_num_threads(args.threads)  # vLLM's worker process sets its own

@@ -28,12 +28,14 @@ log = logging.getLogger(__name__)
 
 MAX_NICE = 19
 AUTOGROUP = Path("/proc/self/autogroup")
+TASKS = Path("/proc/self/task")  # this process's threads
 
 
-def lower_cpu_priority(nice: int, autogroup: Path = AUTOGROUP) -> list[str]:
-    """Run this process at `nice` (0-19, 0: unchanged). Call it before the engine and gRPC start
-    their threads: a thread is created with its creator's nice, and only the calling thread's is
-    set here. Returns what was changed, for the start-up log."""
+def lower_cpu_priority(nice: int, autogroup: Path = AUTOGROUP, tasks: Path = TASKS) -> list[str]:
+    """Run this process at `nice` (0-19, 0: unchanged): every thread it has now (Linux sets a nice
+    per thread) and so every thread they start later (a thread is created with its creator's).
+    Call it early, before the engine and gRPC start theirs. Returns what was changed, for the
+    start-up log."""
     if not 0 <= nice <= MAX_NICE:
         raise ValueError(f"nice must be in [0, {MAX_NICE}], got {nice}")
     if nice == 0:
@@ -41,7 +43,12 @@ def lower_cpu_priority(nice: int, autogroup: Path = AUTOGROUP) -> list[str]:
     done = []
     current = os.getpriority(os.PRIO_PROCESS, 0)
     if nice > current:
-        os.setpriority(os.PRIO_PROCESS, 0, nice)
+        for tid in sorted(int(entry.name) for entry in tasks.iterdir()):
+            try:
+                if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                    os.setpriority(os.PRIO_PROCESS, tid, nice)
+            except ProcessLookupError:  # a thread that ended meanwhile
+                continue
         done.append(f"nice {current} -> {nice}")
     if os.getsid(0) == os.getpid() and autogroup.exists():
         try:
