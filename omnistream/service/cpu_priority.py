@@ -7,8 +7,10 @@ one request at a time, per-stage timestamps): in the ~0.4 s the thinker decodes 
 a Code2Wav window that needs 10 ms of CPU took up to 112-280 ms of wall time (10-66 involuntary
 context switches, no page faults), so the second audio chunk came after the first had played out.
 With the thinker at nice 5 the audio stages win those cores and the thinker takes what is left: no
-request stalled in 2 x 32, where 1-5 of 32 did at nice 0, for a TPOT of ~4.5 instead of ~3.3 ms.
-Nice only decides who waits while the cores are contended; an idle core still runs the thinker.
+request stalled in 2 x 32, where 1-5 of 32 did at nice 0, and text comes slower while the cores are
+busy (TPOT ~4-5 instead of ~3.6 ms alone, 13-23 instead of 6-8 ms at concurrency 16; docs/
+benchmarks.md, run 5). Nice only decides who waits while the cores are contended; an idle core
+still runs the thinker.
 
 Linux applies a nice value per thread, and, where autogroups are on (`kernel.sched_autogroup_
 enabled`, the default of most distributions), first between sessions: each session's group gets an

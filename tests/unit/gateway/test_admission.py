@@ -8,7 +8,7 @@ import asyncio
 
 import pytest
 
-from gateway.admission import Admission, Rejected
+from gateway.admission import Admission, Permit, Rejected
 from gateway.rest_errors import error_response
 
 
@@ -20,6 +20,14 @@ class Gate:
 
     def __call__(self, running: int) -> bool:
         return self.fits is None or running < self.fits
+
+
+async def one_playing_one_held(admission: Admission) -> tuple[Permit, asyncio.Task]:
+    """An audio stream admitted, and a second one waiting behind it (the gate fits only one)."""
+    playing = await admission.acquire(audio=True)
+    held = asyncio.create_task(admission.acquire(audio=True))
+    await asyncio.sleep(0.01)
+    return playing, held
 
 
 async def test_ample_headroom_admits_at_once():
@@ -98,9 +106,7 @@ async def test_the_guard_is_part_of_the_audio_hold():
 async def test_a_new_measure_lets_a_held_request_in():
     gate = Gate(1)
     admission = Admission(16, audio_gate=gate)
-    playing = await admission.acquire(audio=True)
-    held = asyncio.create_task(admission.acquire(audio=True))
-    await asyncio.sleep(0.01)
+    playing, held = await one_playing_one_held(admission)
     admission.reconsider()  # nothing changed: still held
     await asyncio.sleep(0.01)
     assert not held.done()
@@ -112,9 +118,7 @@ async def test_a_new_measure_lets_a_held_request_in():
 
 async def test_text_only_requests_are_never_held_for_audio():
     admission = Admission(4, audio_gate=Gate(1))
-    playing = await admission.acquire(audio=True)
-    held = asyncio.create_task(admission.acquire(audio=True))
-    await asyncio.sleep(0.01)
+    playing, held = await one_playing_one_held(admission)
     text = await asyncio.wait_for(admission.acquire(audio=False), 1)  # passes the held one
     assert not held.done() and admission.active == 2
     text.release()
@@ -124,9 +128,7 @@ async def test_text_only_requests_are_never_held_for_audio():
 
 async def test_past_the_hold_bound_and_after_the_timeout_rejected_with_retry_after():
     admission = Admission(16, queue_timeout=0.05, retry_after=3, audio_gate=Gate(1), max_audio_hold=1)
-    playing = await admission.acquire(audio=True)
-    waiting = asyncio.create_task(admission.acquire(audio=True))
-    await asyncio.sleep(0.01)
+    playing, waiting = await one_playing_one_held(admission)
     with pytest.raises(Rejected) as full:
         await admission.acquire(audio=True)
     assert full.value.reason == "audio_hold_full"
@@ -147,9 +149,7 @@ async def test_past_the_hold_bound_and_after_the_timeout_rejected_with_retry_aft
 
 async def test_a_held_request_that_goes_away_leaves_nothing_behind():
     admission = Admission(16, audio_gate=Gate(1))
-    playing = await admission.acquire(audio=True)
-    held = asyncio.create_task(admission.acquire(audio=True))
-    await asyncio.sleep(0.01)
+    playing, held = await one_playing_one_held(admission)
     held.cancel()
     with pytest.raises(asyncio.CancelledError):
         await held
