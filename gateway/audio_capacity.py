@@ -52,10 +52,13 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-from gateway.replicas import Replica
 from omnistream.audio.listener import AudioArrival, listen
 from omnistream.request.chunk_plan import ChunkPlan
+
+if TYPE_CHECKING:  # only annotated: the config imports this module's defaults, not the replicas
+    from gateway.replicas import Replica
 
 DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
 DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.audio_capacity import DEFAULT_START_JITTER_S
+from gateway.audio_capacity import DEFAULT_MARGIN, DEFAULT_START_JITTER_S
 from gateway.media_limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
 
@@ -47,7 +47,7 @@ class GatewayConfig:
     # max_concurrency; 0: refuse at once instead of holding). Off: admitted as before, whatever the
     # speed. Text-only requests are never held.
     audio_hold: bool = True
-    audio_hold_margin: float = 0.2
+    audio_hold_margin: float = DEFAULT_MARGIN
     audio_hold_queue: int | None = None
     # Start guard (part of the audio hold, admission.py): while a stream whose first chunk is
     # shorter than this many seconds has less than this in hand, new audio requests wait, then start

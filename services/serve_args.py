@@ -7,6 +7,7 @@ import os
 
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.service.cpu_priority import MAX_NICE
 
 MODEL_ENV = "OMNISTREAM_MODEL"
 
@@ -75,8 +76,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def nice_value(text: str) -> int:
     """argparse type of `--nice`: a nice value a process may take without privilege."""
     value = int(text)
-    if not 0 <= value <= 19:
-        raise argparse.ArgumentTypeError(f"must be in [0, 19], got {value}")
+    if not 0 <= value <= MAX_NICE:
+        raise argparse.ArgumentTypeError(f"must be in [0, {MAX_NICE}], got {value}")
     return value
 
 

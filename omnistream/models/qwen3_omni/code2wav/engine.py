@@ -242,15 +242,8 @@ class Code2WavEngine(Engine):
         for (state, end, available, done), wav, n, new in zip(jobs, audio, lens, new_states, strict=True):
             with self._row(state):
                 state.stream = new
-                final = done and end >= available
                 piece = wav[:n].copy()  # its own buffer: the batch's may be large
-                self._played(state, piece.shape[0])
-                state.output.put(AudioOutput(piece, state.samples, state.window, finished=final))
-                state.samples += piece.shape[0]
-                state.window += 1
-                state.start = end
-                if final:
-                    self._finish(state)
+                self._hand_out(state, piece, end, final=done and end >= available)
 
     def _run_recompute(self, work) -> None:
         jobs = []
@@ -288,20 +281,20 @@ class Code2WavEngine(Engine):
         else:  # the true end: everything this window yields
             keep_to = (stop - begin) * self.upsample - self.trailing_loss
         audio = wav[keep_from:keep_to].to(torch.float32).cpu().numpy()
-        self._played(state, audio.shape[0])
-        final = done and end >= state.available
+        self._hand_out(state, audio, end, final=done and end >= state.available)
+
+    def _hand_out(self, state: _Code2WavState, audio: np.ndarray, end: int, final: bool) -> None:
+        """Queue the window that ends at frame `end` as one audio chunk (both decode paths): the
+        request's playout clock starts with its first audio (an empty piece is no audio), and the
+        last window finishes the request."""
+        if audio.shape[0]:
+            state.playout.emitted(audio.shape[0] / self.sample_rate, time.monotonic())
         state.output.put(AudioOutput(audio, state.samples, state.window, finished=final))
         state.samples += audio.shape[0]
         state.window += 1
         state.start = end
         if final:
             self._finish(state)
-
-    def _played(self, state: _Code2WavState, samples: int) -> None:
-        """The playout clock of a request whose `samples` are about to leave (its first audio starts
-        it; an empty piece is no audio)."""
-        if samples:
-            state.playout.emitted(samples / self.sample_rate, time.monotonic())
 
     @property
     def trailing_loss(self) -> int:
