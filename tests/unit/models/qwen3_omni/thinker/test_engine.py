@@ -29,9 +29,22 @@ def _prompt(engine) -> list[int]:
     return engine.encode_chat([{"role": "user", "content": "Tell me about the sea."}])
 
 
-async def _run(engine, rid, params) -> list[int]:
-    out = engine.add_request(rid, _prompt(engine), params)
+async def _run_ids(engine, rid, prompt, params) -> list[int]:
+    out = engine.add_request(rid, prompt, params)
     return [t for step in [s async for s in out] for t in step.token_ids]
+
+
+async def _run(engine, rid, params) -> list[int]:
+    return await _run_ids(engine, rid, _prompt(engine), params)
+
+
+async def _tokens_or_error(engine, rid, prompt, params) -> list[int] | Exception:
+    """A request's tokens, or the error it ended with (the fault tests run innocent and poisoned
+    requests side by side)."""
+    try:
+        return await _run_ids(engine, rid, prompt, params)
+    except Exception as exc:
+        return exc
 
 
 def test_seeded_sampling_is_reproducible_alone_and_batched(engine):
@@ -129,14 +142,8 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
         engine._forward = faulty_forward
 
         async def together():
-            async def run(rid):
-                out = engine.add_request(rid, prompt, params)
-                try:
-                    return [t for step in [s async for s in out] for t in step.token_ids]
-                except Exception as exc:
-                    return exc
-
-            return await asyncio.gather(*(run(r) for r in ("a", "b", "poison", "c", "d")))
+            rids = ("a", "b", "poison", "c", "d")
+            return await asyncio.gather(*(_tokens_or_error(engine, r, prompt, params) for r in rids))
 
         results = asyncio.run(together())
     finally:
@@ -167,14 +174,8 @@ def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny
         engine._choose = faulty_choose
 
         async def together():
-            async def run(rid):
-                out = engine.add_request(rid, prompt, params)
-                try:
-                    return [t for step in [s async for s in out] for t in step.token_ids]
-                except Exception as exc:
-                    return exc
-
-            return await asyncio.gather(*(run(r) for r in ("a", "poison", "b")))
+            rids = ("a", "poison", "b")
+            return await asyncio.gather(*(_tokens_or_error(engine, r, prompt, params) for r in rids))
 
         results = asyncio.run(together())
     finally:
@@ -192,11 +193,9 @@ def test_a_chunked_prompt_gives_the_unchunked_result(engine):
     sampled = ThinkerParams(16, True, SamplingParams(temperature=1.1, top_k=40, seed=77))
 
     async def pair(tag: str):
-        async def one(rid, params):
-            out = engine.add_request(rid, prompt, params)
-            return [t for step in [s async for s in out] for t in step.token_ids]
-
-        return await asyncio.gather(one(f"g-{tag}", greedy), one(f"s-{tag}", sampled))
+        return await asyncio.gather(
+            _run_ids(engine, f"g-{tag}", prompt, greedy), _run_ids(engine, f"s-{tag}", prompt, sampled)
+        )
 
     with prefill_chunk(engine, len(prompt)):
         solo = [
@@ -207,11 +206,6 @@ def test_a_chunked_prompt_gives_the_unchunked_result(engine):
         with prefill_chunk(engine, chunk):
             assert asyncio.run(pair(str(chunk))) == solo, chunk
     assert len(solo[0]) == 16 and solo[0] != solo[1]
-
-
-async def _run_ids(engine, rid, prompt, params) -> list[int]:
-    out = engine.add_request(rid, prompt, params)
-    return [t for step in [s async for s in out] for t in step.token_ids]
 
 
 def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
@@ -281,15 +275,12 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
         engine._forward = faulty_forward
 
         async def together():
-            async def run(rid, ids, p):
-                out = engine.add_request(rid, ids, p)
-                try:
-                    return [t for step in [s async for s in out] for t in step.token_ids]
-                except Exception as exc:
-                    return exc
-
-            running = asyncio.ensure_future(run("running", _prompt(engine), ThinkerParams(40, True)))
-            rest = await asyncio.gather(run("poison", prompt, params), run("other", prompt, params))
+            short = ThinkerParams(40, True)
+            running = asyncio.ensure_future(_tokens_or_error(engine, "running", _prompt(engine), short))
+            rest = await asyncio.gather(
+                _tokens_or_error(engine, "poison", prompt, params),
+                _tokens_or_error(engine, "other", prompt, params),
+            )
             return [await running, *rest]
 
         running, poison, other = asyncio.run(together())
