@@ -13,12 +13,16 @@ take its concurrency slot (one deadline covers both waits). A request that the c
 would refuse right now is refused at once, before any audio wait, as it always was.
 
 Start guard: a stream whose first chunk is short is fragile until it has some audio in hand
-(`Permit.mark_starting` / `settle`, driven by the session from what it hands the client). While one
-is, new audio requests wait in the same queue, and when the last fragile stream settles they are let
-in together, so each is sized (its first chunk, gateway/core.py) knowing all the others that start
-with it. Measured on a 2-core machine: in a wave of simultaneous requests the first two or three
-were sized while they looked alone (2-frame first chunks) and then ran dry while the rest of the
-wave's prompts were prefilled beside them.
+(`Permit.mark_starting` / `settle`, driven by the session from what it hands the client). A
+fragile stream says what it needs: the headroom its first chunk was sized for (the smallest at
+which its listener is predicted never to wait, gateway/audio_capacity.py). A new audio request
+starts beside fragile ones only while the headroom with it still meets every fragile stream's need,
+so one more stream never undoes the plan a starting one was given; otherwise (or when a fragile
+stream's need or the speed is unknown) it waits in the same queue, and when the last fragile stream
+settles the waiting ones are let in together, each sized (its first chunk, gateway/core.py) knowing
+all the others that start with it. Without the guard, the first two or three of a wave of
+simultaneous requests were sized while they looked alone (2-frame first chunks) and then ran dry
+while the rest of the wave's prompts were prefilled beside them (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -30,8 +34,12 @@ from collections.abc import Callable
 
 from omnistream.request.errors import Overloaded
 
-# running audio streams -> may one more start? (None as the gate: no audio hold)
-AudioGate = Callable[[int], bool]
+# (running audio streams, the headroom fragile ones need or None) -> may one more start?
+# (None as the gate: no audio hold)
+AudioGate = Callable[[int, float | None], bool]
+# (reason, request id) of a request that starts waiting in the audio hold; the reasons:
+HOLD_REASONS = ("capacity", "start_guard", "queue")
+OnHold = Callable[[str, str | None], None]
 
 
 class Rejected(Overloaded):
@@ -53,11 +61,12 @@ class Admission:
         *,
         audio_gate: AudioGate | None = None,
         max_audio_hold: int | None = None,
-        on_hold: Callable[[], None] | None = None,
+        on_hold: OnHold | None = None,
     ) -> None:
         """`audio_gate`: the audio hold's rule (None: no hold); `max_audio_hold`: requests it holds
         at most (default `max_concurrency`; 0 refuses at once what it would hold); `on_hold`: called
-        for every request that starts waiting there (a metric)."""
+        with the reason (HOLD_REASONS: the gate said no, a starting stream is fragile, others wait
+        already) for every request that starts waiting there (a metric and a log line)."""
         if max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self.max_concurrency = max_concurrency
@@ -70,6 +79,7 @@ class Admission:
         self.active = 0
         self.audio_active = 0  # permits of requests with audio (their streams are playing)
         self.audio_starting = 0  # of those, fragile ones (the start guard, module docstring)
+        self._needs: dict[int, float | None] = {}  # id(permit) -> the headroom a fragile one needs
         self._waiters: deque[asyncio.Future] = deque()
         self._audio_waiters: deque[asyncio.Future] = deque()
 
@@ -82,14 +92,14 @@ class Admission:
         """Audio requests waiting for audio capacity right now."""
         return len(self._audio_waiters)
 
-    async def acquire(self, audio: bool = False) -> Permit:
+    async def acquire(self, audio: bool = False, request_id: str | None = None) -> Permit:
         """A permit; with `audio`, only once the audio gate lets one more stream start."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.queue_timeout
         if audio:
             if self._concurrency_full():
                 raise self._refusal()
-            await self._acquire_audio(deadline)
+            await self._acquire_audio(deadline, request_id)
         try:
             await self._acquire_slot(deadline)
         except BaseException:
@@ -122,9 +132,20 @@ class Admission:
     def _audio_room(self) -> bool:
         if self.audio_gate is None:
             return True
-        return self.audio_starting == 0 and self.audio_gate(self.audio_active)
+        if self.audio_starting == 0:
+            return self.audio_gate(self.audio_active, None)
+        needs = list(self._needs.values())
+        if not needs or any(n is None for n in needs):
+            return False  # a fragile stream whose need is unknown: wait until it settles
+        return self.audio_gate(self.audio_active, max(n for n in needs if n is not None))
 
-    async def _acquire_audio(self, deadline: float) -> None:
+    def hold_reason(self) -> str:
+        """Why a new audio request would wait now (one of HOLD_REASONS)."""
+        if self._audio_waiters:
+            return "queue"
+        return "start_guard" if self.audio_starting else "capacity"
+
+    async def _acquire_audio(self, deadline: float, request_id: str | None = None) -> None:
         if not self._audio_waiters and self._audio_room():
             self.audio_active += 1
             return
@@ -136,7 +157,7 @@ class Admission:
                 retry_after=self.retry_after,
             )
         if self.on_hold is not None:
-            self.on_hold()
+            self.on_hold(self.hold_reason(), request_id)
         await self._wait(
             self._audio_waiters, deadline, self._release_audio, "no audio capacity", "audio_hold_timeout"
         )
@@ -195,8 +216,7 @@ class Admission:
 
     def _settled(self) -> None:
         self.audio_starting -= 1
-        if self.audio_starting == 0:
-            self.reconsider()
+        self.reconsider()  # the needs left may let a held request in (all of them once none is left)
 
     def reconsider(self) -> None:
         """Let in the held audio requests that fit now, oldest first (after a stream ended or
@@ -220,18 +240,22 @@ class Permit:
         self._admission = admission
         self.audio = audio  # counted among the audio streams (Admission.audio_active)
         self.starting = False  # counted among the fragile ones (Admission.audio_starting)
+        self.need: float | None = None  # the headroom its first chunk was sized for (None: unknown)
         self._released = False
 
-    def mark_starting(self) -> None:
-        """This audio stream is fragile: new audio starts wait until it `settle`s (start guard)."""
+    def mark_starting(self, need: float | None = None) -> None:
+        """This audio stream is fragile until it `settle`s (start guard): new audio starts beside
+        it only while the headroom with them stays at least `need` (None: unknown, they wait)."""
         if self.audio and not self.starting and not self._released:
             self.starting = True
+            self._admission._needs[id(self)] = self.need if need is None else need
             self._admission.audio_starting += 1
 
     def settle(self) -> None:
         """The stream has enough audio in hand (or gave up waiting for it, or ended)."""
         if self.starting:
             self.starting = False
+            self._admission._needs.pop(id(self), None)
             self._admission._settled()
 
     def release(self) -> None:

@@ -1,25 +1,24 @@
 """Audio admission by measured speed: protect the listeners already playing.
 
 Every listener consumes `frame_rate` codec frames a second (12.5 for Qwen3-Omni). The talker and
-code2wav report what they sustain (`StageInfo.load`, omnistream/service/speed.py): C, frames per second of
-engine busy time, measured at a mean batch B (so one step took t = B / C, and each of the B streams
-in it got C / B frames a second).
+code2wav report what they sustain (`StageInfo.load`, omnistream/service/speed.py) as a step-time
+model (omnistream/service/step_model.py): a step making u units takes t(u) = base + per_unit x u,
+fitted to the steps they run and seeded by a probe at warm-up up to their max batch, and each
+request adds `units_per_row` units to a step (the talker one frame, code2wav its window's frames).
+n streams sharing a replica's steps then each get
 
-Only the batch measured is known, so the estimate for n streams in a replica's batch leans on the
-one thing batching reliably does, that a step's time grows with its batch but no faster than the
-batch: t(n) <= t x max(1, n / B). Each of n streams then gets at least
+    rate(n) = units_per_row / t(n x units_per_row)
 
-    rate(n) = C / max(n, B)
-
-frames a second: C / n past the measured batch (one more stream gets no faster hardware, only a
-share of it), C / B at or below it (a smaller batch is no slower per stream than the larger one
-measured). With R replicas of a stage the streams spread evenly (least-loaded choice), n = ceil(S /
-R), and the slowest replica counts; the tighter of the two audio stages counts. The headroom of S
-streams is how many times faster than real time each is produced:
+frames a second: a larger batch makes each step longer but by less than the batch, since the
+step's own cost is shared. This is the capacity at the batch the new stream would make, not at
+today's: a speed measured at today's batch, assumed to fall as 1 / n beyond it (what this module
+did before the model, and still does for a stage that reports no model), held itself down, since
+few admitted streams measured a small batch, which admitted few again. With R replicas of a stage
+the streams spread evenly (least-loaded choice), n = ceil(S / R), and the slowest replica counts;
+the tighter of the two audio stages counts. The headroom of S streams is how many times faster
+than real time each is produced:
 
     headroom(S) = min over audio stages and their replicas of rate(ceil(S / R)) / frame_rate
-
-which with one replica measured at a batch no larger than S is C / (S x frame_rate). The rules:
 
 * admit: one more stream starts when `headroom(S + 1) >= 1 + margin` (S streams running), or when
   no audio stream runs (one stream cannot make another stutter, and it is what refreshes a stale
@@ -71,36 +70,83 @@ PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the grow
 
 
 @dataclass(frozen=True)
+class StepModel:
+    """A replica's step-time model as it reported it: t(u) = base + per_unit x u seconds."""
+
+    base: float
+    per_unit: float
+    units_per_row: float = 1.0
+
+    def row_rate(self, rows: int) -> float:
+        per_row = self.units_per_row if self.units_per_row > 0 else 1.0
+        seconds = self.base + self.per_unit * max(rows, 1) * per_row
+        return per_row / seconds if seconds > 0 else math.inf
+
+
+@dataclass(frozen=True)
 class ReplicaSpeed:
-    """One replica's measure: `capacity` units per busy second at mean batch `batch`."""
+    """One replica's measure: `capacity` units per busy second at mean batch `batch`, and its
+    step-time model when it reports one (then the model decides: module docstring)."""
 
     capacity: float
     batch: float = 1.0
+    model: StepModel | None = None
 
     def stream_rate(self, streams: int) -> float:
-        """Units a second each of `streams` in its batch gets at least (module docstring)."""
+        """Units a second each of `streams` in its batch gets (module docstring)."""
+        if self.model is not None:
+            return self.model.row_rate(streams)
         return self.capacity / max(streams, self.batch, 1.0)
+
+    def capacity_at(self, streams: int) -> float:
+        """Units per busy second of the replica with `streams` in its batch."""
+        return max(streams, 1) * self.stream_rate(streams)
+
+
+def replica_speed(load) -> ReplicaSpeed | None:
+    """One replica's StageLoad as a speed (None: nothing measured or seeded yet, or an old stage
+    that reports nothing)."""
+    if load is None:
+        return None
+    model = None
+    if load.model_points > 0 and (load.step_base_seconds > 0 or load.step_unit_seconds > 0):
+        model = StepModel(load.step_base_seconds, load.step_unit_seconds, load.units_per_row or 1.0)
+    measured = load.measured_steps > 0 and load.capacity_per_second > 0
+    if model is None and not measured:
+        return None
+    return ReplicaSpeed(load.capacity_per_second if measured else 0.0, load.mean_batch, model)
 
 
 def replica_speeds(replicas: Iterable[Replica]) -> list[ReplicaSpeed] | None:
-    """The measures of a stage's replicas in rotation; None when any of them has none (an old
-    stage, a failed read, nothing run since warm-up) or none is in rotation: a stage judged by part
-    of its replicas would get the streams of all of them."""
+    """The speeds of a stage's replicas in rotation; None when any of them has none (an old
+    stage, a failed read, nothing run or probed since warm-up) or none is in rotation: a stage
+    judged by part of its replicas would get the streams of all of them."""
     speeds = []
     for replica in replicas:
         if not replica.in_rotation:
             continue
-        load = replica.load
-        if load is None or load.measured_steps == 0 or load.capacity_per_second <= 0:
+        speed = replica_speed(replica.load)
+        if speed is None:
             return None
-        speeds.append(ReplicaSpeed(load.capacity_per_second, load.mean_batch))
+        speeds.append(speed)
     return speeds or None
 
 
 def measured_capacity(replicas: Iterable[Replica]) -> float | None:
-    """A stage's units per busy second, summed over its replicas in rotation (None: unknown)."""
+    """A stage's units per busy second as measured at its current batch, summed over its replicas
+    in rotation (None: unknown)."""
     speeds = replica_speeds(replicas)
     return None if speeds is None else sum(s.capacity for s in speeds)
+
+
+def assumed_capacity(replicas: Iterable[Replica], streams: int) -> float | None:
+    """A stage's units per busy second with `streams` spread over its replicas in rotation, as its
+    step-time model says (the capacity admission assumes; None: unknown)."""
+    speeds = replica_speeds(replicas)
+    if speeds is None:
+        return None
+    each = math.ceil(max(streams, 1) / len(speeds))
+    return sum(s.capacity_at(each) for s in speeds)
 
 
 @dataclass(frozen=True)
@@ -130,9 +176,13 @@ class AudioCapacity:
         )
         return rate / self.frame_rate
 
-    def admits(self, running: int, margin: float = DEFAULT_MARGIN) -> bool:
-        """May one more audio stream start beside `running` ones?"""
+    def admits(self, running: int, margin: float = DEFAULT_MARGIN, need: float | None = None) -> bool:
+        """May one more audio stream start beside `running` ones? `need`: the headroom the fragile
+        (starting) ones among them need kept (the start guard, admission.py): one more must leave
+        them that, and with the speed unknown it waits for them to settle."""
         headroom = self.headroom(running + 1)
+        if need is not None and (headroom is None or headroom < need):
+            return False
         return running == 0 or headroom is None or headroom >= 1.0 + margin
 
 
@@ -198,3 +248,27 @@ def initial_frames_for(
         if predicted_stalls(headroom, plan, frame_rate, pause, jitter) == 0:
             return size
     return sizes[-1]
+
+
+MAX_NEEDED_HEADROOM = 64.0
+
+
+def headroom_needed(
+    plan: ChunkPlan,
+    frame_rate: float = DEFAULT_FRAME_RATE,
+    pause: float = 0.0,
+    jitter: float = DEFAULT_START_JITTER_S,
+) -> float:
+    """The smallest headroom at which `plan`'s listener is predicted never to wait (to 1%; at most
+    MAX_NEEDED_HEADROOM): what a starting stream of that plan needs the others to leave it (the
+    start guard, admission.py). More headroom never adds a stall, so a bisection finds it."""
+    if predicted_stalls(MAX_NEEDED_HEADROOM, plan, frame_rate, pause, jitter):
+        return MAX_NEEDED_HEADROOM
+    low, high = 0.0, MAX_NEEDED_HEADROOM
+    while high - low > 0.01 * high:
+        mid = (low + high) / 2
+        if predicted_stalls(mid, plan, frame_rate, pause, jitter):
+            low = mid
+        else:
+            high = mid
+    return high

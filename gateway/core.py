@@ -17,7 +17,9 @@ from gateway.audio_capacity import (
     AUDIO_STAGES,
     DEFAULT_FRAME_RATE,
     AudioCapacity,
+    assumed_capacity,
     code2wav_pause,
+    headroom_needed,
     initial_frames_for,
     measured_capacity,
     replica_speeds,
@@ -87,6 +89,10 @@ def check_message_size(request: GenerationRequest, media_bytes: int, max_message
         )
 
 
+def _per_second(value: float | None) -> str:
+    return "unknown" if value is None else f"{value:.0f} frames/s"
+
+
 class GatewayCore:
     def __init__(self, config: GatewayConfig) -> None:
         config.validate()
@@ -99,7 +105,7 @@ class GatewayCore:
             config.queue_timeout,
             audio_gate=self._audio_gate if config.audio_hold else None,
             max_audio_hold=config.audio_hold_queue,
-            on_hold=self.metrics.audio_held_total.inc,
+            on_hold=self._on_hold,
         )
         self.metrics.queued.set_function(lambda: self.admission.waiting)
         self.replicas = Replicas(
@@ -175,8 +181,35 @@ class GatewayCore:
             self.deployment.frames_per_second,
         )
 
-    def _audio_gate(self, running: int) -> bool:
-        return self.audio_capacity().admits(running, self.config.audio_hold_margin)
+    def assumed_capacity(self, stage: str, streams: int) -> float | None:
+        """The stage's units per busy second with `streams` audio streams, as its replicas' step-time
+        models say (audio_capacity.py; None: unknown)."""
+        return assumed_capacity(self.replicas.sets[stage].replicas, streams)
+
+    def _audio_gate(self, running: int, need: float | None) -> bool:
+        return self.audio_capacity().admits(running, self.config.audio_hold_margin, need)
+
+    def _on_hold(self, reason: str, request_id: str | None) -> None:
+        """A request starts waiting in the audio hold: counted by reason, and logged with the speeds
+        the decision stood on (assumed at the batch it would make, and measured at today's)."""
+        self.metrics.audio_held_total.labels(reason=reason).inc()
+        streams = self.admission.audio_active + 1
+        headroom = self.audio_capacity().headroom(streams)
+        speeds = []
+        for stage in AUDIO_STAGES:
+            assumed, measured = self.assumed_capacity(stage, streams), self.stage_capacity(stage)
+            speeds.append(f"{stage} assumed {_per_second(assumed)}, measured {_per_second(measured)}")
+        log.warning(
+            "request %s held for audio (%s): %d streams playing, %d starting, headroom with one more %s "
+            "(needs %.2f); %s",
+            request_id or "?",
+            reason,
+            self.admission.audio_active,
+            self.admission.audio_starting,
+            "unknown" if headroom is None else f"{headroom:.2f}",
+            1.0 + self.config.audio_hold_margin,
+            "; ".join(speeds),
+        )
 
     def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
         """The request's codec chunk plan. Its first chunk: the request's own, else the smallest
@@ -193,7 +226,7 @@ class GatewayCore:
                 others = self.admission.active - (1 if admitted else 0)
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
-                pause = code2wav_pause(streams, chunk, self.stage_capacity("code2wav"))
+                pause = code2wav_pause(streams, chunk, self.assumed_capacity("code2wav", streams - 1))
                 initial = initial_frames_for(
                     headroom,
                     chunk,
@@ -204,6 +237,18 @@ class GatewayCore:
                 )
         return request.chunk_plan(initial)
 
+    def start_need(self, request: GenerationRequest, plan: ChunkPlan) -> float | None:
+        """The headroom an admitted audio stream of `plan` needs while it starts (the start guard,
+        admission.py): the smallest at which its listener is predicted never to wait, with the
+        same allowances its first chunk was sized with. None where the gateway did not size it
+        (the request chose its first chunk, or the speed is unknown)."""
+        if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
+            return None
+        streams = self.admission.audio_active
+        pause = code2wav_pause(streams, plan.chunk, self.assumed_capacity("code2wav", streams - 1))
+        fps = self.deployment.frames_per_second or DEFAULT_FRAME_RATE
+        return headroom_needed(plan, fps, pause, self.config.audio_start_jitter)
+
     async def open(
         self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None
     ) -> Session:
@@ -213,7 +258,7 @@ class GatewayCore:
             await self.prepare(request)
             self.chunk_plan(request)  # a bad plan is refused before admission
             # Audio may wait here for the listeners already playing (admission.py's audio hold).
-            permit = await self.admission.acquire(audio=request.return_audio)
+            permit = await self.admission.acquire(audio=request.return_audio, request_id=rid)
         except Rejected as exc:
             self.metrics.rejected.labels(reason=exc.reason).inc()
             raise
@@ -223,6 +268,8 @@ class GatewayCore:
         self.metrics.in_flight.inc()
         # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
         plan = self.chunk_plan(request, permit)
+        if permit.audio:
+            permit.need = self.start_need(request, plan)
         stages = stages_for(request)
         kinds = media_kinds(request.messages)  # the thinker picked must take them all
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)

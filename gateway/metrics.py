@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from gateway.audio_capacity import AUDIO_STAGES
 from omnistream.audio.listener import Listening
 
 if TYPE_CHECKING:
@@ -106,7 +107,16 @@ class GatewayMetrics:
         )
         self.audio_held_total = Counter(
             "omnistream_requests_audio_held_total",
-            "Audio requests that had to wait for audio capacity (the audio hold)",
+            "Audio requests that had to wait in the audio hold, by reason (capacity: the assumed "
+            "capacity was short; start_guard: a starting stream was fragile; queue: others waited)",
+            ["reason"],
+            registry=r,
+        )
+        self.assumed_capacity = Gauge(
+            "omnistream_audio_assumed_capacity_per_second",
+            "Codec frames per busy second an audio stage would sustain with one more audio stream, "
+            "as its step-time model says (what the audio hold admits by); 0: unknown",
+            ["stage"],
             registry=r,
         )
 
@@ -123,6 +133,11 @@ class GatewayMetrics:
                     if r.in_rotation and r.load is not None
                 )
             )
+        for stage in AUDIO_STAGES:
+            if stage in core.replicas.sets:
+                self.assumed_capacity.labels(stage=stage).set_function(
+                    lambda stage=stage: core.assumed_capacity(stage, core.admission.audio_active + 1) or 0.0
+                )
         self.audio_streams.set_function(lambda: core.admission.audio_active)
         self.audio_headroom.set_function(
             lambda: core.audio_capacity().headroom(core.admission.audio_active + 1) or 0.0

@@ -83,6 +83,9 @@ async def serve(args: argparse.Namespace) -> int:
 
     async def warmup() -> None:
         await family.warm_up(args.stage, engine)
+        servicer.speed.reset()  # the warm-up's first steps (compilation, allocation) are no measure
+        await family.probe_speed(args.stage, engine)
+        servicer.speed.seed()
 
     return await run_stage_server(servicer, warmup, serve_options)
 

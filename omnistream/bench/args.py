@@ -88,6 +88,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="the services target's thinker CPU priority (serve --nice; default: omnistream up's, 5)",
     )
+    p.add_argument(
+        "--audio-hold",
+        default="on",
+        help="comma list of the services target's audio hold settings (on, off): with on,off a second "
+        "gateway over the same stage processes runs with --no-audio-hold, its rows named "
+        "services[no-hold], interleaved A B B A with the default",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

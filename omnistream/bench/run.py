@@ -117,6 +117,14 @@ def chunk_schedules(given: str) -> list[str | None]:
     return chosen or [None]
 
 
+def audio_holds(given: str) -> list[bool]:
+    """`--audio-hold` as the settings to run (True: the default hold), in the order given."""
+    names = [s.strip() for s in given.split(",") if s.strip()]
+    if not names or any(n not in ("on", "off") for n in names) or len(set(names)) != len(names):
+        raise ValueError(f"--audio-hold takes on, off or both (comma list), got {given!r}")
+    return [n == "on" for n in names]
+
+
 def interleave(units: list, repeats: int) -> list:
     """`repeats` passes over `units`, every other one reversed (A B B A ...): slow drift of the
     machine then weighs on each unit alike."""
@@ -129,6 +137,12 @@ def interleave(units: list, repeats: int) -> list:
 def _ratio(a: float | None, b: float | None) -> float | None:
     """a / b, or None (JSON null) where either side has no sample or b is 0."""
     return a / b if a is not None and b else None
+
+
+def _mean(row: dict, key: str) -> float | None:
+    """A row's value of `key`: the mean of a described metric, or the number itself."""
+    value = row.get(key)
+    return value.get("mean") if isinstance(value, dict) else value
 
 
 def ratios(rows: list[dict]) -> dict[str, float | None]:
@@ -166,6 +180,18 @@ def ratios(rows: list[dict]) -> dict[str, float | None]:
             out[f"in-process stream/recompute Code2Wav TTFP @c{conc}"] = _ratio(
                 local["ttfp_ms"]["mean"], old["ttfp_ms"]["mean"]
             )
+    # The audio hold against none, where both ran (--audio-hold on,off).
+    for target in sorted({row["target"] for row in rows}):
+        if not target.startswith("services[no-hold]"):
+            continue
+        held_target = "services" + target[len("services[no-hold]") :]
+        for conc in concs:
+            held, free = get(held_target, True, conc), get(target, True, conc)
+            if held and free:
+                for key, name in (("audio_throughput", "audio s/s"), ("ttfp_ms", "TTFP")):
+                    out[f"{held_target} hold/no-hold {name} @c{conc}"] = _ratio(
+                        _mean(held, key), _mean(free, key)
+                    )
     # The new chunk schedule against today's, where both ran (--codec-chunk-schedules fixed,grow).
     for target in sorted({row["target"] for row in rows}):
         if "[grow]" not in target:
@@ -213,6 +239,11 @@ async def run_bench(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"omnistream bench: {exc}", file=sys.stderr)
         return 2
+    try:
+        holds = audio_holds(args.audio_hold)
+    except ValueError as exc:
+        print(f"omnistream bench: {exc}", file=sys.stderr)
+        return 2
     threshold_s = args.continuity_threshold_ms / 1000.0
     workload = Workload(
         args.output_len,
@@ -233,16 +264,29 @@ async def run_bench(args: argparse.Namespace) -> int:
             if args.gateway:
                 clients["services"] = GrpcGatewayClient(args.gateway)
             else:
-                from omnistream.cli.up import start_stack
+                from omnistream.cli.up import start_gateway, start_stack
 
+                limit = max(concurrencies) * 2
                 gateway = start_stack(
-                    args.model, services, max_concurrency=max(concurrencies) * 2, **prefill, **nice
+                    args.model, services, max_concurrency=limit, audio_hold=holds[0], **prefill, **nice
                 )
-                clients["services"] = (
-                    RestGatewayClient(f"http://127.0.0.1:{gateway.http_port}", tokenizer, sample_rate)
-                    if args.transport == "rest"
-                    else GrpcGatewayClient(gateway.address)
-                )
+                gateways = {holds[0]: gateway}
+                for hold in holds[1:]:  # the other setting: a second gateway over the same stages
+                    gateways[hold] = start_gateway(
+                        services,
+                        name=f"gateway-hold-{'on' if hold else 'off'}",
+                        max_concurrency=limit,
+                        audio_hold=hold,
+                    )
+                for hold in holds:
+                    name = "services" if hold else "services[no-hold]"
+                    clients[name] = (
+                        RestGatewayClient(
+                            f"http://127.0.0.1:{gateways[hold].http_port}", tokenizer, sample_rate
+                        )
+                        if args.transport == "rest"
+                        else GrpcGatewayClient(gateways[hold].address)
+                    )
         if "in-process" in targets:
             pipeline = Pipeline(args.model, LoadOptions(), max_batch=16, **prefill).start()
             clients["in-process"] = InProcessClient(pipeline)
@@ -252,7 +296,9 @@ async def run_bench(args: argparse.Namespace) -> int:
             ).start()
             clients["in-process-recompute"] = InProcessClient(baseline)
             pipelines.append(baseline)
-        order = [t for t in ("in-process", "in-process-recompute", "services") if t in clients]
+        order = [
+            t for t in ("in-process", "in-process-recompute", "services", "services[no-hold]") if t in clients
+        ]
         warm = make_prompts(max(args.warmup, 1), args.input_len, args.seed + 999)
         for name in order:
             for prompt in warm[: args.warmup]:

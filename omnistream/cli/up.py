@@ -96,12 +96,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway go first while the thinker, far ahead of them, takes what is left (0: equal; "
         f"default: {DEFAULT_THINKER_NICE})",
     )
+    # The gateway's admission flags, named and meant as in `serve gateway` (README "Admission").
+    p.add_argument(
+        "--audio-hold",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="hold audio requests while the audio stages could not keep one more stream real time "
+        "(default on; --no-audio-hold admits every audio request up to --max-concurrency)",
+    )
+    p.add_argument(
+        "--audio-hold-margin",
+        type=float,
+        default=None,
+        help="speed to spare for the audio hold (serve gateway --audio-hold-margin; default 0.2)",
+    )
+    p.add_argument(
+        "--queue-timeout",
+        type=float,
+        default=None,
+        help="seconds a request may wait for admission, the audio hold included, before its 429 "
+        "(serve gateway --queue-timeout; default 10)",
+    )
     p.add_argument(
         "--vllm-python",
         default=None,
         help=f"the interpreter of the vLLM environment (default: ${VLLM_PYTHON_ENV}, else "
         ".venv-vllm/bin/python of this source tree, which `make setup-vllm` builds)",
     )
+
+
+def admission_flags(args: argparse.Namespace) -> list[str]:
+    """`serve gateway` flags for the admission settings given to `up` (none: the gateway's defaults)."""
+    flags = []
+    if args.audio_hold_margin is not None:
+        flags += ["--audio-hold-margin", str(args.audio_hold_margin)]
+    if args.queue_timeout is not None:
+        flags += ["--queue-timeout", str(args.queue_timeout)]
+    return flags
 
 
 def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading.Event | None = None) -> None:
@@ -215,6 +246,36 @@ def start_stack(
     for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = stage_args("code2wav")
     services.update(start_services(specs, cancel=cancel, pythons=pythons))
+    return start_gateway(
+        services,
+        host=host,
+        http_port=http_port,
+        grpc_port=grpc_port,
+        max_concurrency=max_concurrency,
+        audio_hold=audio_hold,
+        gateway_flags=gateway_flags,
+        cancel=cancel,
+    )
+
+
+STAGES = ("thinker", "talker", "code2wav")
+
+
+def start_gateway(
+    services: dict[str, ServiceProcess],
+    *,
+    name: str = "gateway",
+    host: str = "127.0.0.1",
+    http_port: int = 0,
+    grpc_port: int = 0,
+    max_concurrency: int = 16,
+    audio_hold: bool = True,
+    gateway_flags: Sequence[str] = (),
+    cancel: threading.Event | None = None,
+) -> ServiceProcess:
+    """A gateway over the stage services already in `services` (named `<stage>` or `<stage>-<i>`),
+    added to `services` as `name` and returned once ready. A second one over the same stages
+    compares two admission settings on one set of stage processes (`omnistream bench --audio-hold`)."""
     gateway_args = [
         "serve",
         "gateway",
@@ -229,10 +290,12 @@ def start_stack(
         *([] if audio_hold else ["--no-audio-hold"]),
         *gateway_flags,
     ]
-    for name, service in list(services.items()):
-        gateway_args += [f"--{name.split('-')[0]}", service.address]
-    services.update(start_services({"gateway": gateway_args}, cancel=cancel))
-    gateway = services["gateway"]
+    for stage_name, service in list(services.items()):
+        stage = stage_name.split("-")[0]
+        if stage in STAGES:
+            gateway_args += [f"--{stage}", service.address]
+    services.update(start_services({name: gateway_args}, cancel=cancel))
+    gateway = services[name]
     wait_ready(gateway, cancel=cancel)
     return gateway
 
@@ -323,6 +386,8 @@ def run_up(args: argparse.Namespace) -> int:
             talker_replicas=args.talker_replicas,
             code2wav_replicas=args.code2wav_replicas,
             prefill_chunk=args.prefill_chunk,
+            audio_hold=args.audio_hold,
+            gateway_flags=admission_flags(args),
             cancel=stop,
             thinker_backend=args.thinker_backend,
             vllm_python_path=args.vllm_python,

@@ -53,6 +53,9 @@ class EngineStats:
     # Output units the last step produced (thinker: tokens, talker: codec frames emitted, code2wav:
     # codec frames decoded); omnistream/service/speed.py measures the stage's speed from it.
     last_units: int = 0
+    # Prompt positions the last step prefilled (thinker, talker): such a step says little about
+    # the batch's own step time (omnistream/service/step_model.py leaves it out).
+    last_prefill_rows: int = 0
     aborted: int = 0
     errors: int = 0
     finished: int = 0
@@ -271,6 +274,7 @@ class Engine:
             started = time.perf_counter()
             self.stats.last_batch_size = 0
             self.stats.last_units = 0
+            self.stats.last_prefill_rows = 0
             try:
                 with torch.inference_mode():
                     self._run(work)

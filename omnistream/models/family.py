@@ -103,6 +103,12 @@ class ModelFamily(Protocol):
         """Run one tiny request through a started engine, so the first client pays no lazy setup."""
         ...
 
+    async def probe_speed(self, stage: str, engine: Engine) -> None:
+        """Run batches of a few sizes up to the engine's batch through a warmed engine (a stage
+        without a probe returns at once): their steps seed the step-time model that the gateway
+        admits audio by (omnistream/service/step_model.py)."""
+        ...
+
     def random_prompts(
         self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
     ) -> list[list[int]]:

@@ -12,6 +12,10 @@ second of wall time, for dashboards. When the engine has been idle for longer th
 last `min_steps` steps still stand: the hardware did not get slower by resting, and a measure that
 vanished whenever a deployment went quiet would let a burst in unchecked.
 
+Beside the rolling sums, the meter keeps the step-time model (omnistream/service/step_model.py):
+how long a step of each size takes, seeded by the warm-up probe, so the gateway can ask what the
+stage sustains at the batch one more stream would make, not only at today's.
+
 Torch-free: the step listener only reads `EngineStats` numbers.
 """
 
@@ -22,6 +26,8 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from omnistream.service.step_model import StepFit, StepTimeModel
 
 WINDOW_SECONDS = 5.0
 MIN_STEPS = 16  # steps kept past the window, so a quiet engine still has a measure
@@ -38,6 +44,7 @@ class Speed:
     busy_fraction: float
     measured_steps: int
     window_seconds: float
+    fit: StepFit | None = None  # the step-time model (None: nothing measured or seeded)
 
 
 @dataclass(frozen=True)
@@ -63,6 +70,7 @@ class SpeedMeter:
         self.min_steps = min_steps
         self._clock = clock
         self._steps: deque[_Step] = deque(maxlen=max_steps)
+        self._model = StepTimeModel()
         self._lock = threading.Lock()
 
     def __call__(self, engine, seconds: float) -> None:
@@ -70,11 +78,21 @@ class SpeedMeter:
         step = _Step(self._clock(), seconds, stats.last_units, stats.last_batch_size)
         with self._lock:
             self._steps.append(step)
+            if not stats.last_prefill_rows:
+                self._model.observe(stats.last_units, stats.last_batch_size, seconds)
 
     def reset(self) -> None:
-        """Forget everything (after warm-up: its first steps include one-off compilation and
-        allocation, far slower than serving)."""
+        """Forget the steps (after warm-up: its first steps include one-off compilation and
+        allocation, far slower than serving); the model's seed stays."""
         with self._lock:
+            self._steps.clear()
+            self._model.clear_live()
+
+    def seed(self) -> None:
+        """The steps since the last reset (the warm-up probe's) seed the step-time model, and the
+        rolling measure starts anew."""
+        with self._lock:
+            self._model.seed_from_live()
             self._steps.clear()
 
     def speed(self) -> Speed:
@@ -82,6 +100,7 @@ class SpeedMeter:
         since = now - self.window
         with self._lock:
             steps = list(self._steps)
+            fit = self._model.fit()
         recent = [s for s in steps if s.ended >= since]
         measured = recent if len(recent) >= self.min_steps else steps[-self.min_steps :]
         busy = sum(s.seconds for s in measured)
@@ -96,4 +115,5 @@ class SpeedMeter:
             busy_fraction=min(1.0, busy_in_window / self.window),
             measured_steps=len(measured),
             window_seconds=self.window,
+            fit=fit,
         )

@@ -151,6 +151,12 @@ class StageServicer:
                 waiting=waiting,
             )
         )
+        if speed.fit is not None:
+            info.load.step_base_seconds = speed.fit.base_seconds
+            info.load.step_unit_seconds = speed.fit.unit_seconds
+            info.load.units_per_row = speed.fit.units_per_row
+            info.load.model_points = speed.fit.points
+            info.load.model_slowdown = speed.fit.slowdown
         return info
 
     async def Info(self, request, context: grpc.aio.ServicerContext) -> stage_pb2.StageInfo:

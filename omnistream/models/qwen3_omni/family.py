@@ -150,6 +150,13 @@ class Qwen3OmniFamily:
 
         await WARMERS[stage](engine)
 
+    async def probe_speed(self, stage: str, engine: Engine) -> None:
+        from omnistream.models.qwen3_omni.warmup import PROBES
+
+        probe = PROBES.get(stage)
+        if probe is not None:
+            await probe(engine)
+
     def random_prompts(
         self, config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0
     ) -> list[list[int]]:

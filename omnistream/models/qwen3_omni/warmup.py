@@ -1,12 +1,19 @@
-"""Warm-up requests for the Qwen3-Omni engines: the smallest input each stage accepts.
+"""Warm-up requests for the Qwen3-Omni engines: the smallest input each stage accepts; and the speed
+probe of the audio stages.
 
 A stage reports SERVING only after one of these ran, so lazy allocations (KV slots, kernels, the
 Code2Wav's first streaming step) happen before the first client, not inside its time to first audio.
 The talker's input must look like a real chat (it looks for the assistant turn), hence the ChatML
 ids from the config rather than arbitrary tokens.
+
+The probe runs batches of a few sizes up to `max_batch` (ignore_eos, greedy), so the stage's
+step-time model (omnistream/service/step_model.py) knows its larger batches before any client made
+one: the gateway admits audio streams by it.
 """
 
 from __future__ import annotations
+
+import asyncio
 
 import torch
 
@@ -55,3 +62,43 @@ async def warm_code2wav(engine: Engine) -> None:
 
 
 WARMERS = {"thinker": warm_thinker, "talker": warm_talker, "code2wav": warm_code2wav}
+
+PROBE_TALKER_FRAMES = 6  # frames per request of a probe batch (its steps are the measure)
+PROBE_CODE2WAV_WINDOWS = 2  # windows per request: the second decodes with its left context, as serving does
+MAX_PROBE_CODE2WAV_BATCH = 8  # a Code2Wav step grows with its frames: larger batches teach no new shape
+
+
+def probe_sizes(max_batch: int) -> list[int]:
+    """1, a quarter and all of `max_batch` (distinct, ascending)."""
+    return sorted({1, max(1, max_batch // 4), max(1, max_batch)})
+
+
+async def probe_talker(engine: Engine) -> None:
+    from omnistream.models.qwen3_omni.talker.engine import TalkerParams
+
+    prompt = talker_warmup_prompt(engine.config)
+    for size in probe_sizes(engine.max_step_batch):
+        outs = []
+        for i in range(size):
+            rid = f"speed-probe-{size}-{i}"
+            outs.append(
+                engine.add_request(rid, TalkerParams(max_frames=PROBE_TALKER_FRAMES, ignore_eos=True))
+            )
+            engine.feed(rid, [0] * PROBE_TALKER_FRAMES, True, prompt_ids=prompt)
+        await asyncio.gather(*(_drain(out) for out in outs))
+
+
+async def probe_code2wav(engine: Engine) -> None:
+    plan = ChunkPlan(25, 25, 25)
+    frames = torch.zeros((engine.num_quantizers, plan.chunk * PROBE_CODE2WAV_WINDOWS), dtype=torch.long)
+    for size in probe_sizes(min(engine.max_batch, MAX_PROBE_CODE2WAV_BATCH)):
+        outs = []
+        for i in range(size):
+            rid = f"speed-probe-{size}-{i}"
+            outs.append(engine.add_request(rid, plan))
+            engine.feed(rid, frames, True)
+        await asyncio.gather(*(_drain(out) for out in outs))
+
+
+# The audio stages' speed probes (the thinker's speed is reported but admits nothing).
+PROBES = {"talker": probe_talker, "code2wav": probe_code2wav}

@@ -7,6 +7,7 @@ only up's own logic: whatever was started gets stopped, whichever way the start 
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import signal
 import socket
@@ -241,3 +242,49 @@ def test_the_thinker_alone_runs_at_a_lower_cpu_priority(monkeypatch):
     assert args.parse_args(["--model", "m"]).thinker_nice == 5
     with pytest.raises(SystemExit):
         args.parse_args(["--model", "m", "--thinker-nice", "20"])
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [
+        ([], []),
+        (["--no-audio-hold"], ["--no-audio-hold"]),
+        (
+            ["--audio-hold-margin", "0.5", "--queue-timeout", "30"],
+            ["--audio-hold-margin", "0.5", "--queue-timeout", "30.0"],
+        ),
+    ],
+)
+def test_admission_flags_reach_the_gateway_as_serve_gateway_names_them(monkeypatch, given, expected):
+    """`up --no-audio-hold / --audio-hold-margin / --queue-timeout` start the gateway with the flags of
+    the same names, which `serve gateway` parses to the same settings."""
+    from gateway.main_args import add_arguments as gateway_arguments
+
+    specs_seen: list[dict[str, list[str]]] = []
+
+    def fake_start(specs, cancel=None, **kw):
+        specs_seen.append(specs)
+        if "gateway" in specs:
+            raise StartCancelled()
+        return {name: ServiceProcess(name, None, port=1000 + i) for i, name in enumerate(specs)}
+
+    monkeypatch.setattr(up, "start_services", fake_start)
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    parsed = args.parse_args(["--model", "m", *given])
+    with pytest.raises(StartCancelled):
+        up.start_stack(
+            "m", {}, audio_hold=parsed.audio_hold, gateway_flags=up.admission_flags(parsed)
+        )
+    gateway_spec = specs_seen[-1]["gateway"]
+    flags = [f for f in gateway_spec if ("hold" in f and f.startswith("--")) or f == "--queue-timeout"]
+    assert flags == [f for f in expected if f.startswith("--")]
+    for flag, value in itertools.pairwise(expected):
+        if flag.startswith("--") and not value.startswith("--"):
+            assert gateway_spec[gateway_spec.index(flag) + 1] == value
+    gateway_parser = argparse.ArgumentParser()
+    gateway_arguments(gateway_parser)
+    served = gateway_parser.parse_args(gateway_spec[2:])  # past "serve gateway"
+    assert served.audio_hold is (False if "--no-audio-hold" in given else None)
+    if "--queue-timeout" in given:
+        assert served.queue_timeout == 30.0 and served.audio_hold_margin == 0.5

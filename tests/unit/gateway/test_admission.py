@@ -18,7 +18,7 @@ class Gate:
     def __init__(self, fits: int | None) -> None:
         self.fits = fits
 
-    def __call__(self, running: int) -> bool:
+    def __call__(self, running: int, need: float | None = None) -> bool:
         return self.fits is None or running < self.fits
 
 
@@ -40,12 +40,16 @@ async def test_ample_headroom_admits_at_once():
 
 
 async def test_no_headroom_holds_then_admits_when_a_stream_ends():
-    held: list[int] = []
-    admission = Admission(16, audio_gate=Gate(2), on_hold=lambda: held.append(1))
+    held: list[tuple[str, str | None]] = []
+    admission = Admission(16, audio_gate=Gate(2), on_hold=lambda *why: held.append(why))
     first, second = await admission.acquire(audio=True), await admission.acquire(audio=True)
-    third = asyncio.create_task(admission.acquire(audio=True))
+    third = asyncio.create_task(admission.acquire(audio=True, request_id="r3"))
+    fourth = asyncio.create_task(admission.acquire(audio=True, request_id="r4"))
     await asyncio.sleep(0.01)
-    assert not third.done() and admission.audio_held == 1 and held == [1]
+    # The gate said no to the third; the fourth waits behind it (FIFO), whatever the gate says.
+    assert not third.done() and admission.audio_held == 2 and held == [("capacity", "r3"), ("queue", "r4")]
+    fourth.cancel()
+    await asyncio.gather(fourth, return_exceptions=True)
     assert admission.active == 2  # a held request takes no concurrency slot
     first.release()
     permit = await asyncio.wait_for(third, 1)
@@ -174,3 +178,36 @@ async def test_no_gate_is_todays_admission():
     assert exc.value.reason == "concurrency"
     for permit in permits:
         permit.release()
+
+
+class HeadroomGate:
+    """A fake audio gate from a headroom curve: `headroom(n)` with n streams (the gate's own rule
+    admits anything; only fragile streams' needs hold here)."""
+
+    def __init__(self, headroom) -> None:
+        self.headroom = headroom
+
+    def __call__(self, running: int, need: float | None) -> bool:
+        return need is None or self.headroom(running + 1) >= need
+
+
+async def test_new_audio_starts_beside_fragile_streams_while_the_headroom_meets_their_needs():
+    admission = Admission(16, audio_gate=HeadroomGate(lambda n: 12.0 / n))
+    first = await admission.acquire(audio=True)
+    first.need = 3.0  # its first chunk was sized for a headroom of 3
+    first.mark_starting()
+    second = await asyncio.wait_for(admission.acquire(audio=True), 1)  # 6.0 with it: fits
+    second.mark_starting(4.0)
+    third = await asyncio.wait_for(admission.acquire(audio=True), 1)  # 4.0 with it: fits
+    third.mark_starting(None)  # one whose need is unknown: the guard holds all new starts
+    fourth = asyncio.create_task(admission.acquire(audio=True, request_id="r4"))
+    await asyncio.sleep(0.01)
+    assert not fourth.done() and admission.hold_reason() == "queue"
+    third.settle()
+    await asyncio.sleep(0.01)
+    assert not fourth.done()  # 3.0 with it, and the second needs 4.0
+    second.settle()
+    permit = await asyncio.wait_for(fourth, 1)  # 3.0 meets the first's 3.0
+    for p in (first, second, third, permit):
+        p.release()
+    assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)

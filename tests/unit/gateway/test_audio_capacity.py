@@ -12,11 +12,14 @@ from gateway.audio_capacity import (
     DEFAULT_START_JITTER_S,
     AudioCapacity,
     ReplicaSpeed,
+    StepModel,
     chunk_sizes,
     code2wav_pause,
+    headroom_needed,
     initial_frames_for,
     measured_capacity,
     predicted_stalls,
+    replica_speed,
     replica_speeds,
 )
 from omnistream.proto.omni.v1 import stage_pb2
@@ -139,3 +142,48 @@ def test_the_start_jitter_allowance_lengthens_the_first_chunk_only_where_speed_a
     # the fixed schedule's 25-frame second window: one size longer at ~8x real time
     assert initial_frames_for(8.0, 25, "fixed", jitter=0.0) == 4
     assert initial_frames_for(8.0, 25, "fixed") == 8
+
+
+def test_a_stage_with_a_step_time_model_is_judged_at_the_batch_the_new_stream_makes():
+    """15 ms a step plus 2.5 ms a row: 16 streams get 1 / 55 ms = 18 frames/s each (headroom 1.45),
+    where the old rule, from the 4.5 streams of capacity measured at batch 2, said 0.56."""
+    load = stage_pb2.StageLoad(
+        capacity_per_second=2 / 0.02,
+        mean_batch=2.0,
+        measured_steps=40,
+        step_base_seconds=0.015,
+        step_unit_seconds=0.0025,
+        units_per_row=1.0,
+        model_points=3,
+    )
+    speed = replica_speed(load)
+    capacity = AudioCapacity.of([[speed]], FPS)
+    assert capacity.headroom(16) == pytest.approx(1 / 0.055 / FPS)
+    old = AudioCapacity.of([[ReplicaSpeed(load.capacity_per_second, load.mean_batch)]], FPS)
+    assert old.headroom(16) == pytest.approx(100 / 16 / FPS)
+    assert capacity.admits(15) and not old.admits(15)
+    assert speed.capacity_at(16) == pytest.approx(16 / 0.055)
+    # Seeded by the probe but nothing served yet: known (the model), where the old rule knew nothing.
+    seeded = stage_pb2.StageLoad(step_base_seconds=0.015, step_unit_seconds=0.0025, model_points=3)
+    assert replica_speed(seeded) is not None and replica_speed(stage_pb2.StageLoad()) is None
+    # Code2Wav: a row adds its window's frames, each frame 1 ms.
+    windows = StepModel(0.0, 0.001, 25.0)
+    assert windows.row_rate(4) == pytest.approx(25 / 0.1)
+
+
+def test_a_fragile_streams_need_holds_one_more_that_would_undo_its_plan():
+    capacity = one(100.0)  # headroom 8 / n
+    assert capacity.admits(1, need=4.0)  # 4.0 with two streams
+    assert not capacity.admits(2, need=4.0)  # 2.7 with three
+    assert not AudioCapacity().admits(1, need=1.0)  # unknown speed: wait for it to settle
+
+
+def test_the_headroom_needed_is_the_smallest_without_a_predicted_stall():
+    for plan in (ChunkPlan(2, 25), ChunkPlan(4, 25), ChunkPlan(16, 25, schedule="fixed")):
+        need = headroom_needed(plan, FPS, jitter=DEFAULT_START_JITTER_S)
+        assert predicted_stalls(need, plan, FPS, jitter=DEFAULT_START_JITTER_S) == 0
+        assert predicted_stalls(need * 0.97, plan, FPS, jitter=DEFAULT_START_JITTER_S) > 0
+    # A longer first chunk needs less: the initial size that sizing picks at a headroom meets it.
+    assert headroom_needed(ChunkPlan(2, 25), FPS) > headroom_needed(ChunkPlan(8, 25), FPS)
+    chosen = initial_frames_for(3.0, 25)
+    assert headroom_needed(ChunkPlan(chosen, 25), FPS) <= 3.0

@@ -106,7 +106,9 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         assert 'omnistream_stage_capacity_per_second{stage="talker"} 60.0' in scraped
         assert 'omnistream_stage_capacity_per_second{stage="thinker"} 300.0' in scraped
         assert "omnistream_requests_audio_waiting 1.0" in scraped
-        assert "omnistream_requests_audio_held_total 1.0" in scraped
+        assert 'omnistream_requests_audio_held_total{reason="capacity"} 1.0' in scraped
+        # No step-time model reported: the capacity assumed with one more stream is the measured one.
+        assert 'omnistream_audio_assumed_capacity_per_second{stage="talker"} 60.0' in scraped
         assert "omnistream_audio_streams 4.0" in scraped
         stubs["talker"].load = load(200.0, batch=4)  # faster now (a larger batch measured better)
         await core.replicas.check_all()  # the health round re-checks who waits

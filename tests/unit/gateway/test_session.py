@@ -119,7 +119,7 @@ async def test_a_stream_with_a_short_first_chunk_holds_new_starts_until_it_has_t
     1.0 s of guard reached only with the fifth chunk (1.28 s more at 0.5: 2.16 in hand)."""
     from gateway.admission import Admission
 
-    admission = Admission(16, audio_gate=lambda running: True)
+    admission = Admission(16, audio_gate=lambda running, need: True)
     timeline = [
         (0.1, _audio(0.16)),
         (0.2, _audio(0.16)),

@@ -118,3 +118,30 @@ def test_the_info_rpc_reports_the_measured_speed_and_the_identity_stays_cached()
     assert (load.running, load.waiting) == (0, 0)
     assert info.frames_per_second == 12.5
     assert not servicer.info().HasField("load")  # the cached identity carries no stale load
+    # The step-time model stands on the steps run (their sizes: 1 or 2 units a step).
+    assert load.model_points >= 1 and load.step_unit_seconds + load.step_base_seconds > 0
+    assert load.units_per_row == 1 and load.model_slowdown == 1.0
+
+
+def test_the_probe_seeds_the_model_and_serving_keeps_it_past_a_reset():
+    clock = Clock()
+    meter = SpeedMeter(clock=clock)
+    for rows in (1, 4, 16):  # the warm-up probe's steps
+        step(meter, clock, 0.015 + 0.0025 * rows, rows, rows)
+    meter.seed()
+    seeded = meter.speed()
+    assert seeded.measured_steps == 0  # the rolling measure starts anew
+    assert seeded.fit.points == 3 and seeded.fit.step_seconds(16) == pytest.approx(0.055)
+    meter.reset()  # forgets the steps, not the seed
+    step(meter, clock, 2 * (0.015 + 0.0025 * 2), 2, 2)  # serving, twice as slow
+    fit = meter.speed().fit
+    assert fit.slowdown == pytest.approx(2.0) and fit.step_seconds(16) == pytest.approx(0.11, rel=0.05)
+
+
+def test_a_step_that_prefilled_a_prompt_counts_for_the_rolling_measure_but_not_the_model():
+    clock = Clock()
+    meter = SpeedMeter(clock=clock)
+    clock.now += 0.5
+    meter(SimpleNamespace(stats=EngineStats(last_units=1, last_batch_size=1, last_prefill_rows=100)), 0.5)
+    speed = meter.speed()
+    assert speed.measured_steps == 1 and speed.fit is None

@@ -291,6 +291,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         for state, take in prefill:
             if state.finished:  # aborted meanwhile
                 continue
+            self.stats.last_prefill_rows += take
             try:
                 hidden = self._prefill_piece(state, take)
                 if hidden is not None:

@@ -259,6 +259,7 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         for state, take in work.prefill:
             if state.finished:  # aborted meanwhile
                 continue
+            self.stats.last_prefill_rows += take
             try:
                 done = self._prefill_piece(state, take)
                 token = None if done is None else self._choose([state], done[0], first=True)[0]
