@@ -49,6 +49,7 @@ from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
 from omnistream.models.qwen3_omni.talker.prompt import (
+    ASSISTANT_PROMPT_ROWS,
     ASSISTANT_PROMPT_TOKENS,
     TalkerPromptBuilder,
     assistant_start,
@@ -232,6 +233,9 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                     )
                 self._check_multimodal(prompt_ids, multimodal_hidden)
                 state.prompt_ids = list(prompt_ids)
+                cfg = self.config
+                users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+                state.prompt_row_count = len(users) + ASSISTANT_PROMPT_ROWS
                 state.stream = list(prompt_ids[start:])
                 state.multimodal_hidden = multimodal_hidden
                 state.media_layout = media_layout

@@ -14,6 +14,7 @@ from __future__ import annotations
 import torch
 
 ASSISTANT_PROMPT_TOKENS = 4  # im_start, "assistant", "\n", first content token
+ASSISTANT_PROMPT_ROWS = 9  # rows of the prompt after its user rows (`TalkerPrompts.prompt`: U + 9)
 # Picks of `TalkerPromptBuilder.trailing_rows` that are no thinker token.
 TTS_EOS = -1
 TTS_PAD = -2
@@ -96,7 +97,7 @@ class TalkerPromptBuilder:
         speaker_id: int,
         multimodal_hidden: dict[int, torch.Tensor] | None = None,
     ) -> torch.Tensor:
-        """Talker prompt rows [1, U + 9, H].
+        """Talker prompt rows [1, U + ASSISTANT_PROMPT_ROWS, H] (U: the prompt's user-turn positions).
 
         `assistant_head` is the first 4 tokens of the assistant stream. `multimodal_hidden` maps a
         prompt position holding an audio/image/video token to its deep thinker hidden row.

@@ -58,10 +58,10 @@ class DeadlineSchedule:
                     if not ready or free <= 0:
                         continue
                     free -= 1
-                if state.prompt_rows is None:  # its row count is known once its rows are built
-                    take = rows
-                else:
-                    take = min(rows, state.prompt_rows.shape[1] - state.prefilled)
+                # Only what the prompt has left: the rest of the budget goes to the next new prompt
+                # (a wave of new streams is prefilled in a few steps, not one step each).
+                total = state.prompt_row_count or rows
+                take = min(rows, max(total - state.prefilled, 1))
                 rows -= take
                 prefill.append((state, take))
             elif state.pending_code0 is not None or self._text_row_ready(state):

@@ -40,4 +40,7 @@ class _TalkerState(RequestState):
     prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
     prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
     prefilled: int = 0  # prompt rows already in the KV cache
+    # Rows of the whole prompt, known from its ids at the open (before the rows are built): the
+    # schedule shares a step's prefill budget among new prompts by it.
+    prompt_row_count: int = 0
     playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission
