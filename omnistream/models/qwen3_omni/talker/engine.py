@@ -29,6 +29,8 @@ each prompt's prefill stay here.
 
 from __future__ import annotations
 
+import time
+
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler
@@ -62,6 +64,8 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
+PREFILL_COST_WEIGHT = 0.2  # weight of the newest piece in the prefill's seconds-per-row average
+
 
 class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
     name = "talker"
@@ -90,6 +94,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         self.prefill_chunk = prefill_chunk
         # Requests that take a frame step per step, most urgent first (the rest wait a step).
         self.max_step_batch = max_step_batch or max_batch
+        self.prefill_row_seconds: float | None = None  # measured (schedule.py's prefill budget)
         self.first_audio_target = first_audio_target
         holder = load_stage("talker", model_dir, options)
         self.config = holder.config
@@ -297,7 +302,10 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                 continue
             self.stats.last_prefill_rows += take
             try:
+                started = time.perf_counter()
+                before = state.prefilled
                 hidden = self._prefill_piece(state, take)
+                self._measure_prefill(state.prefilled - before, time.perf_counter() - started)
                 if hidden is not None:
                     self._take_code0([state], hidden, first=True)
             except Exception as exc:  # one request's forward: the failure is that request's alone
@@ -321,6 +329,15 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                 return
             hidden = self._talker_forward(decode, self._next_inputs(decode), commit=False)
             self._take_code0(decode, hidden, commit=True)
+
+    def _measure_prefill(self, rows: int, seconds: float) -> None:
+        """Seconds per prompt row of prefill, a moving average over pieces (the schedule's prefill
+        budget while a listener is near running dry)."""
+        if rows <= 0:
+            return
+        sample = seconds / rows
+        last = self.prefill_row_seconds
+        self.prefill_row_seconds = sample if last is None else last + PREFILL_COST_WEIGHT * (sample - last)
 
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
         """The next `take` prompt rows into the KV cache (the rows are built on the first piece).

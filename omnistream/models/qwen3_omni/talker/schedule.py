@@ -15,11 +15,16 @@ from omnistream.engine.playout import buffered_seconds, by_deadline
 from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS
 from omnistream.models.qwen3_omni.talker.state import _TalkerState
 
-# A listener with less audio than this left is near running dry: new prompts then prefill at most
-# URGENT_PREFILL_ROWS rows a step (a stream's first 2-frame chunk plays 137 ms; a step prefilling
-# several 100-row prompts took about that long here).
+# A listener with less audio than this left is near running dry: new prompts then prefill only as
+# many rows a step as take a quarter of that listener's audio left (at most MAX_PREFILL_SHARE_S), at
+# the prefill's measured seconds per row (`prefill_row_seconds`); URGENT_PREFILL_ROWS before any
+# prefill was measured, and at least that many. A fixed small row count instead prefilled a wave of
+# simultaneous prompts one prompt every few steps, so the last of them started seconds late, while a
+# whole wave's prompts took a fraction of one listener's slack (docs/benchmarks.md, run 6).
 NEAR_DRY_S = 0.4
 URGENT_PREFILL_ROWS = 32
+MAX_PREFILL_SHARE_S = 0.1
+SLACK_SHARE = 0.25
 
 
 class DeadlineSchedule:
@@ -29,6 +34,7 @@ class DeadlineSchedule:
     stats: Any  # EngineStats
     prefill_chunk: int
     max_step_batch: int
+    prefill_row_seconds: float | None  # measured: seconds of prefill per prompt row (None: not yet)
 
     def _text_row_ready(self, state: _TalkerState) -> bool:
         # Frame k+1 consumes assistant-stream token 4 + k, or the end marker once the stream ended.
@@ -38,12 +44,7 @@ class DeadlineSchedule:
         now = time.monotonic()
         prefill: list[tuple[_TalkerState, int]] = []  # (request, rows it may prefill this step)
         predict, decode = [], []
-        rows = self.prefill_chunk  # prefill budget of this step
-        if self._listener_near_dry(candidates, now):
-            # New requests' prompts are work for listeners still far from running dry: while one
-            # that is already playing has little left, they get a small piece a step, so the step
-            # that brings its next frame stays short.
-            rows = min(rows, URGENT_PREFILL_ROWS)
+        rows = self._prefill_budget(candidates, now)  # prefill budget of this step
         free = self.cache.free_slots
         room = self.max_step_batch  # requests that may take a frame step
         deferred = 0
@@ -80,10 +81,25 @@ class DeadlineSchedule:
         self.stats.last_buffered = buffered_seconds([s for s, _ in prefill] + predict + decode, now)
         return prefill, predict, decode
 
-    def _listener_near_dry(self, candidates, now: float) -> bool:
-        """Is a request that has started playing within `NEAR_DRY_S` of running dry?"""
-        return any(
-            s.prefill_done and s.playout.first_output is not None and s.playout.buffered(now) < NEAR_DRY_S
+    def _prefill_budget(self, candidates, now: float) -> int:
+        """Prompt rows this step may prefill. New requests' prompts are work for listeners still far
+        from running dry: while one that is already playing has less than `NEAR_DRY_S` left, the
+        step's prefill takes at most a share of what it has left, so the step that brings its next
+        frame stays short (module constants)."""
+        slack = self._least_buffered(candidates, now)
+        if slack is None or slack >= NEAR_DRY_S:
+            return self.prefill_chunk
+        per_row = self.prefill_row_seconds
+        if not per_row:
+            return min(self.prefill_chunk, URGENT_PREFILL_ROWS)
+        share = min(MAX_PREFILL_SHARE_S, SLACK_SHARE * max(slack, 0.0))
+        return min(self.prefill_chunk, max(URGENT_PREFILL_ROWS, int(share / per_row)))
+
+    def _least_buffered(self, candidates, now: float) -> float | None:
+        """Audio seconds left to the playing listener nearest to running dry (None: none plays)."""
+        left = [
+            s.playout.buffered(now)
             for s in candidates
-            if not s.finished
-        )
+            if not s.finished and s.prefill_done and s.playout.first_output is not None
+        ]
+        return min(left) if left else None

@@ -65,8 +65,7 @@ def _open(engine: TalkerEngine, prompt: list[int], *rids: str, frames: int = 60)
 
 
 def _prefill_all(engine: TalkerEngine) -> None:
-    """Step until every request's prompt is in (a prompt of unknown length takes a whole step's
-    prefill budget, so they go one per step, beside frame steps of those already in)."""
+    """Step until every request's prompt is in (beside frame steps of those already in)."""
     while not all(s.prefill_done for s in engine._requests.values()):
         _step(engine)
 
@@ -154,8 +153,10 @@ def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_piece
         state = talker._requests["playing"]
         _open(talker, long_prompt, "new")
         new = talker._requests["new"]
-        # Its listener has little left: the new prompt gets a small piece this step.
+        # Its listener has little left and a prompt row costs 1 ms: the new prompt gets a small
+        # piece this step (a quarter of 0.1 s is 25 rows; never fewer than URGENT_PREFILL_ROWS).
         state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=0.1)
+        talker.prefill_row_seconds = 0.001
         _step(talker)
         small = new.prefilled
         # Far from dry: the rest of the prompt goes in at the full budget.
@@ -167,3 +168,24 @@ def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_piece
     assert NEAR_DRY_S > 0.1
     assert small == URGENT_PREFILL_ROWS
     assert done and after > URGENT_PREFILL_ROWS
+
+
+def test_a_near_dry_listener_lets_in_as_many_prompt_rows_as_a_share_of_its_slack_affords(
+    talker, prompt, tiny_model_dir
+):
+    """Prefill that is cheap beside the listener's slack goes in whole: a wave of new prompts is
+    prefilled in one step, not one prompt every few steps."""
+    from omnistream.models.qwen3_omni.talker.schedule import NEAR_DRY_S
+
+    async def run():
+        talker.max_step_batch = 3
+        _open(talker, prompt, "playing")
+        _prefill_all(talker)
+        state = talker._requests["playing"]
+        _open(talker, prompt, "n1", "n2")  # the KV slots left
+        state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=NEAR_DRY_S / 2)
+        talker.prefill_row_seconds = 1e-6  # measured cost: a microsecond a row
+        _step(talker)
+        return [talker._requests[r].prefill_done for r in ("n1", "n2")]
+
+    assert asyncio.run(run()) == [True, True]
