@@ -34,7 +34,9 @@ than real time each is produced:
   plays); a growing schedule keeps the first chunk small down to a headroom of about 1.7. The
   largest size when none suffices.
 * start jitter: the prediction has every window after the first arrive `jitter` seconds later
-  still (0.1 s by default, `--audio-start-jitter`). Speed is measured over many steps; a stream's
+  still (0.1 s by default, `--audio-start-jitter`, plus 0.01 s for each other audio stream,
+  `--audio-start-jitter-per-stream`: at 16 streams started together on the 2-core machine their
+  early windows came ~0.25 s late, docs/benchmarks.md run 6). Speed is measured over many steps; a stream's
   first second is when one step or one message runs late (its own and its neighbours' text decode
   and prefill share the cores with it), and a 2-frame first chunk (137 ms of audio) has nothing in
   hand for that. Measured on the 2-core machine with per-stage timestamps: a starting stream's
@@ -66,6 +68,7 @@ AUDIO_STAGES = ("talker", "code2wav")
 # samples at 24 kHz for Qwen3-Omni, rounded up): the first chunk plays that much shorter.
 FIRST_CHUNK_HOLDBACK_S = 0.025
 DEFAULT_START_JITTER_S = 0.1  # how late a starting stream's later windows may come (module docstring)
+DEFAULT_START_JITTER_PER_STREAM_S = 0.01  # ... and more for each other stream sharing the stages
 PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the growth, sizes repeat
 
 
@@ -222,14 +225,21 @@ def predicted_stalls(
     return listen(arrivals).stalls
 
 
-def code2wav_pause(streams: int, chunk: int, code2wav_capacity: float | None) -> float:
-    """How long a new stream's next window may wait behind the others' at Code2Wav: one full window
-    of each other stream (`chunk` frames) decoded first, at its measured frames per busy second
-    (0 when unknown). A stream's first windows are its most fragile: on a loaded 2-core machine a
-    prediction from speed alone kept 2-frame first chunks that then ran dry at concurrency 10-16."""
+def code2wav_pause(
+    streams: int, chunk: int, code2wav_capacity: float | None, step_frames: int | None = None
+) -> float:
+    """How long a new stream's next window may wait behind the others' at Code2Wav: the step in
+    progress when it becomes ready, at most one full window of each other stream (`chunk` frames)
+    and at most the stage's frames per step (`step_frames`, its StageLimits.max_step_frames: after
+    that step the most urgent window goes first), at its frames per busy second (0 when unknown).
+    A stream's first windows are its most fragile: on a loaded 2-core machine a prediction from
+    speed alone kept 2-frame first chunks that then ran dry at concurrency 10-16."""
     if not code2wav_capacity or code2wav_capacity <= 0 or streams <= 1:
         return 0.0
-    return (streams - 1) * chunk / code2wav_capacity
+    frames = (streams - 1) * chunk
+    if step_frames:
+        frames = min(frames, step_frames)
+    return frames / code2wav_capacity
 
 
 def initial_frames_for(

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from gateway.audio_capacity import DEFAULT_MARGIN, DEFAULT_START_JITTER_S
+from gateway.audio_capacity import DEFAULT_MARGIN, DEFAULT_START_JITTER_PER_STREAM_S, DEFAULT_START_JITTER_S
 from gateway.media_limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
 
@@ -56,6 +56,9 @@ class GatewayConfig:
     # First-chunk sizing (audio_capacity.py): a starting stream's later windows are predicted this
     # many seconds later than its measured speed says (jitter of a shared machine); 0: speed alone.
     audio_start_jitter: float = DEFAULT_START_JITTER_S
+    # ... and this many seconds more for each other audio stream (their work shares the cores: at
+    # 16 streams at once a starting stream's windows came ~0.25 s late, at 1 ~0.1 s).
+    audio_start_jitter_per_stream: float = DEFAULT_START_JITTER_PER_STREAM_S
     request_timeout: float = 600.0
     max_tokens_limit: int = 4096
     default_max_tokens: int = DEFAULTS.max_tokens
@@ -159,6 +162,8 @@ class GatewayConfig:
             raise ValueError("audio_start_guard must be at least 0")
         if not 0 <= self.audio_start_jitter <= 10:
             raise ValueError("audio_start_jitter must be in [0, 10] seconds")
+        if not 0 <= self.audio_start_jitter_per_stream <= 1:
+            raise ValueError("audio_start_jitter_per_stream must be in [0, 1] seconds")
         if self.audio_hold_queue is not None and self.audio_hold_queue < 0:
             raise ValueError("audio_hold_queue must be at least 0")
         if self.discovery_interval <= 0:

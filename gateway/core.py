@@ -186,6 +186,14 @@ class GatewayCore:
         models say (audio_capacity.py; None: unknown)."""
         return assumed_capacity(self.replicas.sets[stage].replicas, streams)
 
+    def _code2wav_pause(self, streams: int, chunk: int) -> float:
+        """How long a new stream's later windows may wait behind the others' at Code2Wav
+        (audio_capacity.code2wav_pause), with the frame bound of its replicas' steps."""
+        replicas = [r for r in self.replicas.sets["code2wav"].replicas if r.in_rotation]
+        bounds = [r.info.limits.max_step_frames if r.info is not None else 0 for r in replicas]
+        step_frames = max(bounds) if bounds and all(bounds) else None  # one unbounded: no bound
+        return code2wav_pause(streams, chunk, self.assumed_capacity("code2wav", streams - 1), step_frames)
+
     def _audio_gate(self, running: int, need: float | None) -> bool:
         return self.audio_capacity().admits(running, self.config.audio_hold_margin, need)
 
@@ -226,14 +234,14 @@ class GatewayCore:
                 others = self.admission.active - (1 if admitted else 0)
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
-                pause = code2wav_pause(streams, chunk, self.assumed_capacity("code2wav", streams - 1))
+                pause = self._code2wav_pause(streams, chunk)
                 initial = initial_frames_for(
                     headroom,
                     chunk,
                     request.codec_chunk_schedule,
                     self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
                     pause,
-                    self.config.audio_start_jitter,
+                    self._start_jitter(streams),
                 )
         return request.chunk_plan(initial)
 
@@ -245,9 +253,15 @@ class GatewayCore:
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
         streams = self.admission.audio_active
-        pause = code2wav_pause(streams, plan.chunk, self.assumed_capacity("code2wav", streams - 1))
+        pause = self._code2wav_pause(streams, plan.chunk)
         fps = self.deployment.frames_per_second or DEFAULT_FRAME_RATE
-        return headroom_needed(plan, fps, pause, self.config.audio_start_jitter)
+        return headroom_needed(plan, fps, pause, self._start_jitter(streams))
+
+    def _start_jitter(self, streams: int) -> float:
+        """How late a starting stream's later windows are assumed to come, `streams` audio streams
+        with it (audio_capacity.py's start jitter)."""
+        c = self.config
+        return c.audio_start_jitter + c.audio_start_jitter_per_stream * max(streams - 1, 0)
 
     async def open(
         self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None

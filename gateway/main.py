@@ -37,6 +37,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
         "audio_hold_margin",
         "audio_start_guard",
         "audio_start_jitter",
+        "audio_start_jitter_per_stream",
         "audio_hold_queue",
         "request_timeout",
         "max_request_bytes",

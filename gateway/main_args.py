@@ -44,6 +44,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "than measured speed says, so the jitter of a shared machine finds audio in hand (0.1; 0: off)",
     )
     p.add_argument(
+        "--audio-start-jitter-per-stream",
+        type=float,
+        default=None,
+        help="seconds added to --audio-start-jitter for each other audio stream (0.01; 0: off)",
+    )
+    p.add_argument(
         "--audio-hold-queue",
         type=int,
         default=None,

@@ -7,6 +7,7 @@ import os
 
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from omnistream.service.cpu_priority import MAX_NICE
 
 MODEL_ENV = "OMNISTREAM_MODEL"
@@ -157,10 +158,12 @@ def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--max-step-frames",
         type=positive_int,
-        default=None,
+        default=DEFAULT_CODE2WAV_STEP_FRAMES,
         help="codec frames decoded per step, all its windows together (the most urgent window "
         "always goes); with --max-batch windows per step, the windows of the requests with the "
-        "least buffered audio go first and the rest wait a step (default: no frame budget)",
+        "least buffered audio go first and the rest wait a step. A step's time grows with its "
+        "frames, so the bound is how long an urgent window may wait behind others "
+        f"(default {DEFAULT_CODE2WAV_STEP_FRAMES}: four 25-frame windows)",
     )
     _add_first_audio_target(p)
 

@@ -95,6 +95,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway over the same stage processes runs with --no-audio-hold, its rows named "
         "services[no-hold], interleaved A B B A with the default",
     )
+    p.add_argument(
+        "--gateway-args",
+        default="",
+        help="more `serve gateway` flags for the services target's gateways, one string "
+        "(e.g. \"--audio-start-jitter 0.2\")",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

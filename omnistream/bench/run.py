@@ -14,6 +14,7 @@ import dataclasses
 import os
 import platform
 import re
+import shlex
 import subprocess
 import sys
 import time
@@ -267,14 +268,22 @@ async def run_bench(args: argparse.Namespace) -> int:
                 from omnistream.cli.up import start_gateway, start_stack
 
                 limit = max(concurrencies) * 2
+                flags = shlex.split(args.gateway_args)
                 gateway = start_stack(
-                    args.model, services, max_concurrency=limit, audio_hold=holds[0], **prefill, **nice
+                    args.model,
+                    services,
+                    max_concurrency=limit,
+                    audio_hold=holds[0],
+                    gateway_flags=flags,
+                    **prefill,
+                    **nice,
                 )
                 gateways = {holds[0]: gateway}
                 for hold in holds[1:]:  # the other setting: a second gateway over the same stages
                     gateways[hold] = start_gateway(
                         services,
                         name=f"gateway-hold-{'on' if hold else 'off'}",
+                        gateway_flags=flags,
                         max_concurrency=limit,
                         audio_hold=hold,
                     )

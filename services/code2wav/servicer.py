@@ -27,6 +27,7 @@ class Code2WavServicer(StageServicer):
         info.codebooks = facts.codebooks
         info.frames_per_second = facts.frames_per_second
         info.limits.max_frames = self.engine.max_frames
+        info.limits.max_step_frames = self.engine.max_step_frames or 0
 
     async def _open(self, first: stage_pb2.Code2WavRequest) -> Admitted:
         rid, checker, mode, plan = self._open_streaming(first.open, first.key)

@@ -23,8 +23,8 @@ from omnistream.models.qwen3_omni.talker.state import _TalkerState
 # whole wave's prompts took a fraction of one listener's slack (docs/benchmarks.md, run 6).
 NEAR_DRY_S = 0.4
 URGENT_PREFILL_ROWS = 32
-MAX_PREFILL_SHARE_S = 0.1
-SLACK_SHARE = 0.25
+MAX_PREFILL_SHARE_S = 0.2
+SLACK_SHARE = 0.5
 
 
 class DeadlineSchedule:
