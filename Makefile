@@ -7,7 +7,8 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-seed bench-engine \
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-capacity bench-seed \
+	bench-engine \
 	bench-thinkers clean
 
 setup: $(STAMP) proto
@@ -79,15 +80,23 @@ test: setup sysdeps
 	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
 	$(PY) -m pytest -q
 
-# Audio continuity: the services through the gateway (REST/SSE, as a user's client) at concurrency 1/4/10/16,
-# today's codec chunk schedule and the new one as two targets, services[fixed] and services[grow],
-# A B B A in one run; TTFP, RTF, E2E, audio s/s, stalled share, continuity rate, underrun p50/p99.
+# Audio continuity and admission: the services through the gateway (REST/SSE, as a user's client) at
+# concurrency 1/4/10/16, the default admission against --no-audio-hold (a second gateway over the same
+# stages, rows services[no-hold]), A B B A in one run; TTFP, RTF, E2E, audio s/s, refused, stalled share,
+# continuity rate, underrun p50/p99.
 bench: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --transport rest --modes async \
-		--max-concurrency 1,4,10,16 --codec-chunk-schedules fixed,grow --num-prompts 16 --repeats 2 \
+		--max-concurrency 1,4,10,16 --audio-hold on,off --num-prompts 16 --repeats 2 \
 		--audio-frames 340 --output-dir bench-results
 	@if [ -x $(VLLM_PY) ]; then $(MAKE) --no-print-directory bench-thinkers; \
 	else echo "make bench: no $(VLLM_VENV) (make setup-vllm): the thinker backends were not compared"; fi
+
+# Where the machine is really full: 32 and 48 prompts sent together, the default admission against none
+# (the capacity point: the highest concurrency with continuity >= 97% and nothing refused).
+bench-capacity: tiny-model
+	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --transport rest --modes async \
+		--max-concurrency 32,48 --audio-hold on,off --repeats 1 --audio-frames 340 \
+		--output-dir bench-results/capacity
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).
 bench-seed: tiny-model

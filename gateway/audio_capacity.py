@@ -34,7 +34,7 @@ than real time each is produced:
   plays); a growing schedule keeps the first chunk small down to a headroom of about 1.7. The
   largest size when none suffices.
 * start jitter: the prediction has every window after the first arrive `jitter` seconds later
-  still (0.1 s by default, `--audio-start-jitter`, plus 0.01 s for each other audio stream,
+  still (0.1 s by default, `--audio-start-jitter`, plus 0.0125 s for each other audio stream,
   `--audio-start-jitter-per-stream`: at 16 streams started together on the 2-core machine their
   early windows came ~0.25 s late, docs/benchmarks.md run 6). Speed is measured over many steps; a stream's
   first second is when one step or one message runs late (its own and its neighbours' text decode
@@ -68,7 +68,7 @@ AUDIO_STAGES = ("talker", "code2wav")
 # samples at 24 kHz for Qwen3-Omni, rounded up): the first chunk plays that much shorter.
 FIRST_CHUNK_HOLDBACK_S = 0.025
 DEFAULT_START_JITTER_S = 0.1  # how late a starting stream's later windows may come (module docstring)
-DEFAULT_START_JITTER_PER_STREAM_S = 0.01  # ... and more for each other stream sharing the stages
+DEFAULT_START_JITTER_PER_STREAM_S = 0.0125  # ... and more for each other stream sharing the stages
 PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the growth, sizes repeat
 
 

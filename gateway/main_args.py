@@ -47,7 +47,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--audio-start-jitter-per-stream",
         type=float,
         default=None,
-        help="seconds added to --audio-start-jitter for each other audio stream (0.01; 0: off)",
+        help="seconds added to --audio-start-jitter for each other audio stream (0.0125; 0: off)",
     )
     p.add_argument(
         "--audio-hold-queue",

@@ -115,6 +115,11 @@ def listener_summary(heard: list[Listening]) -> dict:
     }
 
 
+def refused(error: str) -> bool:
+    """Did admission turn the request away (429 / RESOURCE_EXHAUSTED), as opposed to a failure?"""
+    return error.startswith(("HTTP 429", "RESOURCE_EXHAUSTED"))
+
+
 def summarize(
     results: list[RequestResult], duration: float, threshold_s: float = CONTINUITY_THRESHOLD_S
 ) -> dict:
@@ -124,6 +129,7 @@ def summarize(
     summary = {
         "completed": len(ok),
         "failed": len(results) - len(ok),
+        "refused": sum(1 for r in results if not r.ok and refused(r.error)),
         "errors": sorted({r.error for r in results if not r.ok})[:5],
         "duration_s": duration,
         "request_throughput": len(ok) / duration if duration else 0.0,
@@ -174,6 +180,7 @@ def merge_runs(runs: list[dict]) -> dict:
     )
     merged["completed"] = sum(r["completed"] for r in runs)
     merged["failed"] = sum(r["failed"] for r in runs)
+    merged["refused"] = sum(r.get("refused", 0) for r in runs)
     merged["errors"] = sorted({e for r in runs for e in r["errors"]})[:5]
     merged["runs"] = len(runs)
     return merged

@@ -127,3 +127,15 @@ def test_merge_pools_the_listener_counts_of_the_runs():
     assert merged["underrun_ms"]["samples"] == 4
     assert abs(merged["underrun_ms"]["p99"] - 340.0) < 1e-6  # the worse run's p99
     assert merged["stall_ms"]["run_spread"] > 300.0
+
+
+def test_refusals_are_counted_apart_from_other_failures():
+    results = [
+        _result([0.1, 0.2], 2),
+        RequestResult(ok=False, start=0.0, error="HTTP 429"),
+        RequestResult(ok=False, start=0.0, error="RESOURCE_EXHAUSTED: no audio capacity within 10s"),
+        RequestResult(ok=False, start=0.0, error="HTTP 503"),
+    ]
+    summary = summarize(results, 1.0)
+    assert (summary["completed"], summary["failed"], summary["refused"]) == (1, 3, 2)
+    assert merge_runs([summary, summary])["refused"] == 4

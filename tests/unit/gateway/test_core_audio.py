@@ -5,6 +5,7 @@ from measured speed, the hold of a stream that does not fit, unknown speeds, the
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import grpc
 import pytest
@@ -84,7 +85,8 @@ async def test_old_stages_without_a_load_give_todays_behaviour():
         await close(core)
 
 
-async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_does_not_fit():
+async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_does_not_fit(caplog):
+    caplog.set_level(logging.WARNING, logger="gateway.core")
     core, stubs = await fake_core(max_concurrency=16)
     try:
         stubs["talker"].load = load(60.0)  # 4.8 streams real time; 1.2x margin: 4 fit
@@ -109,6 +111,10 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         assert 'omnistream_requests_audio_held_total{reason="capacity"} 1.0' in scraped
         # No step-time model reported: the capacity assumed with one more stream is the measured one.
         assert 'omnistream_audio_assumed_capacity_per_second{stage="talker"} 60.0' in scraped
+        # One log line for the held request: why, and the speeds the decision stood on.
+        (line,) = [r.getMessage() for r in caplog.records if "held for audio" in r.getMessage()]
+        assert "(capacity): 4 streams playing" in line and "needs 1.20" in line
+        assert "talker assumed 60 frames/s, measured 60 frames/s" in line
         assert "omnistream_audio_streams 4.0" in scraped
         stubs["talker"].load = load(200.0, batch=4)  # faster now (a larger batch measured better)
         await core.replicas.check_all()  # the health round re-checks who waits
