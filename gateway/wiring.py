@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -67,7 +67,10 @@ LINK_FAILURE_CODES = frozenset({_codes.UNAVAILABLE, _codes.INTERNAL, _codes.UNKN
 
 
 def stage_error(
-    stage: str, code: grpc.StatusCode, details: str | None, trailing_metadata=None
+    stage: str,
+    code: grpc.StatusCode,
+    details: str | None,
+    trailing_metadata: Iterable[tuple[str, str | bytes]] | None = None,
 ) -> OmniError:
     """The domain error for a failed call to `stage`, with `error.stage` set.
 
