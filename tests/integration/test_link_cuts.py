@@ -245,7 +245,9 @@ def _run_matrix(network: Network, base: str, victims_per_cell: int, max_rounds: 
         for _ in range(max_rounds):
             if all(hits[link, m] >= victims_per_cell for m in MOMENTS):
                 break
-            for moment, outcome in _round(network, base, link).items():
+            outcomes = _round(network, base, link)
+            print(f"cut {link}: {outcomes}", flush=True)  # progress, and what each victim got
+            for moment, outcome in outcomes.items():
                 if outcome is None:
                     continue
                 hits[link, moment] += 1
