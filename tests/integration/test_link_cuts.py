@@ -292,4 +292,4 @@ def burners() -> Iterator[None]:
 @pytest.mark.timeout(3600)
 def test_link_cut_matrix_under_load(network, stack, burners):
     base = f"http://{network.nodes['gateway'].address}:{HTTP_PORT}"
-    _run_matrix(network, base, victims_per_cell=20, max_rounds=45)
+    _run_matrix(network, base, victims_per_cell=20, max_rounds=60)
