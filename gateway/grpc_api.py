@@ -34,7 +34,12 @@ from omnistream.wire.protogen import ensure_generated
 ensure_generated()
 
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc  # noqa: E402
-from omnistream.service.server import ERROR_KIND_METADATA_KEY, abort_with  # noqa: E402
+from omnistream.service.server import (  # noqa: E402
+    ERROR_KIND_METADATA_KEY,
+    GATEWAY_ORIGIN,
+    STATUS_ORIGIN_METADATA_KEY,
+    abort_with,
+)
 from omnistream.wire.convert import schedule_from_proto, wire_float  # noqa: E402  (generated just above)
 from omnistream.wire.grpc_codec import Method, add_service, checked  # noqa: E402
 from omnistream.wire.tensors import to_proto  # noqa: E402
@@ -220,12 +225,13 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
                 exc.message,
                 trailing_metadata=(
                     (ERROR_KIND_METADATA_KEY, exc.kind),
+                    (STATUS_ORIGIN_METADATA_KEY, GATEWAY_ORIGIN),
                     (RETRY_AFTER_METADATA_KEY, str(exc.retry_after)),
                 ),
             )
             raise AssertionError("context.abort returned") from exc  # pragma: no cover
         except Exception as exc:
-            await abort_with(context, _name_field(exc))
+            await abort_with(context, _name_field(exc), GATEWAY_ORIGIN)
 
         index = 0
         try:
@@ -241,7 +247,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             message.key.CopyFrom(ChunkKey(session.request_id, Stage.GATEWAY, index).to_proto())
             with contextlib.suppress(Exception):
                 await context.write(message)
-            await abort_with(context, exc)
+            await abort_with(context, exc, GATEWAY_ORIGIN)
         finally:
             await session.aclose()
 
@@ -253,7 +259,7 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             if not self.core.deployment.known:  # thinkers alone: the model, output text only
                 raise Unavailable("the gateway has not accepted a thinker replica yet")
         except OmniError as exc:
-            await abort_with(context, exc)
+            await abort_with(context, exc, GATEWAY_ORIGIN)
         return self.core.deployment.to_proto()
 
 

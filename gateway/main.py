@@ -16,7 +16,7 @@ from gateway.core import GatewayCore
 from gateway.rest import build_app
 from omnistream.service.ports import listen_socket
 from omnistream.service.security import ApiKeyInterceptor, add_port, server_credentials
-from omnistream.service.server import add_health_and_reflection, build_server, set_serving
+from omnistream.service.server import GATEWAY_ORIGIN, add_health_and_reflection, build_server, set_serving
 
 log = logging.getLogger(__name__)
 
@@ -79,7 +79,9 @@ async def serve(config: GatewayConfig) -> int:
     from gateway.grpc_api import SERVICE_NAME, add_gateway_api
 
     core = GatewayCore(config)
-    interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"])] if config.api_key else None
+    interceptors = None
+    if config.api_key:
+        interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"], GATEWAY_ORIGIN)]
     grpc_server = build_server(
         config.max_message_bytes, config.max_concurrency * 2, interceptors=interceptors
     )

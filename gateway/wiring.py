@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass
 
 import grpc
@@ -18,11 +18,16 @@ import numpy as np
 
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.request.chunk_plan import ChunkPlan
-from omnistream.request.errors import InternalError, OmniError, from_grpc
+from omnistream.request.errors import InternalError, OmniError, Unavailable, from_grpc
 from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.request.relay import Emit, relay
 from omnistream.request.stage_chain import TALKER, stage_opens, stages_for
-from omnistream.service.server import ERROR_KIND_METADATA_KEY, client_channel_options
+from omnistream.service.server import (
+    ERROR_KIND_METADATA_KEY,
+    STAGE_ORIGIN,
+    STATUS_ORIGIN_METADATA_KEY,
+    client_channel_options,
+)
 from omnistream.wire.chunk_key import ChunkKey, Stage
 from omnistream.wire.convert import (
     code2wav_open_proto,
@@ -54,22 +59,46 @@ class StageStubs:
         )
 
 
+# What gRPC reports when the link broke and no status came from the stage: UNAVAILABLE (reset, peer
+# gone, keepalive timeout), INTERNAL "Internal error from Core" (the transport broke under a read or
+# write, grpc/grpc#36066), UNKNOWN or CANCELLED (an RST_STREAM the stage's code never sent).
+_codes = grpc.StatusCode
+LINK_FAILURE_CODES = frozenset({_codes.UNAVAILABLE, _codes.INTERNAL, _codes.UNKNOWN, _codes.CANCELLED})
+
+
+def stage_error(
+    stage: str,
+    code: grpc.StatusCode,
+    details: str | None,
+    trailing_metadata: Iterable[tuple[str, str | bytes]] | None = None,
+) -> OmniError:
+    """The domain error for a failed call to `stage`, with `error.stage` set.
+
+    A status the stage sent itself carries its marker (`omni-status-origin: stage`, set by
+    `abort_with`; a stage from before the marker sent its error kind alone) and is rebuilt as it is:
+    the stage's own INTERNAL stays an engine bug. Without the marker the status was made by gRPC on
+    this side, so a broken link is the stage being unavailable, whatever code gRPC chose: the client
+    may retry, the replica leaves the rotation, and a request with no output yet moves to another
+    replica (GatewayCore.open). Unmarked codes a broken link never makes (this side's deadline or
+    message limit) keep their meaning.
+    """
+    metadata = {key: value for key, value in trailing_metadata or ()}
+    kind = metadata.get(ERROR_KIND_METADATA_KEY)
+    origin = metadata.get(STATUS_ORIGIN_METADATA_KEY)
+    sent_by_stage = origin == STAGE_ORIGIN or (origin is None and kind is not None)
+    if not sent_by_stage and code in LINK_FAILURE_CODES:
+        error: OmniError = Unavailable(f"{stage}: connection to the stage lost ({code.name}: {details})")
+    else:
+        error = from_grpc(code, f"{stage}: {details}")
+        if sent_by_stage and kind is not None:
+            error.kind = kind
+    error.stage = stage  # the gateway takes a failed replica out of rotation
+    return error
+
+
 def grpc_error(exc: grpc.aio.AioRpcError, stage: str) -> OmniError:
-    """Rebuild the stage's domain error, keeping its kind when the stage sent it."""
-    kind = None
-    for key, value in exc.trailing_metadata() or ():
-        if key == ERROR_KIND_METADATA_KEY:
-            kind = value
-    error = from_grpc(exc.code(), f"{stage}: {exc.details()}")
-    if kind is not None:
-        error.kind = kind
-    return error
-
-
-def grpc_error_from_status(stage: str, code: grpc.StatusCode, details: str) -> OmniError:
-    error = from_grpc(code, f"{stage}: {details}")
-    error.stage = stage
-    return error
+    """`stage_error` for a raised call error."""
+    return stage_error(stage, exc.code(), exc.details(), exc.trailing_metadata())
 
 
 async def run_stages(
@@ -101,15 +130,13 @@ async def run_stages(
         try:
             await body()
         except grpc.aio.AioRpcError as exc:
-            error = grpc_error(exc, stage)
-            error.stage = stage  # the gateway takes a failed replica out of rotation
-            raise error from None
+            raise grpc_error(exc, stage) from None
 
     async def accepted(stage: str, call) -> None:
         """Wait for the stage to accept its open message (initial metadata) or to refuse it."""
         await call.initial_metadata()
         if call.done():
-            raise grpc_error_from_status(stage, await call.code(), await call.details())
+            raise stage_error(stage, await call.code(), await call.details(), await call.trailing_metadata())
 
     async def open_talker() -> None:
         assert talker is not None
@@ -164,13 +191,15 @@ async def run_stages(
             state["frames"] += frames
             if chunk.finished:
                 talker_done.set()
-            await code2wav.write(
-                stage_pb2.Code2WavRequest(
-                    key=ChunkKey(rid, Stage.TALKER, index).to_proto(), input=codec_input_proto(chunk)
-                )
+            message = stage_pb2.Code2WavRequest(
+                key=ChunkKey(rid, Stage.TALKER, index).to_proto(), input=codec_input_proto(chunk)
             )
+            # A failed write is code2wav's link failing, not the talker's (this pump runs as "talker").
+            async with _calls_to("code2wav"):
+                await code2wav.write(message)
             index += 1
-        await code2wav.done_writing()
+        async with _calls_to("code2wav"):
+            await code2wav.done_writing()
 
     async def run_code2wav() -> None:
         assert code2wav is not None
@@ -205,6 +234,15 @@ async def run_stages(
     finally:
         for call in calls:
             call.cancel()
+
+
+@contextlib.asynccontextmanager
+async def _calls_to(stage: str) -> AsyncIterator[None]:
+    """Name `stage` in a call error raised inside (a write to one stage from another's pump)."""
+    try:
+        yield
+    except grpc.aio.AioRpcError as exc:
+        raise grpc_error(exc, stage) from None
 
 
 async def _all_or_none(coros: list) -> None:

@@ -15,7 +15,7 @@ import grpc
 
 from omnistream.request.errors import Unauthenticated
 from omnistream.service.ports import bind_error, port_in_use
-from omnistream.service.server import abort_with
+from omnistream.service.server import STAGE_ORIGIN, abort_with
 
 AUTHORIZATION_METADATA_KEY = "authorization"
 
@@ -116,11 +116,13 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
     A call without the key fails with UNAUTHENTICATED before its handler runs.
     """
 
-    def __init__(self, api_key: str, prefixes: Iterable[str]) -> None:
+    def __init__(self, api_key: str, prefixes: Iterable[str], origin: str = STAGE_ORIGIN) -> None:
+        """`origin`: who the refusal says sent it (`abort_with`'s status-origin marker)."""
         if not api_key:
             raise ValueError("empty API key")
         self.api_key = api_key
         self.prefixes = tuple(prefixes)
+        self.origin = origin
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -132,12 +134,14 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             header = header.decode(errors="replace")
         if bearer_matches(header, self.api_key):
             return handler
-        return _refusing_handler(handler, Unauthenticated("missing or invalid API key"))
+        return _refusing_handler(handler, Unauthenticated("missing or invalid API key"), self.origin)
 
 
-def _refusing_handler(handler: grpc.RpcMethodHandler, error: Unauthenticated) -> grpc.RpcMethodHandler:
+def _refusing_handler(
+    handler: grpc.RpcMethodHandler, error: Unauthenticated, origin: str
+) -> grpc.RpcMethodHandler:
     async def refuse(_request, context: grpc.aio.ServicerContext) -> None:
-        await abort_with(context, error)
+        await abort_with(context, error, origin)
 
     if handler.request_streaming and handler.response_streaming:
         make = grpc.stream_stream_rpc_method_handler

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
 import signal
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from typing import NoReturn
@@ -27,13 +28,20 @@ log = logging.getLogger(__name__)
 
 KEEPALIVE_TIME_MS = 20_000
 KEEPALIVE_TIMEOUT_MS = 10_000
+# "TIME_MS,TIMEOUT_MS" in the environment replaces both in every process of a deployment at once
+# (they must agree, see above): the link-fault tests find a dead peer in seconds instead of 30.
+KEEPALIVE_ENV = "OMNISTREAM_GRPC_KEEPALIVE_MS"
 MAX_RECONNECT_BACKOFF_MS = 10_000
-# Servers accept client pings this often; half the client interval leaves room for timer jitter.
-MIN_RECV_PING_INTERVAL_MS = KEEPALIVE_TIME_MS // 2
 # Health checks and reflection are RPCs too: without headroom a saturated stage would fail its
 # health probes with RESOURCE_EXHAUSTED and be restarted exactly when it is busiest.
 CONTROL_RPC_HEADROOM = 8
 ERROR_KIND_METADATA_KEY = "omni-error-kind"
+# Set on every status our own code sends (`abort_with`): a status without it was made by gRPC itself
+# (a broken transport reads as INTERNAL "Internal error from Core", grpc/grpc#36066), so the gateway
+# trusts a stage's INTERNAL only when the stage marked it (gateway/wiring.py, `stage_error`).
+STATUS_ORIGIN_METADATA_KEY = "omni-status-origin"
+STAGE_ORIGIN = "stage"
+GATEWAY_ORIGIN = "gateway"
 
 ChannelOptions = list[tuple[str, int | str]]
 
@@ -48,10 +56,25 @@ def _message_limits(max_message_bytes: int) -> ChannelOptions:
     ]
 
 
+def keepalive_ms() -> tuple[int, int]:
+    """(ping interval, ping timeout) in ms: the defaults, or `KEEPALIVE_ENV` when it is set."""
+    value = os.environ.get(KEEPALIVE_ENV, "").strip()
+    if not value:
+        return KEEPALIVE_TIME_MS, KEEPALIVE_TIMEOUT_MS
+    try:
+        time_ms, timeout_ms = (int(part) for part in value.split(","))
+    except ValueError:
+        raise ValueError(f"{KEEPALIVE_ENV} must be TIME_MS,TIMEOUT_MS, got {value!r}") from None
+    if time_ms < 100 or timeout_ms < 100:
+        raise ValueError(f"{KEEPALIVE_ENV}: both values must be at least 100 ms, got {value!r}")
+    return time_ms, timeout_ms
+
+
 def _keepalive() -> ChannelOptions:
+    time_ms, timeout_ms = keepalive_ms()
     return [
-        ("grpc.keepalive_time_ms", KEEPALIVE_TIME_MS),
-        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
+        ("grpc.keepalive_time_ms", time_ms),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
         ("grpc.keepalive_permit_without_calls", 1),
     ]
 
@@ -60,7 +83,8 @@ def server_options(max_message_bytes: int) -> ChannelOptions:
     return [
         *_message_limits(max_message_bytes),
         *_keepalive(),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", MIN_RECV_PING_INTERVAL_MS),
+        # Clients may ping this often; half their interval leaves room for timer jitter.
+        ("grpc.http2.min_recv_ping_interval_without_data_ms", keepalive_ms()[0] // 2),
         ("grpc.http2.max_ping_strikes", 2),
         # Linux SO_REUSEPORT would let a second replica bind the same port and silently share traffic.
         ("grpc.so_reuseport", 0),
@@ -193,12 +217,16 @@ async def serve_until_signal(
     return received[0] if received else None
 
 
-async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) -> NoReturn:
+async def abort_with(
+    context: grpc.aio.ServicerContext, error: BaseException, origin: str = STAGE_ORIGIN
+) -> NoReturn:
     """Fail the RPC with the status `errors.STATUS_TABLE` assigns to `error`.
 
     The error kind travels in trailing metadata so the gateway can rebuild the exact domain error
-    (e.g. SequenceError vs InvalidRequest, which share INVALID_ARGUMENT). Unexpected exceptions are
-    logged here and reported without their message, which may contain internals.
+    (e.g. SequenceError vs InvalidRequest, which share INVALID_ARGUMENT), and with it the `origin`
+    marker that tells a status this service sent from one gRPC made up when the link broke.
+    Unexpected exceptions are logged here and reported without their message, which may contain
+    internals.
     """
     if isinstance(error, asyncio.CancelledError | grpc.aio.AbortError):
         raise error  # already cancelled or aborted: re-aborting would mask the real outcome
@@ -208,7 +236,9 @@ async def abort_with(context: grpc.aio.ServicerContext, error: BaseException) ->
         log.error("internal error in RPC", exc_info=error)
         kind, message = "internal", f"internal error ({type(error).__name__})"
     await context.abort(
-        status_of(error).grpc_code, message, trailing_metadata=((ERROR_KIND_METADATA_KEY, kind),)
+        status_of(error).grpc_code,
+        message,
+        trailing_metadata=((ERROR_KIND_METADATA_KEY, kind), (STATUS_ORIGIN_METADATA_KEY, origin)),
     )
     raise AssertionError("context.abort returned")  # pragma: no cover  (abort always raises)
 

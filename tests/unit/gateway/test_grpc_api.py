@@ -19,7 +19,13 @@ from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, TextEv
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
 from omnistream.request.defaults import DEFAULTS
 from omnistream.request.errors import InvalidRequest, Unavailable
-from omnistream.service.server import ERROR_KIND_METADATA_KEY, add_health_and_reflection, build_server
+from omnistream.service.server import (
+    ERROR_KIND_METADATA_KEY,
+    GATEWAY_ORIGIN,
+    STATUS_ORIGIN_METADATA_KEY,
+    add_health_and_reflection,
+    build_server,
+)
 from omnistream.wire.tensors import numpy_from_proto
 from tests.unit.gateway.infos import VOICES, deployment
 
@@ -248,6 +254,7 @@ async def test_rejected_is_resource_exhausted_with_retry_after(serve: Serve) -> 
     md = metadata(error)
     assert md[RETRY_AFTER_METADATA_KEY] == "3"
     assert md[ERROR_KIND_METADATA_KEY] == "overloaded"
+    assert md[STATUS_ORIGIN_METADATA_KEY] == GATEWAY_ORIGIN  # the gateway's own, never a stage's
 
 
 @pytest.mark.parametrize(
@@ -294,6 +301,7 @@ async def test_mid_stream_error_sends_an_error_event_then_the_status(serve: Serv
     assert (events[1].error.kind, events[1].error.message) == ("unavailable", "thinker replica went away")
     assert error is not None and error.code() == grpc.StatusCode.UNAVAILABLE
     assert metadata(error)[ERROR_KIND_METADATA_KEY] == "unavailable"
+    assert metadata(error)[STATUS_ORIGIN_METADATA_KEY] == GATEWAY_ORIGIN
     assert core.sessions[0].closed.is_set()
 
 

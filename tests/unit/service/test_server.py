@@ -18,12 +18,16 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.service.server import (
     CONTROL_RPC_HEADROOM,
     ERROR_KIND_METADATA_KEY,
+    KEEPALIVE_ENV,
+    STAGE_ORIGIN,
+    STATUS_ORIGIN_METADATA_KEY,
     StageHealth,
     abort_with,
     add_health_and_reflection,
     build_server,
     client_channel_options,
     serve_until_signal,
+    server_options,
     set_serving,
     start_metrics_http,
 )
@@ -205,6 +209,8 @@ async def test_abort_with_maps_domain_errors_and_hides_internals(running: Runnin
         assert info.value.code() == grpc.StatusCode.INTERNAL
         assert info.value.details() == "internal error (RuntimeError)"
         assert (ERROR_KIND_METADATA_KEY, "internal") in tuple(info.value.trailing_metadata() or ())
+        # the mark that tells the gateway this INTERNAL is the stage's own, not a broken link's
+        assert (STATUS_ORIGIN_METADATA_KEY, STAGE_ORIGIN) in tuple(info.value.trailing_metadata() or ())
 
 
 async def test_concurrency_limit_keeps_headroom_for_health(running: Running) -> None:
@@ -302,3 +308,16 @@ def test_metrics_http_binds_ephemeral_port() -> None:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         assert resp.status == 200
         assert resp.headers["Content-Type"].startswith("text/plain")
+
+
+def test_keepalive_can_be_shortened_for_a_whole_deployment(monkeypatch) -> None:
+    monkeypatch.setenv(KEEPALIVE_ENV, "2000,1000")
+    client, server = dict(client_channel_options(1234)), dict(server_options(1234))
+    assert (client["grpc.keepalive_time_ms"], client["grpc.keepalive_timeout_ms"]) == (2000, 1000)
+    assert (server["grpc.keepalive_time_ms"], server["grpc.keepalive_timeout_ms"]) == (2000, 1000)
+    # the server still permits the clients' pings (a stricter server closes the link: too_many_pings)
+    assert server["grpc.http2.min_recv_ping_interval_without_data_ms"] <= 2000
+    for bad in ("2000", "a,b", "50,1000"):
+        monkeypatch.setenv(KEEPALIVE_ENV, bad)
+        with pytest.raises(ValueError, match=KEEPALIVE_ENV):
+            client_channel_options(1234)
