@@ -19,7 +19,8 @@ from .conftest import gateway_process, gateway_url
 AUDIO_ATOL = float(np.spacing(np.float32(1)))  # float64 engines ship float32 samples
 
 
-@pytest.fixture(scope="module", params=["never-ending", "ending"])
+# The never-ending build's answers all run to their limits (the costly ones): `make test-slow`.
+@pytest.fixture(scope="module", params=["ending", pytest.param("never-ending", marks=pytest.mark.slow)])
 def build_gateway(request, references, build_dirs):
     """(name, model dir, gateway, reference): a gateway of its own over the session's stages."""
     name = request.param
