@@ -19,6 +19,7 @@ import numpy as np
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.models.family import family_for
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
+from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import (  # re-exported: the pipeline's API speaks the request model
     MODES,
     AudioEvent,
@@ -143,7 +144,15 @@ class Pipeline:
 
         def feed_talker(feed: TalkerFeed) -> None:
             for piece in talker_hold.push(feed, feed.last):
-                self.talker.feed_piece(rid, piece)
+                try:
+                    self.talker.feed_piece(rid, piece)
+                except InvalidRequest:
+                    if self.talker.has_request(rid):
+                        raise
+                    # The talker finished first (max frames while the thinker still speaks): its
+                    # input is moot now, as the gateway's wiring has it. A talker that failed
+                    # reports that on its own stream.
+                    return
 
         def feed_code2wav(feed: CodecFeed) -> None:
             for piece in code2wav_hold.push(feed, feed.last):

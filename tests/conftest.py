@@ -14,6 +14,7 @@ from omnistream.models.qwen3_omni.tiny import make_tiny_model
 _CACHES = Path(__file__).resolve().parent.parent / ".cache"
 CACHE = _CACHES / f"test-tiny-model-{tiny.builder_version()}"
 ENDING_CACHE = _CACHES / f"test-tiny-model-{tiny.builder_version()}-ending"
+OTHER_CACHE = _CACHES / f"test-tiny-model-{tiny.builder_version()}-seed7-h96"
 
 
 @pytest.fixture(scope="session")
@@ -33,6 +34,52 @@ def ending_tiny_model_dir() -> str:
     if not (ENDING_CACHE / "config.json").exists():
         make_tiny_model(ENDING_CACHE, seed=0)
     return str(ENDING_CACHE)
+
+
+@pytest.fixture(scope="session")
+def other_tiny_model_dir() -> str:
+    """A second seed and size (tests/reference_runs.py OTHER_BUILD), ending: the reference tests'
+    check that parity is no accident of seed 0's weights."""
+    from tests.reference_runs import OTHER_BUILD
+
+    if not (OTHER_CACHE / "config.json").exists():
+        make_tiny_model(OTHER_CACHE, **OTHER_BUILD)
+    return str(OTHER_CACHE)
+
+
+@pytest.fixture(scope="session")
+def real_shaped_model_dir() -> str:
+    """The tiny checkpoint with the real model's 5-layer code predictor (ending)."""
+    from omnistream.bench.op_counts import real_shaped_model
+
+    return real_shaped_model(Path(f"{CACHE}-real-shaped"))
+
+
+@pytest.fixture(scope="session")
+def build_dirs(request):
+    """name -> checkpoint directory for tests/reference_runs.py's BUILDS, each built on first use."""
+    fixtures = {
+        "never-ending": "tiny_model_dir",
+        "ending": "ending_tiny_model_dir",
+        "seed7-h96": "other_tiny_model_dir",
+        "real-shaped": "real_shaped_model_dir",
+    }
+    return lambda name: request.getfixturevalue(fixtures[name])
+
+
+@pytest.fixture(scope="session")
+def references(build_dirs):
+    """name -> the transformers reference on that build (tests/reference_runs.py), loaded once."""
+    from tests.reference_runs import Reference
+
+    loaded: dict = {}
+
+    def reference(name: str):
+        if name not in loaded:
+            loaded[name] = Reference(build_dirs(name))
+        return loaded[name]
+
+    return reference
 
 
 def pytest_configure(config) -> None:

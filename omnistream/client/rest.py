@@ -66,8 +66,10 @@ def build_body(messages: Messages | None, **options: Any) -> dict[str, Any]:
         body["audio"] = {"format": "pcm16", **({"voice": voice} if voice else {})}
     if options.pop("request_id", None):
         raise ValueError("request_id is a gRPC API field")
+    # Unset is None; False is a value (`async_chunk=False` asks for sequential mode, whose default
+    # is on), so it is sent like any other.
     for key, value in options.items():
-        if value is not None and value is not False:
+        if value is not None:
             body[key] = value
     return body
 

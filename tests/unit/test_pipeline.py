@@ -7,11 +7,11 @@ import asyncio
 import numpy as np
 import pytest
 import torch
-from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omnistream.engine.load_options import LoadOptions
 from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, collect
 from omnistream.request.chunk_plan import SCHEDULES, ChunkPlan
+from tests.reference_runs import CASES, ReferenceRun, runs_for
 
 PROMPTS = [
     [
@@ -38,46 +38,6 @@ def pipeline(tiny_model_dir):
         yield p
 
 
-@pytest.fixture(scope="module")
-def reference(tiny_model_dir):
-    """Tokens, talker codes and audio of `Qwen3OmniMoeForConditionalGeneration.generate` per prompt."""
-    model = Qwen3OmniMoeForConditionalGeneration.from_pretrained(
-        tiny_model_dir, dtype=torch.float64, experts_implementation="eager"
-    ).eval()
-    captured: list[torch.Tensor] = []
-    decode = model.code2wav.chunked_decode
-
-    def capture(codes, *args, **kwargs):
-        captured.append(codes.clone())
-        return decode(codes, *args, **kwargs)
-
-    model.code2wav.chunked_decode = capture
-    return model, captured, {}
-
-
-def _reference_run(reference, prompt_ids: list[int]):
-    """The reference's output for a prompt, generated once (the chunk schedule is ours alone)."""
-    model, captured, runs = reference
-    if tuple(prompt_ids) in runs:
-        return runs[tuple(prompt_ids)]
-    captured.clear()
-    ids = torch.tensor([prompt_ids])
-    with torch.no_grad():
-        sequences, wav = model.generate(
-            ids,
-            return_audio=True,
-            thinker_do_sample=False,
-            talker_do_sample=False,
-            talker_repetition_penalty=1.0,
-            thinker_max_new_tokens=MAX_TOKENS,
-            talker_max_new_tokens=MAX_FRAMES + 1,  # the reference drops its last codebook-0 step
-            thinker_eos_token_id=model.config.im_end_token_id,
-        )
-    run = sequences[0, len(prompt_ids) :].tolist(), captured[0][0].numpy(), wav.reshape(-1).numpy()
-    runs[tuple(prompt_ids)] = run
-    return run
-
-
 def _request(messages, mode="async", **kw) -> GenerationRequest:
     return GenerationRequest(
         messages=messages,
@@ -89,39 +49,82 @@ def _request(messages, mode="async", **kw) -> GenerationRequest:
     )
 
 
-@pytest.mark.parametrize("schedule", SCHEDULES)
-@pytest.mark.parametrize("index", range(len(PROMPTS)))
-def test_tokens_codes_and_audio_match_reference(pipeline, reference, index, schedule):
-    result = asyncio.run(collect(pipeline, _request(PROMPTS[index], codec_chunk_schedule=schedule)))
-    ref_tokens, ref_codes, ref_wav = _reference_run(reference, result.prompt_ids)
-    assert result.output_ids == ref_tokens
-    assert result.codes.shape[0] == 16 and result.codes.shape[1] > 0
-    np.testing.assert_array_equal(result.codes, ref_codes)
+# --- against the reference, on every build (tests/reference_runs.py) ------------------------------
+# Two builds in `make test`: the never-ending one and the ending one `make run` serves; the second
+# seed and size and the real-shaped build in `make test-slow`.
+BUILD_PARAMS = [
+    "never-ending",
+    "ending",
+    pytest.param("seed7-h96", marks=pytest.mark.slow),
+    pytest.param("real-shaped", marks=pytest.mark.slow),
+]
+
+
+@pytest.fixture(scope="module", params=BUILD_PARAMS)
+def build(request, build_dirs, references):
+    """(name, pipeline, reference) of one build; one pipeline at a time."""
+    name = request.param
+    with Pipeline(build_dirs(name), LoadOptions(dtype="float64"), max_batch=8) as p:
+        yield name, p, references(name)
+
+
+def _assert_matches(pipeline, result, ref: ReferenceRun, label) -> None:
+    assert result.output_ids == ref.tokens, label
+    assert result.codes.shape[0] == 16 and result.codes.shape[1] > 0, label
+    np.testing.assert_array_equal(result.codes, ref.codes, err_msg=str(label))
     # A full Code2Wav decode of our codes is the reference audio (<= 300 frames: one chunk there).
-    code2wav = pipeline.code2wav.code2wav
-    with torch.no_grad():
-        full = code2wav(torch.from_numpy(result.codes)[None]).reshape(-1).float().numpy()
-    np.testing.assert_array_equal(full, ref_wav)
+    full = _full_decode(pipeline, result.codes)
+    np.testing.assert_array_equal(full, ref.wav, err_msg=str(label))
     # The streamed audio is that decode: exact streaming, not an approximation of it.
-    assert result.audio.shape == full.shape
-    np.testing.assert_allclose(result.audio, full, rtol=0, atol=AUDIO_ATOL)
+    assert result.audio.shape == full.shape, label
+    np.testing.assert_allclose(result.audio, full, rtol=0, atol=AUDIO_ATOL, err_msg=str(label))
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tokens_codes_and_audio_match_reference(build, case):
+    """Alone, async and sequential, both chunk schedules: the reference's tokens, codes and audio,
+    however the answer ends (the cases: tests/reference_runs.py)."""
+    name, pipeline, reference = build
+    for mode, schedule in runs_for(name, case):
+        result = asyncio.run(collect(pipeline, CASES[case].request(mode, schedule)))
+        ref = reference.run(result.prompt_ids, CASES[case])
+        _assert_matches(pipeline, result, ref, (name, case, mode, schedule))
+
+
+@pytest.mark.parametrize("mode", ["async", "sequential"])
+def test_batched_requests_match_reference(build, mode):
+    """Every case at once (rows ending at different frames, by different ends): each its reference."""
+    name, pipeline, reference = build
+    cases = list(CASES.values())
+
+    async def run_all():
+        return await asyncio.gather(*(collect(pipeline, c.request(mode)) for c in cases))
+
+    for case, result in zip(CASES, asyncio.run(run_all()), strict=True):
+        _assert_matches(pipeline, result, reference.run(result.prompt_ids, CASES[case]), (name, case, mode))
+
+
+def test_the_cases_end_every_way(build):
+    """The reference runs end as the builds promise, so each way of ending is compared: on the
+    ending builds by the thinker's end token and by max_tokens, by the talker's end code and by
+    max_audio_frames; on the never-ending build always at the limits."""
+    name, pipeline, reference = build
+    im_end = pipeline.thinker.config.im_end_token_id
+    thinker_ends, talker_ends = set(), set()
+    for case in CASES.values():
+        ref = reference.run(pipeline.thinker.encode_chat(case.messages), case)
+        thinker_ends.add("stop" if ref.tokens[-1] == im_end else "length")
+        assert len(ref.tokens) <= case.max_tokens and ref.frames <= case.max_frames
+        talker_ends.add("length" if ref.frames == case.max_frames else "stop")
+    if name == "never-ending":
+        assert thinker_ends == talker_ends == {"length"}
+    else:
+        assert thinker_ends == talker_ends == {"stop", "length"}, name
 
 
 def _full_decode(pipeline, codes: np.ndarray) -> np.ndarray:
     with torch.no_grad():
         return pipeline.code2wav.code2wav(torch.from_numpy(codes)[None]).reshape(-1).float().numpy()
-
-
-def test_batched_requests_match_solo_runs(pipeline):
-    async def run_all():
-        return await asyncio.gather(*(collect(pipeline, _request(p)) for p in PROMPTS))
-
-    solo = [asyncio.run(collect(pipeline, _request(p))) for p in PROMPTS]
-    batched = asyncio.run(run_all())
-    for a, b in zip(solo, batched, strict=True):
-        assert a.output_ids == b.output_ids
-        np.testing.assert_array_equal(a.codes, b.codes)
-        np.testing.assert_allclose(b.audio, _full_decode(pipeline, b.codes), rtol=0, atol=AUDIO_ATOL)
 
 
 def test_batching_actually_batches(pipeline):
@@ -152,19 +155,6 @@ def test_audio_chunks_are_the_plans_windows(pipeline, schedule):
     windows = ChunkPlan(4, 25, 25, schedule).windows(frames)
     assert frames > 12  # long enough that the schedules differ (4, 8, ... against 4, 25)
     assert got == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
-
-
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_sequential_and_async_modes_are_identical(pipeline, schedule):
-    for messages in PROMPTS[:2]:
-        a = asyncio.run(collect(pipeline, _request(messages, "async", codec_chunk_schedule=schedule)))
-        s = asyncio.run(collect(pipeline, _request(messages, "sequential", codec_chunk_schedule=schedule)))
-        assert a.output_ids == s.output_ids
-        np.testing.assert_array_equal(a.codes, s.codes)
-        np.testing.assert_array_equal(a.audio, s.audio)
-        full = _full_decode(pipeline, a.codes)
-        np.testing.assert_allclose(a.audio, full, rtol=0, atol=AUDIO_ATOL)
-        np.testing.assert_allclose(s.audio, full, rtol=0, atol=AUDIO_ATOL)
 
 
 def test_ignore_eos_runs_to_max_tokens(pipeline):

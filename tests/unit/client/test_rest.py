@@ -19,6 +19,12 @@ def test_body_is_a_streamed_chat_completion_with_pcm16_audio():
     assert build_body("hi", audio=False)["modalities"] == ["text"]
 
 
+def test_false_is_sent_and_none_is_not():
+    """`async_chunk=False` (sequential mode, against the default on) reaches the gateway."""
+    body = build_body("hi", async_chunk=False, ignore_eos=None)
+    assert body["async_chunk"] is False and "ignore_eos" not in body
+
+
 def test_media_parts_become_openai_parts():
     part = {"type": "audio", "data": b"abc", "mime_type": "audio/mpeg"}
     image = {"type": "image", "data": b"png", "mime_type": "image/png"}

@@ -314,9 +314,21 @@ class StaticTalkerFrame:
 
     def _checked_record(self, key: tuple, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         """A graph of `step` whose first replay equals the eager step, else (None, _): eager."""
+        # The step is idempotent but for the penalty's presence masks: it reads them, then marks its
+        # own choice, so a second run on the same inputs sees that choice (and may choose otherwise
+        # where the penalty decides). Every run of the check starts from the masks as they were.
+        masks = [m for m in (self.sampler.presence, self.cp_sampler.presence) if m is not None]
+        saved = [m.clone() for m in masks]
+
+        def restore() -> None:
+            for mask, before in zip(masks, saved, strict=True):
+                mask.copy_(before)
+
         try:
             expected = step().clone()
+            restore()
             graph, out = self._record(step)
+            restore()
             with self._current_device():
                 graph.replay()
             if not torch.equal(out, expected):
@@ -324,10 +336,12 @@ class StaticTalkerFrame:
                     "talker frame: the graph of %s replays other values than its eager step; it runs eagerly",
                     key,
                 )
+                restore()  # the eager step that runs instead starts from them too
                 return None, torch.empty(0)
             return graph, out
         except Exception:
             log.exception("talker frame: capturing %s failed; it runs eagerly", key)
+            restore()
             return None, torch.empty(0)
 
     def _record(self, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:

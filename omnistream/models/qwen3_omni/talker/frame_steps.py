@@ -14,7 +14,7 @@ import torch
 
 from omnistream.engine.batch_sampler import RowSampling
 from omnistream.engine.sampling import SamplingParams
-from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, TTS_EOS, TTS_PAD
+from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, trailing_pick
 from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
 
 # The reference's code predictor samples with these whenever the talker samples.
@@ -104,14 +104,14 @@ class FrameSteps:
             state.past_hidden = hidden
 
     def _next_picks(self, states: list[_TalkerState]) -> list[int]:
-        """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad."""
+        """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad (the
+        thinker's last token is tts_eos's place: omnistream/models/qwen3_omni/talker/prompt.py)."""
         picks = []
         for state in states:
             index = ASSISTANT_PROMPT_TOKENS + state.frames - 1  # assistant-stream index of the row
-            if index < len(state.stream):
-                picks.append(state.stream[index])
-            else:
-                picks.append(TTS_EOS if index == len(state.stream) else TTS_PAD)
+            pick = trailing_pick(state.stream, state.input_done, index)
+            assert pick is not None, "a frame step ran before its text row was known"
+            picks.append(pick)
         return picks
 
     def _cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:

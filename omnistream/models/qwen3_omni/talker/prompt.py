@@ -7,6 +7,18 @@ This is the layout of `Qwen3OmniMoeForConditionalGeneration.generate`, made incr
   by `tts_eos`, then `tts_pad` forever.
 The assistant turn starts at the last `<|im_start|>assistant`; it is the prompt's tail plus the
 generated tokens ("the assistant stream"), so the talker can start after the thinker's first token.
+
+The thinker's last generated token is never a text row: `tts_eos` takes its place. The reference
+builds the talker's text from the thinker's input embeddings (`hidden_states[0]` of each thinker
+step), and the token a thinker ends on is sampled but never fed back, so it has none: the
+trailing rows are generated tokens 1 .. n-2, then `tts_eos`. For an answer that ends by itself
+that token is the end-of-turn token (`<|im_end|>`), which is no speech; for one stopped by
+`max_tokens` it is the last text token, which the reference does not speak either, and neither do
+we (the convention, kept so that codes stay identical to `generate`'s in both cases). The head's
+first content token is the exception: an answer of one token still has it in the prompt rows
+(`generate` cannot run that case at all). Since any token may turn out to be the last one, a
+token becomes a row only once a later token or the end of the input has arrived
+(`trailing_pick`).
 """
 
 from __future__ import annotations
@@ -18,6 +30,26 @@ ASSISTANT_PROMPT_ROWS = 9  # rows of the prompt after its user rows (`TalkerProm
 # Picks of `TalkerPromptBuilder.trailing_rows` that are no thinker token.
 TTS_EOS = -1
 TTS_PAD = -2
+
+
+def text_end(stream_len: int, input_done: bool) -> int | None:
+    """Assistant-stream index of the trailing row that is `tts_eos` (the thinker's last token's
+    place, never before the head's first content token), or None while more input may come."""
+    if not input_done:
+        return None
+    return max(stream_len - 1, ASSISTANT_PROMPT_TOKENS)
+
+
+def trailing_pick(stream: list[int], input_done: bool, index: int) -> int | None:
+    """The trailing row at assistant-stream `index` (>= ASSISTANT_PROMPT_TOKENS): a thinker id,
+    `TTS_EOS` or `TTS_PAD`; None while it is not known yet (the token at `index` may still turn out
+    to be the thinker's last one, which is no text row: see the module doc)."""
+    end = text_end(len(stream), input_done)
+    if end is None:
+        return stream[index] if index + 1 < len(stream) else None
+    if index < end:
+        return stream[index]
+    return TTS_EOS if index == end else TTS_PAD
 
 
 def user_positions(prompt_ids: list[int], im_start_id: int, user_id: int) -> list[int]:

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from omnistream.engine.playout import buffered_seconds, by_deadline
-from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS
+from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, trailing_pick
 from omnistream.models.qwen3_omni.talker.state import _TalkerState
 
 # A listener with less audio than this left is near running dry: new prompts then prefill only as
@@ -37,8 +37,10 @@ class DeadlineSchedule:
     prefill_row_seconds: float | None  # measured: seconds of prefill per prompt row (None: not yet)
 
     def _text_row_ready(self, state: _TalkerState) -> bool:
-        # Frame k+1 consumes assistant-stream token 4 + k, or the end marker once the stream ended.
-        return len(state.stream) > ASSISTANT_PROMPT_TOKENS + state.frames - 1 or state.input_done
+        # Frame k+1 consumes assistant-stream token 4 + k once it is known not to be the thinker's
+        # last token (a later one came, or the input ended), else tts_eos / tts_pad (prompt.py).
+        index = ASSISTANT_PROMPT_TOKENS + state.frames - 1
+        return trailing_pick(state.stream, state.input_done, index) is not None
 
     def _schedule(self, candidates):
         now = time.monotonic()

@@ -1,5 +1,7 @@
 """The tiny checkpoint's answers end: the thinker after a sentence-final token, the talker two
-frames after the text; `ignore_eos` still runs both to their limits (static frames included)."""
+frames after the text; `ignore_eos` still runs both to their limits (static frames included).
+The talker never speaks the thinker's last token (`<|im_end|>` here; talker/prompt.py), also when
+it learns that the token was the last only from a bare end marker."""
 
 from __future__ import annotations
 
@@ -14,7 +16,7 @@ from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParam
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.models.qwen3_omni.tiny_answer_end import sentence_final_ids
 
-TEXT = list(range(5, 25))  # 20 plain BPE tokens as the thinker's answer
+TEXT = list(range(5, 25))  # 20 plain BPE tokens as the thinker's answer (then its <|im_end|>)
 
 
 @pytest.fixture(scope="module")
@@ -81,7 +83,7 @@ def _speak(talker, thinker, rid: str, **params) -> list:
 
     def start():
         out = talker.add_request(rid, TalkerParams(max_frames=120, **params))
-        talker.feed(rid, TEXT, last=True, prompt_ids=prompt)
+        talker.feed(rid, [*TEXT, thinker.config.im_end_token_id], last=True, prompt_ids=prompt)
         return out
 
     return _collect(start)
@@ -93,9 +95,38 @@ def test_talker_ends_two_frames_after_the_text(talker, thinker, temperature):
     outputs = _speak(talker, thinker, f"end-{temperature}", sampling=sampling)
     frames = [o for o in outputs if o.codes is not None]
     # The first frame comes from the prompt (holding the first text token), one frame per later
-    # token, one for tts_eos; at the first tts_pad row the talker chooses EOS.
+    # text token, one for tts_eos (in <|im_end|>'s place); at the first tts_pad row the talker
+    # chooses EOS.
     assert len(frames) == len(TEXT) + 1
     assert outputs[-1].finished and outputs[-1].finish_reason == "stop"
+
+
+def test_a_bare_end_marker_makes_the_last_token_the_end(talker, thinker):
+    """Tokens that came without `last` wait for a later one before they are spoken: when the end
+    comes alone, the last of them still takes tts_eos's place, so the frames are the ones of the
+    same answer given with `last` at once."""
+    prompt = thinker.encode_chat([{"role": "user", "content": "hello"}])
+    answer = [*TEXT, thinker.config.im_end_token_id]
+    whole = _collect(lambda: _start(talker, "whole", prompt, answer, last=True))
+
+    async def split() -> tuple[list, list]:
+        out = _start(talker, "split", prompt, answer, last=False)
+        before = [await out.get() for _ in range(len(answer) - 1)]  # all that can be spoken yet
+        with pytest.raises(TimeoutError):  # the last token's row waits: it may be the end
+            await asyncio.wait_for(out.get(), 0.3)
+        talker.feed("split", [], last=True)
+        return before, [item async for item in out]
+
+    before, after = asyncio.run(split())
+    assert [o.codes for o in before + after] == [o.codes for o in whole]
+    assert len([o for o in whole if o.codes is not None]) == len(TEXT) + 1
+    assert after[-1].finish_reason == "stop"
+
+
+def _start(talker, rid: str, prompt: list[int], answer: list[int], last: bool):
+    out = talker.add_request(rid, TalkerParams(max_frames=120))
+    talker.feed(rid, answer, last=last, prompt_ids=prompt)
+    return out
 
 
 def test_talker_ignore_eos_speaks_to_max_frames(talker, thinker):

@@ -10,13 +10,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from pathlib import Path
 
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from omnistream.bench.op_counts import real_shaped_model, static_talker_frame
+from omnistream.bench.op_counts import static_talker_frame
 from omnistream.engine import capture
 from omnistream.engine.load_options import LoadOptions
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
@@ -24,7 +23,6 @@ from omnistream.models.qwen3_omni.talker.frame import MIN_KV_BUCKET, kv_bucket
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import TalkerParams
-from tests.conftest import CACHE
 
 F32 = LoadOptions(dtype="float32")
 # Host ops of a greedy frame outside the regions: the two plan copies and the two id copies back.
@@ -34,14 +32,8 @@ OPS_PER_SAMPLED_ROW = 2 * 2  # (select + exponential_) x (code predictor step, d
 
 
 @pytest.fixture(scope="module")
-def real_shaped_dir() -> str:
-    """The tiny checkpoint with the real model's 5-layer code predictor."""
-    return real_shaped_model(Path(f"{CACHE}-real-shaped"))
-
-
-@pytest.fixture(scope="module")
-def builds(tiny_model_dir, real_shaped_dir) -> dict[str, str]:
-    return {"tiny": tiny_model_dir, "real-shaped": real_shaped_dir}
+def builds(tiny_model_dir, real_shaped_model_dir) -> dict[str, str]:
+    return {"tiny": tiny_model_dir, "real-shaped": real_shaped_model_dir}
 
 
 SAMPLING = [
