@@ -9,6 +9,7 @@ from transformers import Qwen3OmniMoeForConditionalGeneration
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.models.qwen3_omni.thinker.media_prompt import check_media, load_processor, processor_inputs
 from tests.media_samples import conversations
+from tests.reference_runs import generate_greedy
 
 MAX_TOKENS = 12
 MAX_FRAMES = 24
@@ -33,32 +34,15 @@ def reference_inputs(processor, messages, use_audio_in_video: bool) -> dict:
 def reference_run(model, inputs: dict, use_audio_in_video: bool):
     """(generated tokens, codes [16, frames])."""
     prompt_len = inputs["input_ids"].shape[1]
-    eos = model.config.im_end_token_id
-    captured: list[torch.Tensor] = []
-    decode = model.code2wav.chunked_decode
-
-    def capture(codes, *args, **kwargs):
-        captured.append(codes.clone())
-        return decode(codes, *args, **kwargs)
-
-    model.code2wav.chunked_decode = capture
-    try:
-        with torch.no_grad():
-            sequences, _ = model.generate(
-                **inputs,
-                use_audio_in_video=use_audio_in_video,
-                talker_use_audio_in_video=use_audio_in_video,
-                return_audio=True,
-                thinker_do_sample=False,
-                talker_do_sample=False,
-                talker_repetition_penalty=1.0,
-                thinker_max_new_tokens=MAX_TOKENS,
-                talker_max_new_tokens=MAX_FRAMES + 1,  # the reference drops its last codebook-0 step
-                thinker_eos_token_id=eos,
-            )
-    finally:
-        model.code2wav.chunked_decode = decode
-    return sequences[0, prompt_len:].tolist(), captured[0][0].numpy()
+    sequences, _, codes = generate_greedy(
+        model,
+        MAX_TOKENS,
+        MAX_FRAMES,
+        **inputs,
+        use_audio_in_video=use_audio_in_video,
+        talker_use_audio_in_video=use_audio_in_video,
+    )
+    return sequences[0, prompt_len:].tolist(), codes
 
 
 def expected_outputs(model_dir: str) -> dict[str, tuple[list[int], list[int], object]]:

@@ -132,34 +132,46 @@ class Reference:
         return self._runs[key]
 
     def _generate(self, prompt_ids: list[int], case: Case) -> ReferenceRun:
-        model = self.model
-        captured: list[torch.Tensor] = []
-        decode = model.code2wav.chunked_decode
-
-        def capture(codes, *args, **kwargs):
-            captured.append(codes.clone())
-            return decode(codes, *args, **kwargs)
-
-        model.code2wav.chunked_decode = capture
-        try:
-            with torch.no_grad():
-                sequences, wav = model.generate(
-                    torch.tensor([prompt_ids]),
-                    return_audio=True,
-                    thinker_do_sample=False,
-                    talker_do_sample=False,
-                    talker_repetition_penalty=case.talker_repetition_penalty,
-                    thinker_max_new_tokens=case.max_tokens,
-                    # max_audio_frames N is talker_max_new_tokens N + 1: the reference drops its
-                    # last codebook-0 step when it stops by length.
-                    talker_max_new_tokens=case.max_frames + 1,
-                    thinker_eos_token_id=model.config.im_end_token_id,
-                )
-        finally:
-            model.code2wav.chunked_decode = decode
-        return ReferenceRun(
-            sequences[0, len(prompt_ids) :].tolist(), captured[0][0].numpy(), wav.reshape(-1).numpy()
+        sequences, wav, codes = generate_greedy(
+            self.model,
+            case.max_tokens,
+            case.max_frames,
+            case.talker_repetition_penalty,
+            input_ids=torch.tensor([prompt_ids]),
         )
+        return ReferenceRun(sequences[0, len(prompt_ids) :].tolist(), codes, wav.reshape(-1).numpy())
+
+
+def generate_greedy(
+    model, max_tokens: int, max_frames: int, talker_repetition_penalty: float = 1.0, **inputs: Any
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """`generate(return_audio=True)` greedy on both ends: (sequences, wav, codes [16, frames]), the
+    codes as Code2Wav was given them."""
+    captured: list[torch.Tensor] = []
+    decode = model.code2wav.chunked_decode
+
+    def capture(codes, *args, **kwargs):
+        captured.append(codes.clone())
+        return decode(codes, *args, **kwargs)
+
+    model.code2wav.chunked_decode = capture
+    try:
+        with torch.no_grad():
+            sequences, wav = model.generate(
+                **inputs,
+                return_audio=True,
+                thinker_do_sample=False,
+                talker_do_sample=False,
+                talker_repetition_penalty=talker_repetition_penalty,
+                thinker_max_new_tokens=max_tokens,
+                # max_audio_frames N is talker_max_new_tokens N + 1: the reference drops its last
+                # codebook-0 step when it stops by length.
+                talker_max_new_tokens=max_frames + 1,
+                thinker_eos_token_id=model.config.im_end_token_id,
+            )
+    finally:
+        model.code2wav.chunked_decode = decode
+    return sequences, wav, captured[0][0].numpy()
 
 
 def chat_prompt_ids(model_dir: str, messages: list[dict[str, Any]]) -> list[int]:

@@ -17,6 +17,7 @@ import ipaddress
 import random
 import secrets
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 
@@ -151,3 +152,18 @@ class Network:
         """Namespaces or links of this network that still exist (empty after close())."""
         names = ip("netns", "list").stdout + ip("-o", "link").stdout
         return sorted({word for word in names.split() if self.tag in word})
+
+
+@contextlib.contextmanager
+def network_of(*names: str) -> Iterator[Network]:
+    """A started Network with a node per name, closed afterwards (also when set-up or the body
+    failed), and nothing of it left behind."""
+    net = Network()
+    try:
+        net.start()
+        for name in names:
+            net.add_node(name)
+        yield net
+    finally:
+        net.close()
+    assert not net.leftovers(), f"left behind: {net.leftovers()}"

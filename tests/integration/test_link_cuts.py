@@ -44,7 +44,7 @@ from omnistream.service.server import KEEPALIVE_ENV
 from tests.procs import wait_until
 
 from .conftest import metric_at, stage_args
-from .netns import Network, netns_unavailable
+from .netns import Network, netns_unavailable, network_of
 
 STAGE_PORT = 50051
 METRICS_PORT = 9100
@@ -139,15 +139,8 @@ def _start(base: str, body: dict) -> _Request:
 
 @pytest.fixture
 def network() -> Iterator[Network]:
-    net = Network()
-    try:
-        net.start()
-        for name in (*LINKS, "gateway"):
-            net.add_node(name)
+    with network_of(*LINKS, "gateway") as net:
         yield net
-    finally:
-        net.close()  # also when set-up or the test failed
-    assert not net.leftovers(), f"left behind: {net.leftovers()}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from omnistream.cli.launcher import start_services
 from tests.procs import wait_until
 
 from .conftest import metric, stage_args
-from .netns import Network, netns_unavailable
+from .netns import Network, netns_unavailable, network_of
 
 STAGE_PORT = 50051
 METRICS_PORT = 9100
@@ -52,15 +52,8 @@ pytestmark = pytest.mark.skipif(_reason is not None, reason=f"network namespaces
 
 @pytest.fixture
 def network():
-    net = Network()
-    try:
-        net.start()
-        for name in ("thinker", "talker-a", "talker-b", "code2wav", "gateway"):
-            net.add_node(name)
+    with network_of("thinker", "talker-a", "talker-b", "code2wav", "gateway") as net:
         yield net
-    finally:
-        net.close()  # also when set-up or the test failed
-    assert not net.leftovers(), f"left behind: {net.leftovers()}"
 
 
 @pytest.fixture

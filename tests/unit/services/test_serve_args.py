@@ -10,6 +10,7 @@ import pytest
 
 from omnistream.cli.main import build_parser
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from services import serve, serve_args
 
 
@@ -48,7 +49,9 @@ def test_scheduling_flags_belong_to_the_audio_stages_with_their_defaults():
     talker = _parse("talker")
     assert (talker.max_step_batch, talker.first_audio_target) == (None, DEFAULT_FIRST_AUDIO_TARGET_S)
     code2wav = _parse("code2wav")
-    assert (code2wav.max_step_frames, code2wav.first_audio_target) == (None, DEFAULT_FIRST_AUDIO_TARGET_S)
+    # Code2Wav's steps are bounded by default: an urgent window waits behind at most one of them.
+    assert code2wav.max_step_frames == DEFAULT_CODE2WAV_STEP_FRAMES == 100
+    assert code2wav.first_audio_target == DEFAULT_FIRST_AUDIO_TARGET_S
     assert serve_args.schedule_options(talker) == {
         "max_step_batch": None,
         "first_audio_target": DEFAULT_FIRST_AUDIO_TARGET_S,

@@ -153,10 +153,10 @@ def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_piece
         state = talker._requests["playing"]
         _open(talker, long_prompt, "new")
         new = talker._requests["new"]
-        # Its listener has little left and a prompt row costs 1 ms: the new prompt gets a small
-        # piece this step (a quarter of 0.1 s is 25 rows; never fewer than URGENT_PREFILL_ROWS).
+        # Its listener has little left and a prompt row costs 4 ms: the new prompt gets a small
+        # piece this step (half of 0.1 s is 12 rows; never fewer than URGENT_PREFILL_ROWS).
         state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=0.1)
-        talker.prefill_row_seconds = 0.001
+        talker.prefill_row_seconds = 0.004
         _step(talker)
         small = new.prefilled
         # Far from dry: the rest of the prompt goes in at the full budget.
