@@ -78,10 +78,14 @@ class Admission:
         self.on_hold = on_hold
         self.active = 0
         self.audio_active = 0  # permits of requests with audio (their streams are playing)
-        self.audio_starting = 0  # of those, fragile ones (the start guard, module docstring)
-        self._needs: dict[int, float | None] = {}  # id(permit) -> the headroom a fragile one needs
+        self._fragile: set[Permit] = set()  # of those, the fragile ones (the start guard, module docstring)
         self._waiters: deque[asyncio.Future] = deque()
         self._audio_waiters: deque[asyncio.Future] = deque()
+
+    @property
+    def audio_starting(self) -> int:
+        """Audio streams that are fragile right now (the start guard)."""
+        return len(self._fragile)
 
     @property
     def waiting(self) -> int:
@@ -132,10 +136,10 @@ class Admission:
     def _audio_room(self) -> bool:
         if self.audio_gate is None:
             return True
-        if self.audio_starting == 0:
+        needs = [permit.need for permit in self._fragile]
+        if not needs:
             return self.audio_gate(self.audio_active, None)
-        needs = list(self._needs.values())
-        if not needs or any(n is None for n in needs):
+        if None in needs:
             return False  # a fragile stream whose need is unknown: wait until it settles
         return self.audio_gate(self.audio_active, max(n for n in needs if n is not None))
 
@@ -214,8 +218,8 @@ class Admission:
         self.audio_active -= 1
         self.reconsider()
 
-    def _settled(self) -> None:
-        self.audio_starting -= 1
+    def _settled(self, permit: Permit) -> None:
+        self._fragile.discard(permit)
         self.reconsider()  # the needs left may let a held request in (all of them once none is left)
 
     def reconsider(self) -> None:
@@ -248,15 +252,15 @@ class Permit:
         it only while the headroom with them stays at least `need` (None: unknown, they wait)."""
         if self.audio and not self.starting and not self._released:
             self.starting = True
-            self._admission._needs[id(self)] = self.need if need is None else need
-            self._admission.audio_starting += 1
+            if need is not None:
+                self.need = need
+            self._admission._fragile.add(self)
 
     def settle(self) -> None:
         """The stream has enough audio in hand (or gave up waiting for it, or ended)."""
         if self.starting:
             self.starting = False
-            self._admission._needs.pop(id(self), None)
-            self._admission._settled()
+            self._admission._settled(self)
 
     def release(self) -> None:
         if not self._released:

@@ -57,6 +57,7 @@ from typing import TYPE_CHECKING
 
 from omnistream.audio.listener import AudioArrival, listen
 from omnistream.request.chunk_plan import ChunkPlan
+from omnistream.service.step_model import StepFit
 
 if TYPE_CHECKING:  # only annotated: the config imports this module's defaults, not the replicas
     from gateway.replicas import Replica
@@ -73,27 +74,13 @@ PREDICTED_WINDOWS = 8  # windows of the plan the prediction plays: past the grow
 
 
 @dataclass(frozen=True)
-class StepModel:
-    """A replica's step-time model as it reported it: t(u) = base + per_unit x u seconds."""
-
-    base: float
-    per_unit: float
-    units_per_row: float = 1.0
-
-    def row_rate(self, rows: int) -> float:
-        per_row = self.units_per_row if self.units_per_row > 0 else 1.0
-        seconds = self.base + self.per_unit * max(rows, 1) * per_row
-        return per_row / seconds if seconds > 0 else math.inf
-
-
-@dataclass(frozen=True)
 class ReplicaSpeed:
     """One replica's measure: `capacity` units per busy second at mean batch `batch`, and its
     step-time model when it reports one (then the model decides: module docstring)."""
 
     capacity: float
     batch: float = 1.0
-    model: StepModel | None = None
+    model: StepFit | None = None  # the stage's step-time model as it reported it
 
     def stream_rate(self, streams: int) -> float:
         """Units a second each of `streams` in its batch gets (module docstring)."""
@@ -113,7 +100,13 @@ def replica_speed(load) -> ReplicaSpeed | None:
         return None
     model = None
     if load.model_points > 0 and (load.step_base_seconds > 0 or load.step_unit_seconds > 0):
-        model = StepModel(load.step_base_seconds, load.step_unit_seconds, load.units_per_row or 1.0)
+        model = StepFit(
+            load.step_base_seconds,
+            load.step_unit_seconds,
+            load.units_per_row or 1.0,
+            load.model_points,
+            load.model_slowdown or 1.0,
+        )
     measured = load.measured_steps > 0 and load.capacity_per_second > 0
     if model is None and not measured:
         return None

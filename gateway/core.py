@@ -234,15 +234,9 @@ class GatewayCore:
                 others = self.admission.active - (1 if admitted else 0)
                 initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
             else:
-                pause = self._code2wav_pause(streams, chunk)
-                initial = initial_frames_for(
-                    headroom,
-                    chunk,
-                    request.codec_chunk_schedule,
-                    self.deployment.frames_per_second or DEFAULT_FRAME_RATE,
-                    pause,
-                    self._start_jitter(streams),
-                )
+                fps, pause, jitter = self._start_allowances(streams, chunk)
+                schedule = request.codec_chunk_schedule
+                initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter)
         return request.chunk_plan(initial)
 
     def start_need(self, request: GenerationRequest, plan: ChunkPlan) -> float | None:
@@ -252,16 +246,16 @@ class GatewayCore:
         (the request chose its first chunk, or the speed is unknown)."""
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
-        streams = self.admission.audio_active
-        pause = self._code2wav_pause(streams, plan.chunk)
-        fps = self.deployment.frames_per_second or DEFAULT_FRAME_RATE
-        return headroom_needed(plan, fps, pause, self._start_jitter(streams))
+        return headroom_needed(plan, *self._start_allowances(self.admission.audio_active, plan.chunk))
 
-    def _start_jitter(self, streams: int) -> float:
-        """How late a starting stream's later windows are assumed to come, `streams` audio streams
-        with it (audio_capacity.py's start jitter)."""
+    def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
+        """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio
+        streams is predicted with (audio_capacity.py): its first chunk is sized with them and its
+        need while it starts is computed with them."""
         c = self.config
-        return c.audio_start_jitter + c.audio_start_jitter_per_stream * max(streams - 1, 0)
+        jitter = c.audio_start_jitter + c.audio_start_jitter_per_stream * max(streams - 1, 0)
+        fps = self.deployment.frames_per_second or DEFAULT_FRAME_RATE
+        return fps, self._code2wav_pause(streams, chunk), jitter
 
     async def open(
         self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None

@@ -52,8 +52,14 @@ MAY_IMPORT: dict[str, set[str]] = {
     "audio": {"request"},
 }
 # The torch-free layers reach into the service scaffolding only for these modules (gRPC server
-# helpers, TLS and keys, ports): the servicer base drives an engine and so imports torch.
-TORCH_FREE_SERVICE = {"omnistream.service.server", "omnistream.service.security", "omnistream.service.ports"}
+# helpers, TLS and keys, ports, and the step-time model a stage reports in its Info, which the
+# gateway's admission reads back): the servicer base drives an engine and so imports torch.
+TORCH_FREE_SERVICE = {
+    "omnistream.service.server",
+    "omnistream.service.security",
+    "omnistream.service.ports",
+    "omnistream.service.step_model",
+}
 TORCH_FREE_LAYERS = {"gateway", "client", "request", "audio", "wire"}
 # The one crossing left, by name: with no voice or sample rate given, the request model and the
 # speech endpoint fall back to Qwen3-Omni's (torch-free constants; every audio event carries the

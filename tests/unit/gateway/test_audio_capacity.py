@@ -12,7 +12,6 @@ from gateway.audio_capacity import (
     DEFAULT_START_JITTER_S,
     AudioCapacity,
     ReplicaSpeed,
-    StepModel,
     chunk_sizes,
     code2wav_pause,
     headroom_needed,
@@ -24,6 +23,7 @@ from gateway.audio_capacity import (
 )
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request.chunk_plan import ChunkPlan
+from omnistream.service.step_model import StepFit
 
 FPS = 12.5
 
@@ -167,7 +167,7 @@ def test_a_stage_with_a_step_time_model_is_judged_at_the_batch_the_new_stream_ma
     seeded = stage_pb2.StageLoad(step_base_seconds=0.015, step_unit_seconds=0.0025, model_points=3)
     assert replica_speed(seeded) is not None and replica_speed(stage_pb2.StageLoad()) is None
     # Code2Wav: a row adds its window's frames, each frame 1 ms.
-    windows = StepModel(0.0, 0.001, 25.0)
+    windows = StepFit(0.0, 0.001, 25.0, points=2)
     assert windows.row_rate(4) == pytest.approx(25 / 0.1)
 
 

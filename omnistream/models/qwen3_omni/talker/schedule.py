@@ -16,7 +16,7 @@ from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, 
 from omnistream.models.qwen3_omni.talker.state import _TalkerState
 
 # A listener with less audio than this left is near running dry: new prompts then prefill only as
-# many rows a step as take a quarter of that listener's audio left (at most MAX_PREFILL_SHARE_S), at
+# many rows a step as take SLACK_SHARE of that listener's audio left (at most MAX_PREFILL_SHARE_S), at
 # the prefill's measured seconds per row (`prefill_row_seconds`); URGENT_PREFILL_ROWS before any
 # prefill was measured, and at least that many. A fixed small row count instead prefilled a wave of
 # simultaneous prompts one prompt every few steps, so the last of them started seconds late, while a
