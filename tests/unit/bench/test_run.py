@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from omnistream.bench.run import audio_holds, chunk_schedules, interleave, ratios
+from omnistream.bench.cells import audio_holds, chunk_schedules, interleave, ratios
 
 
 def test_chunk_schedules_are_parsed_and_checked():

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from omnistream.bench import report
-from omnistream.bench.run import ratios
+from omnistream.bench.cells import ratios
 from omnistream.bench.stats import RequestResult, merge_runs, summarize
 
 

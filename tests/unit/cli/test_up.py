@@ -20,6 +20,7 @@ import pytest
 
 from omnistream.cli import launcher, up
 from omnistream.cli.launcher import ServiceProcess, StartCancelled, StartError, start_services, stop_services
+from omnistream.cli.usage import usage_text
 
 
 @pytest.fixture(autouse=True)
@@ -163,7 +164,7 @@ def test_up_refuses_stages_that_do_not_fit_their_shared_gpu_before_starting(
 
 
 def test_usage_points_to_the_playground_first():
-    text = up.usage_text("127.0.0.1", 8000, 50051)
+    text = usage_text("127.0.0.1", 8000, 50051)
     pointers = [line.strip() for line in text.splitlines()[2:] if line.strip()]
     assert pointers[0].startswith("Playground: http://127.0.0.1:8000/ ")
     assert text.index("Playground:") < text.index("omnistream chat") < text.index("curl")
