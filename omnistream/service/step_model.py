@@ -53,7 +53,9 @@ class StepFit:
 def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     """Weighted least squares of (x, y, weight) to y = a + b x with a, b >= 0 (a step has a cost
     and a larger one is never cheaper). One distinct x: through the origin, the cautious reading
-    (no sharing assumed)."""
+    (no sharing assumed). Larger steps measured faster (noise, e.g. a probe run while other work
+    held the cores): through the origin at the highest cost per unit measured, cautious again (a
+    flat line would say every stream added is free)."""
     total = sum(w for _, _, w in points)
     if total <= 0:
         return 0.0, 0.0
@@ -63,8 +65,8 @@ def fit_line(points: list[tuple[float, float, float]]) -> tuple[float, float]:
     if sxx > 0:
         b = sum(w * (x - mx) * (y - my) for x, y, w in points) / sxx
         a = my - b * mx
-        if b < 0:  # noise: no growth measured, the mean step it is
-            return max(my, 0.0), 0.0
+        if b < 0:
+            return 0.0, max((y / x for x, y, _ in points if x > 0), default=0.0)
         if a >= 0:
             return a, b
     sxx0 = sum(w * x * x for x, _, w in points)

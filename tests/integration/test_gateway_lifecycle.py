@@ -205,11 +205,9 @@ def test_the_gateway_learns_the_stages_measured_speed_from_their_info(stages):
         load = asyncio.run(talker_info()).load
         assert load.measured_steps > 0 and load.capacity_per_second > 0 and load.mean_batch >= 1
         # The warm-up probe ran batches up to max_batch: the step-time model stands on several
-        # sizes whatever this request's batch was, and a larger batch makes more frames a second.
-        assert load.model_points >= 2 and load.step_unit_seconds > 0
-        per_row = load.units_per_row
-        step = lambda rows: load.step_base_seconds + load.step_unit_seconds * rows * per_row  # noqa: E731
-        assert 16 / step(16) > 1 / step(1)
+        # sizes whatever this request's batch was (how much a batch gains is a unit test's:
+        # tests/unit/service/test_step_model.py; a probe under CPU load may measure none).
+        assert load.model_points >= 2 and load.step_unit_seconds > 0 and load.units_per_row == 1
         # The gateway reads the loads in its health rounds (every second); no timing is asserted,
         # only that the measure arrives: every stage ran steps for the request.
         assert asyncio.run(wait_for(measured, timeout=60, interval=0.2))

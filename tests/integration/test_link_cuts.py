@@ -266,7 +266,8 @@ def _run_matrix(network: Network, base: str, victims_per_cell: int, max_rounds: 
 @pytest.mark.timeout(420)
 def test_each_link_cut_at_each_moment_ends_its_requests_unavailable(network, stack):
     base = f"http://{network.nodes['gateway'].address}:{HTTP_PORT}"
-    _run_matrix(network, base, victims_per_cell=1, max_rounds=3)
+    # Rounds until each moment met one victim (code2wav's half-close one lands in ~2 of 5 rounds)
+    _run_matrix(network, base, victims_per_cell=1, max_rounds=10)
 
 
 @pytest.fixture
