@@ -174,7 +174,7 @@ class AudioCapacity:
 
     def admits(self, running: int, margin: float = DEFAULT_MARGIN, need: float | None = None) -> bool:
         """May one more audio stream start beside `running` ones? `need`: the headroom the fragile
-        (starting) ones among them need kept (the start guard, admission.py): one more must leave
+        (starting) ones among them need kept (the start guard, start_guard.py): one more must leave
         them that, and with the speed unknown it waits for them to settle."""
         headroom = self.headroom(running + 1)
         if need is not None and (headroom is None or headroom < need):
@@ -264,7 +264,7 @@ def headroom_needed(
 ) -> float:
     """The smallest headroom at which `plan`'s listener is predicted never to wait (to 1%; at most
     MAX_NEEDED_HEADROOM): what a starting stream of that plan needs the others to leave it (the
-    start guard, admission.py). More headroom never adds a stall, so a bisection finds it."""
+    start guard, start_guard.py). More headroom never adds a stall, so a bisection finds it."""
     if predicted_stalls(MAX_NEEDED_HEADROOM, plan, frame_rate, pause, jitter):
         return MAX_NEEDED_HEADROOM
     low, high = 0.0, MAX_NEEDED_HEADROOM

@@ -13,16 +13,17 @@ take its concurrency slot (one deadline covers both waits). A request that the c
 would refuse right now is refused at once, before any audio wait, as it always was.
 
 Start guard: a stream whose first chunk is short is fragile until it has some audio in hand
-(`Permit.mark_starting` / `settle`, driven by the session from what it hands the client). A
-fragile stream says what it needs: the headroom its first chunk was sized for (the smallest at
-which its listener is predicted never to wait, gateway/admission/audio_capacity.py). A new audio request
-starts beside fragile ones only while the headroom with it still meets every fragile stream's need,
-so one more stream never undoes the plan a starting one was given; otherwise (or when a fragile
-stream's need or the speed is unknown) it waits in the same queue, and when the last fragile stream
-settles the waiting ones are let in together, each sized (its first chunk, gateway/serving/core.py) knowing
-all the others that start with it. Without the guard, the first two or three of a wave of
-simultaneous requests were sized while they looked alone (2-frame first chunks) and then ran dry
-while the rest of the wave's prompts were prefilled beside them (docs/benchmarks.md).
+(`Permit.mark_starting` / `settle`, driven by the session from what it hands the client through
+gateway/admission/start_guard.py). A fragile stream says what it needs: the headroom its first chunk
+was sized for (the smallest at which its listener is predicted never to wait,
+gateway/admission/audio_capacity.py). A new audio request starts beside fragile ones only while the
+headroom with it still meets every fragile stream's need, so one more stream never undoes the plan a
+starting one was given; otherwise (or when a fragile stream's need or the speed is unknown) it waits
+in the same queue, and when the last fragile stream settles the waiting ones are let in together,
+each sized (its first chunk, gateway/serving/core.py) knowing all the others that start with it.
+Without the guard, the first two or three of a wave of simultaneous requests were sized while they
+looked alone (2-frame first chunks) and then ran dry while the rest of the wave's prompts were
+prefilled beside them (docs/benchmarks.md).
 """
 
 from __future__ import annotations

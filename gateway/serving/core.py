@@ -257,8 +257,8 @@ class GatewayCore:
 
     def start_need(self, request: GenerationRequest, plan: ChunkPlan) -> float | None:
         """The headroom an admitted audio stream of `plan` needs while it starts (the start guard,
-        admission.py): the smallest at which its listener is predicted never to wait, with the
-        same allowances its first chunk was sized with. None where the gateway did not size it
+        gateway/admission/start_guard.py): the smallest at which its listener is predicted never to
+        wait, with the same allowances its first chunk was sized with. None where the gateway did not size it
         (the request chose its first chunk, or the speed is unknown)."""
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
@@ -281,7 +281,7 @@ class GatewayCore:
             self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
             await self.prepare(request)
             self.chunk_plan(request)  # a bad plan is refused before admission
-            # Audio may wait here for the listeners already playing (admission.py's audio hold).
+            # Audio may wait here for the listeners already playing (the audio hold, admission/permits.py).
             permit = await self.admission.acquire(audio=request.return_audio, request_id=rid)
         except Rejected as exc:
             self.metrics.rejected.labels(reason=exc.reason).inc()

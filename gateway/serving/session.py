@@ -14,6 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.admission.permits import Permit
+from gateway.admission.start_guard import StartGuard
 from gateway.cluster.replicas import Replica
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.audio.listener import AudioArrival, Listening, listen
@@ -21,9 +22,6 @@ from omnistream.request.errors import DeadlineExceeded, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
 
-# The longest a fragile stream holds new audio starts (the start guard, admission.py), whatever it
-# has in hand.
-START_GUARD_TIMEOUT_S = 3.0
 AUDIO_BUFFER = 64  # audio chunks held for a slow reader before the stages feel backpressure
 
 Event = TextEvent | AudioEvent | DoneEvent
@@ -99,7 +97,7 @@ class Session:
         not read off the core: a session needs nothing else of it.
         `first_chunk_s`: the audio seconds of the request's first chunk, when it has audio; while
         a stream that started with less than `start_guard` seconds has less than that in hand, new
-        audio starts wait (the start guard, admission.py)."""
+        audio starts wait (the start guard, gateway/admission/start_guard.py)."""
         self._metrics = metrics
         self._mark_failed = mark_failed
         self.request_id = request_id
@@ -114,12 +112,7 @@ class Session:
         self._closed = False
         self._status = "cancelled"
         self._first: Event | None = None
-        self._guard = start_guard
-        self._guard_timer: asyncio.TimerHandle | None = None
-        if first_chunk_s is not None and first_chunk_s < self._guard and permit.audio:
-            permit.mark_starting()
-            # A stream that never gets ahead (no audio, or slower than real time) holds no one for long.
-            self._guard_timer = asyncio.get_running_loop().call_later(START_GUARD_TIMEOUT_S, permit.settle)
+        self._start_guard = StartGuard(permit, first_chunk_s, start_guard)
 
     def _audio_in_hand(self, now: float) -> float:
         """Seconds of audio the listener has received but not yet played (listener model)."""
@@ -168,9 +161,7 @@ class Session:
             t.last_audio = now
             t.audio_seconds += item.audio.size / item.sample_rate
             t.audio_chunks.append(AudioArrival(now, item.audio.size, item.sample_rate))
-            guarded = self._guard_timer is not None and self._permit.starting
-            if guarded and self._audio_in_hand(now) >= self._guard:
-                self._permit.settle()
+            self._start_guard.on_audio(lambda: self._audio_in_hand(now))
         elif isinstance(item, DoneEvent):
             self.done = item
             m.e2e.observe(now - t.started)
@@ -224,8 +215,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        if self._guard_timer is not None:
-            self._guard_timer.cancel()
+        self._start_guard.cancel()
         if self._pump is not None:
             self._pump.cancel()
             with contextlib.suppress(BaseException):
