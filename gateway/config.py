@@ -12,8 +12,12 @@ from pathlib import Path
 
 import yaml
 
-from gateway.audio_capacity import DEFAULT_MARGIN, DEFAULT_START_JITTER_PER_STREAM_S, DEFAULT_START_JITTER_S
-from gateway.media_limits import MediaLimits
+from gateway.admission.audio_capacity import (
+    DEFAULT_MARGIN,
+    DEFAULT_START_JITTER_PER_STREAM_S,
+    DEFAULT_START_JITTER_S,
+)
+from gateway.media.limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"

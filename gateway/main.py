@@ -11,9 +11,9 @@ import ssl
 
 import uvicorn
 
+from gateway.api.app import build_app
 from gateway.config import GatewayConfig
-from gateway.core import GatewayCore
-from gateway.rest import build_app
+from gateway.serving.core import GatewayCore
 from omnistream.service.ports import listen_socket
 from omnistream.service.security import ApiKeyInterceptor, add_port, server_credentials
 from omnistream.service.server import GATEWAY_ORIGIN, add_health_and_reflection, build_server, set_serving
@@ -76,7 +76,7 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
 async def serve(config: GatewayConfig) -> int:
     """Bind both ports before anything starts, so a taken port ends the process with one line
     (BindError, printed by the CLI) and nothing to clean up; then serve until SIGTERM/SIGINT."""
-    from gateway.grpc_api import SERVICE_NAME, add_gateway_api
+    from gateway.api.grpc import SERVICE_NAME, add_gateway_api
 
     core = GatewayCore(config)
     interceptors = None

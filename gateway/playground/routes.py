@@ -22,7 +22,7 @@ NO_CACHE = {"Cache-Control": "no-cache"}
 
 
 def register(app: FastAPI) -> None:
-    """Add the page's routes to the gateway's REST app (one call from `gateway.rest.build_app`)."""
+    """Add the page's routes to the gateway's REST app (one call from `gateway.api.app.build_app`)."""
 
     async def page() -> FileResponse:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers=NO_CACHE)

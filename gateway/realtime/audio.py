@@ -17,7 +17,7 @@ import struct
 import av
 import numpy as np
 
-from gateway.media_parts import EncodedMedia
+from gateway.media.parts import EncodedMedia
 from gateway.realtime.events import EventError
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.audio.wav import to_pcm16

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from typing import Any
 
 from gateway.config import GatewayConfig
-from gateway.core import GatewayCore
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn
 from gateway.realtime.events import EventError
@@ -25,6 +24,7 @@ from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
 from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
+from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import OmniError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.media_parts import from_data_url
+from gateway.media.parts import from_data_url
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn
 from gateway.realtime.events import EventError
 from gateway.realtime.events import Item as GivenItem

@@ -2,9 +2,10 @@
 its deltas to the client, its end (completed, incomplete, failed or cancelled) as response.done.
 
 Cancelling (barge-in, response.cancel, a client that went away) cancels the task: leaving the core
-session's event loop closes it, which cancels all three stage streams at once (gateway/wiring.py),
-and the deltas still queued for the socket are dropped first, so the client stops getting audio
-at once. The assistant item then keeps what was sent (its audio end and the same share of text).
+session's event loop closes it, which cancels all three stage streams at once
+(gateway/serving/stage_calls.py), and the deltas still queued for the socket are dropped first, so
+the client stops getting audio at once. The assistant item then keeps what was sent (its audio end
+and the same share of text).
 """
 
 from __future__ import annotations
@@ -17,13 +18,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from gateway.core import GatewayCore
 from gateway.realtime.audio import OutputAudio
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.session import Item
 from gateway.realtime.vad import INPUT_RATE
-from gateway.session import Session
+from gateway.serving.core import GatewayCore
+from gateway.serving.session import Session
 from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 

@@ -21,11 +21,11 @@ from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from prometheus_client import Counter, Gauge
 
-from gateway.core import GatewayCore
+from gateway.api.openai.errors import error_body
 from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
-from gateway.rest_errors import error_body
+from gateway.serving.core import GatewayCore
 from omnistream.service.security import bearer_matches
 
 KEY_PROTOCOL = "openai-insecure-api-key."

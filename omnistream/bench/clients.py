@@ -82,7 +82,7 @@ def _sampling_proto(given: RequestInput, prefix: str):
 
 
 def grpc_request(given: RequestInput, timeout: float | None = None):
-    """`given` as an omni.v1.Gateway request (the inverse of `gateway.grpc_api.to_request_input`)."""
+    """`given` as an omni.v1.Gateway request (the inverse of `gateway.api.grpc.to_request_input`)."""
     from omnistream.client.request import gateway_message
     from omnistream.proto.omni.v1 import gateway_pb2
 
@@ -120,7 +120,7 @@ REST_FIELDS = (
 
 
 def rest_body(given: RequestInput) -> dict[str, Any]:
-    """`given` as a chat-completions body (the inverse of `gateway.rest.to_request_input`); only
+    """`given` as a chat-completions body (the inverse of `gateway.api.openai.chat.to_request_input`); only
     the knobs given are sent. REST takes messages, not ids, and has no thinker top_k or penalty."""
     unsupported = [
         n for n in ("prompt_ids", "system", "top_k", "repetition_penalty") if getattr(given, n) is not None

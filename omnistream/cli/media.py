@@ -3,7 +3,7 @@ chat` (a gateway client) and `omnistream generate` (the in-process pipeline) bot
 user turn they make. One definition, so the two commands accept the same files the same way.
 
 `generate` has no gateway in front of it, so it decodes the files with the gateway's own decoder
-(`gateway.media_decoder`, with the gateway's default limits): a file `generate` takes is a file
+(`gateway.media.decode_pool`, with the gateway's default limits): a file `generate` takes is a file
 the gateway takes, and it reaches the thinker as the same arrays.
 """
 
@@ -36,7 +36,7 @@ def user_content(text: str, parts: list[dict[str, Any]]) -> str | list[dict[str,
 def encoded_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Client media parts as the gateway holds them before decoding (`EncodedMedia`), field names
     as the gRPC API would report them."""
-    from gateway.media_parts import from_bytes
+    from gateway.media.parts import from_bytes
 
     out: list[dict[str, Any]] = []
     for part in parts:
@@ -51,8 +51,8 @@ def encoded_parts(parts: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 async def decode_media(messages: list[dict[str, Any]] | None, use_audio_in_video: bool) -> None:
     """Decode every encoded media part of `messages` in place, as the gateway does (its limits)."""
-    from gateway.media_decoder import MediaDecoder
-    from gateway.media_limits import MediaLimits
+    from gateway.media.decode_pool import MediaDecoder
+    from gateway.media.limits import MediaLimits
 
     decoder = MediaDecoder(MediaLimits())
     try:

@@ -31,7 +31,7 @@ DEFAULT_LEFT_CONTEXT_FRAMES = 25
 DEFAULT_INITIAL_FRAMES = 4
 # Code2Wav's frames per step as served (serve code2wav --max-step-frames): four full windows. Its
 # step time grows with its frames, so this bounds how long the most urgent window waits behind a
-# step of others' (the gateway's first-chunk sizing counts it: gateway/audio_capacity.py).
+# step of others' (the gateway's first-chunk sizing counts it: gateway/admission/audio_capacity.py).
 DEFAULT_CODE2WAV_STEP_FRAMES = 4 * DEFAULT_CHUNK_FRAMES
 SCHEDULE_GROW = "grow"
 SCHEDULE_FIXED = "fixed"

@@ -38,7 +38,7 @@ CONTROL_RPC_HEADROOM = 8
 ERROR_KIND_METADATA_KEY = "omni-error-kind"
 # Set on every status our own code sends (`abort_with`): a status without it was made by gRPC itself
 # (a broken transport reads as INTERNAL "Internal error from Core", grpc/grpc#36066), so the gateway
-# trusts a stage's INTERNAL only when the stage marked it (gateway/wiring.py, `stage_error`).
+# trusts a stage's INTERNAL only when the stage marked it (gateway/serving/stage_calls.py, `stage_error`).
 STATUS_ORIGIN_METADATA_KEY = "omni-status-origin"
 STAGE_ORIGIN = "stage"
 GATEWAY_ORIGIN = "gateway"

@@ -1,6 +1,6 @@
 """A stage's measured speed: a rolling measure of its engine's steps, reported in its Info.
 
-The gateway decides whether one more audio stream fits (gateway/audio_capacity.py) from what the
+The gateway decides whether one more audio stream fits (gateway/admission/audio_capacity.py) from what the
 stages really sustain on their hardware, not from a configured guess. The measure belongs here, at
 the stage: only the engine knows how long its steps take and how much each produced, and the
 gateway reads the summary with the Info it already polls (no per-step RPC).

@@ -4,7 +4,7 @@ Why a model and not one number: a batched step makes more units a second than a 
 per-step cost, weights read once and host overhead, is shared by every row), so a speed measured at
 today's batch says too little about the batch one more stream would make. The gateway's audio
 admission used exactly that number and so held itself down: admitted few streams, measured at
-that small batch, and admitted few again (gateway/audio_capacity.py).
+that small batch, and admitted few again (gateway/admission/audio_capacity.py).
 
 The line is fitted to the steps the engine really runs (per unit count, the median of its recent
 step times: a step that also prefilled a prompt or ran late once does not move it) and seeded by

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import yaml
 
-from gateway.discovery import Target
+from gateway.cluster.discovery import Target
 
 from .conftest import DEPLOY, cli_args, flag, run, tool
 

@@ -14,8 +14,8 @@ import shutil
 import pytest
 import yaml
 
+from gateway.cluster.discovery import Target
 from gateway.config import GatewayConfig
-from gateway.discovery import Target
 
 from .conftest import DEPLOY, cli_args, flag, run, tool
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import numpy as np
 
-from gateway.wiring import StageStubs, run_request
+from gateway.serving.stage_calls import StageStubs, run_request
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.pipeline import AudioEvent, GenerationRequest, TextEvent
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2

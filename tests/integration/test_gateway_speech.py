@@ -16,7 +16,7 @@ import pytest
 import soundfile as sf
 from openai import OpenAI
 
-from gateway.audio_encode import encode_whole
+from gateway.api.openai.audio_encode import encode_whole
 from omnistream.audio.wav import to_pcm16
 from omnistream.engine.load_options import LoadOptions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
@@ -247,7 +247,7 @@ def test_a_speech_that_fails_before_any_audio_gets_its_http_error(stages, tmp_pa
     prompt and the frames asked for do not fit its length, which a gateway allowing more frames
     than the talker holds lets through) fails it before any audio. The client gets the error's
     status and JSON body, not a 200 whose body is cut off; after audio, an aborted body stays the
-    signal (tests/unit/gateway/test_rest_speech.py)."""
+    signal (tests/unit/gateway/api/openai/test_speech.py)."""
     talker_length = _talker_info(stages).limits.max_frames
     with configured_gateway(stages, tmp_path, {"max_audio_frames": talker_length}) as gateway:
         body = {

@@ -1,7 +1,7 @@
 """Readiness per need, on real processes: a gateway over a thinker alone serves text chat (REST
 with `modalities: ["text"]`, gRPC Generate without audio, a realtime session with text output)
 and refuses audio with 503 / UNAVAILABLE naming the missing stages; `/ready`, `/v1/models` and
-Gateway/Info say what is served (gateway/readiness.py)."""
+Gateway/Info say what is served (gateway/cluster/readiness.py)."""
 
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.wiring import run_request
+from gateway.serving.stage_calls import run_request
 from omnistream.cli.launcher import start_services
 from omnistream.engine.load_options import LoadOptions
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer

@@ -4,7 +4,9 @@ Read statically (`ast`, every import at any depth, lazy ones inside functions in
 holds for code paths no test runs. The table below is the doc's module diagram written out; a
 failure names the file, the line and the import that breaks it. Three more rules: the torch-free
 packages import no torch or transformers (directly, or through what they import at module level),
-and module-level imports have no cycle (an `if TYPE_CHECKING:` block is not an import at run time).
+and no two modules import each other, by any path: module-level, lazy (inside a function) and
+`if TYPE_CHECKING:` imports all count. A lazy or type-only import hides a circle from the
+interpreter, not from the reader: the two modules still cannot be understood, tested or moved apart.
 `tests/unit/gateway/test_torch_free.py` checks the same torch rule at run time.
 """
 
@@ -68,7 +70,7 @@ CROSSINGS = {
     ("omnistream.request.generation", "omnistream.models.qwen3_omni.constants"),
     ("omnistream.request.defaults", "omnistream.models.qwen3_omni.constants"),
     ("omnistream.request.stage_chain", "omnistream.models.qwen3_omni.constants"),
-    ("gateway.rest_speech", "omnistream.models.qwen3_omni.constants"),
+    ("gateway.api.openai.speech", "omnistream.models.qwen3_omni.constants"),
 }
 # Torch imported inside a function of a torch-free layer: only on paths a stage process takes.
 LAZY_TORCH = {
@@ -85,7 +87,8 @@ class Import:
     line: int
     target: str  # imported module (a `from a import b` of a submodule names `a.b`)
     text: str  # the import as written
-    module_level: bool  # runs at import time (not in a function, not under TYPE_CHECKING)
+    module_level: bool  # runs at import time (not in a function, not under TYPE_CHECKING): the torch rule
+    # reads it (what loads at import); the cycle rule counts every import
 
 
 def _modules() -> dict[str, Path]:
@@ -108,10 +111,10 @@ def _is_type_checking(node: ast.If) -> bool:
     )
 
 
-def _imports_of(module: str, file: Path, known: set[str]) -> list[Import]:
+def _imports_of(module: str, file: Path, known: set[str], root: Path = ROOT) -> list[Import]:
     tree = ast.parse(file.read_text(), filename=str(file))
     lines = file.read_text().splitlines()
-    path = file.relative_to(ROOT).as_posix()
+    path = file.relative_to(root).as_posix()
     package = module if file.name == "__init__.py" else module.rpartition(".")[0]
     found: list[Import] = []
 
@@ -224,16 +227,45 @@ def _with_parents(module: str) -> list[str]:
     return [".".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def test_no_import_cycles():
+def _import_graph(imports: list[Import], modules: set[str]) -> dict[str, list[Import]]:
+    """Module -> its imports of other modules of the project: every one, lazy and type-only too."""
     graph: dict[str, list[Import]] = {}
-    modules = set(_modules())
-    for imp in _all_imports():
-        if imp.module_level and imp.target in modules and imp.target != imp.source:
+    for imp in imports:
+        if imp.target in modules and imp.target != imp.source:
             graph.setdefault(imp.source, []).append(imp)
+    return graph
+
+
+def _cycle_report(graph: dict[str, list[Import]]) -> str:
+    """'' for no cycle; else each cycle's imports, one a line (file:line: the import as written)."""
     cycles = [c for c in _cycles(graph) if c]
-    assert not cycles, "module-level import cycles:\n" + "\n\n".join(
-        "\n".join(_where(step) for step in cycle) for cycle in cycles
-    )
+    return "\n\n".join("\n".join(_where(step) for step in cycle) for cycle in cycles)
+
+
+def test_no_import_cycles():
+    report = _cycle_report(_import_graph(_all_imports(), set(_modules())))
+    assert not report, "import cycles (lazy and TYPE_CHECKING imports count):\n" + report
+
+
+def test_the_cycle_check_counts_lazy_and_type_checking_imports(tmp_path):
+    """A circle closed only by a lazy import, and one closed only under TYPE_CHECKING, both fail
+    the check, which names every import of each circle."""
+    sources = {
+        "a": "import b\n",
+        "b": "def later():\n    import a\n",
+        "c": "import d\n",
+        "d": "from typing import TYPE_CHECKING\n\nif TYPE_CHECKING:\n    import c\n",
+        "e": "import a\n",  # imports into a circle, but is in none
+    }
+    for name, text in sources.items():
+        (tmp_path / f"{name}.py").write_text(text)
+    known = set(sources)
+    imports = [imp for name in sources for imp in _imports_of(name, tmp_path / f"{name}.py", known, tmp_path)]
+    report = _cycle_report(_import_graph(imports, known))
+    assert report.split("\n\n") == [
+        "a.py:1: import b\nb.py:2: import a",
+        "c.py:1: import d\nd.py:4: import c",
+    ]
 
 
 def _cycles(graph: dict[str, list[Import]]) -> list[list[Import]]:

@@ -15,3 +15,7 @@ UPSAMPLING_RATIOS = (2, 2)  # ... and pre-decoder upsampling: 1920 samples (80 m
 
 DEFAULT_SPEAKER = "ethan"
 VOICES = ("chelsie", "ethan", "aiden")
+# The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
+# frames (12.5 per second) than tokens; twice the thinker's context covers it (family.py sizes the
+# talker with it, memory.py its KV cache).
+TALKER_LENGTH_FACTOR = 2

@@ -21,6 +21,7 @@ from omnistream.models.qwen3_omni.constants import (
     MODEL_TYPE,
     NUM_CODEBOOKS,
     SAMPLE_RATE,
+    TALKER_LENGTH_FACTOR,
     UPSAMPLE_RATES,
     UPSAMPLING_RATIOS,
     VOICES,
@@ -30,9 +31,6 @@ if TYPE_CHECKING:
     from omnistream.engine.engine import Engine
     from omnistream.engine.load_options import LoadOptions
 
-# The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
-# frames (12.5 per second) than tokens; twice the thinker's context covers it.
-TALKER_LENGTH_FACTOR = 2
 # The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 # The thinker's engines: ours, and vLLM's (text only, thinker/vllm_engine.py).

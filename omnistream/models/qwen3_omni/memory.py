@@ -69,7 +69,7 @@ def stage_params(config: Any, stage: str) -> int:
 
 def stage_memory(config: Any, stage: str, dtype: str, max_batch: int, max_model_len: int) -> StageMemory:
     """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16)."""
-    from omnistream.models.qwen3_omni.family import TALKER_LENGTH_FACTOR
+    from omnistream.models.qwen3_omni.constants import TALKER_LENGTH_FACTOR
 
     size = DTYPE_BYTES[dtype]
     params = stage_params(config, stage)

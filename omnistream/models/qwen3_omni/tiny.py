@@ -363,7 +363,7 @@ def make_tiny_model(
         model = Qwen3OmniMoeForConditionalGeneration(config).eval()
     _rescale_code2wav(model, target_rms=0.1, seed=seed)
     if answers_end:
-        make_answers_end(model, directory)
+        make_answers_end(model, directory, BPE_VOCAB)
     model.save_pretrained(str(directory))
     (directory / "omnistream_tiny.json").write_text(
         json.dumps(

@@ -42,23 +42,22 @@ _EOS_WEIGHT = 2.0  # the EOS row's weight on it: logit ~ 2 x sqrt(hidden) after 
 _LEAK_LIMIT = 1e-4  # the largest detector output any other thinker token may produce
 
 
-def make_answers_end(model, tokenizer_dir: str | Path) -> None:
-    """Rewire `model` (a `Qwen3OmniMoeForConditionalGeneration`) in place; see the module doc."""
+def make_answers_end(model, tokenizer_dir: str | Path, bpe_vocab: int) -> None:
+    """Rewire `model` (a `Qwen3OmniMoeForConditionalGeneration`) in place; see the module doc.
+    `bpe_vocab`: the tiny tokenizer's BPE ids (tiny.py's BPE_VOCAB, passed in: tiny.py imports this)."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_dir))
     with torch.no_grad():
-        end_text_after_sentence(model, sentence_final_ids(tokenizer))
+        end_text_after_sentence(model, sentence_final_ids(tokenizer, bpe_vocab))
         end_speech_after_text(model)
 
 
-def sentence_final_ids(tokenizer) -> list[int]:
+def sentence_final_ids(tokenizer, bpe_vocab: int) -> list[int]:
     """Ids after which the tiny thinker ends its answer: punctuation, and every 16th BPE id."""
-    from omnistream.models.qwen3_omni.tiny import BPE_VOCAB
-
     roles = {tokenizer.convert_tokens_to_ids(r) for r in ("system", "user", "assistant")}
     final = []
-    for i in range(BPE_VOCAB):
+    for i in range(bpe_vocab):
         text = tokenizer.decode([i])
         if i not in roles and (any(c in text for c in ".!?") or i % _EVERY == _EVERY - 1):
             final.append(i)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from gateway.deployment import STAGES, Deployment
+from gateway.cluster.deployment import STAGES, Deployment
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 
 VOICES = ("aiden", "chelsie", "ethan")

@@ -6,7 +6,7 @@ import argparse
 
 import pytest
 
-from gateway.audio_capacity import DEFAULT_START_JITTER_S
+from gateway.admission.audio_capacity import DEFAULT_START_JITTER_S
 from gateway.config import GatewayConfig
 from gateway.main import config_from_args
 from gateway.main_args import add_arguments

@@ -15,9 +15,10 @@ def test_gateway_imports_and_request_handling_load_no_torch():
 
         import numpy as np
 
-        import gateway.main, gateway.rest, gateway.grpc_api, gateway.core, gateway.wiring
-        from gateway.media_decode import Deadline, decode_image
-        from gateway.media_limits import MediaLimits, Tally
+        import gateway.main, gateway.api.app, gateway.api.grpc
+        import gateway.serving.core, gateway.serving.stage_calls
+        from gateway.media.file_decode import Deadline, decode_image
+        from gateway.media.limits import MediaLimits, Tally
         from omnistream.wire.convert import message_proto
         from gateway.config import GatewayConfig
         from omnistream.request.generation import GenerationRequest

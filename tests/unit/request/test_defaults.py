@@ -11,10 +11,10 @@ from typing import Any
 
 import pytest
 
+from gateway.api.grpc import to_generation_request as grpc_to_request
+from gateway.api.openai.chat import ChatCompletionRequest
+from gateway.api.openai.chat import to_generation_request as rest_to_request
 from gateway.config import GatewayConfig
-from gateway.grpc_api import to_generation_request as grpc_to_request
-from gateway.rest import ChatCompletionRequest
-from gateway.rest import to_generation_request as rest_to_request
 from omnistream.bench.clients import Workload, grpc_request, rest_body
 from omnistream.cli.generate import request_from_args
 from omnistream.cli.main import build_parser

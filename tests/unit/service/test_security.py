@@ -11,12 +11,12 @@ import pytest
 from fastapi.testclient import TestClient
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from gateway.api.app import build_app
+from gateway.cluster.readiness import Readiness
 from gateway.config import GatewayConfig
 from gateway.main import config_from_args
 from gateway.main_args import add_arguments
-from gateway.metrics import GatewayMetrics
-from gateway.readiness import Readiness
-from gateway.rest import build_app
+from gateway.serving.metrics import GatewayMetrics
 from omnistream.request.errors import STATUS_TABLE, Unauthenticated, from_grpc, status_of
 from omnistream.service.security import (
     ApiKeyInterceptor,

@@ -7,8 +7,8 @@ import base64
 import numpy as np
 import pytest
 
-from gateway.media_decode import Deadline, decode_audio
-from gateway.media_limits import MediaLimits, Tally
+from gateway.media.file_decode import Deadline, decode_audio
+from gateway.media.limits import MediaLimits, Tally
 from gateway.realtime.audio import OutputAudio, decode_base64_pcm, encoded_turn
 from gateway.realtime.events import EventError
 

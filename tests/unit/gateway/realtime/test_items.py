@@ -6,7 +6,7 @@ import base64
 
 import pytest
 
-from gateway.media_parts import EncodedMedia
+from gateway.media.parts import EncodedMedia
 from gateway.realtime.events import EventError, Item
 from gateway.realtime.items import item_parts
 

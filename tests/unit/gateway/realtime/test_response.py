@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 import json
 
-from gateway.metrics import GatewayMetrics
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session import Item
-from gateway.session import Session, Timings
+from gateway.serving.metrics import GatewayMetrics
+from gateway.serving.session import Session, Timings
 from omnistream.audio.listener import AudioArrival
 from omnistream.request.generation import GenerationRequest
 
@@ -70,8 +70,7 @@ def _session(timings: Timings) -> Session:
     async def body(emit):
         raise AssertionError("not run")
 
-    core = type("Core", (), {"metrics": GatewayMetrics()})()
-    session = Session(core, "r", None, [], body, 0.0)  # type: ignore[arg-type]
+    session = Session(GatewayMetrics(), lambda _: None, "r", None, [], body, 0.0)  # type: ignore[arg-type]
     session.timings = timings
     return session
 

@@ -14,6 +14,7 @@ from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
+from omnistream.models.qwen3_omni.tiny import BPE_VOCAB
 from omnistream.models.qwen3_omni.tiny_answer_end import sentence_final_ids
 
 TEXT = list(range(5, 25))  # 20 plain BPE tokens as the thinker's answer (then its <|im_end|>)
@@ -59,7 +60,7 @@ def _answer(thinker, seed: int, **params) -> list:
 
 
 def test_thinker_ends_after_a_sentence_final_token(thinker):
-    final = set(sentence_final_ids(thinker.tokenizer))
+    final = set(sentence_final_ids(thinker.tokenizer, BPE_VOCAB))
     lengths = []
     for seed in range(12):
         outputs = _answer(thinker, seed)

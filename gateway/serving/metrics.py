@@ -1,0 +1,156 @@
+"""Gateway metrics: client-side latencies as `vllm bench serve` defines them, plus admission."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from gateway.admission.audio_capacity import AUDIO_STAGES
+from omnistream.audio.listener import Listening
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
+ITL_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0)
+RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
+# 0.1 is the listener's continuity threshold: the le="0.1" bucket counts the requests that kept
+# continuity, _count all those with audio.
+UNDERRUN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+
+class GatewayMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        r = self.registry = registry or CollectorRegistry()
+        self.ttft = Histogram(
+            "omnistream_time_to_first_token_seconds",
+            "Time to the first text delta",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.ttfp = Histogram(
+            "omnistream_time_to_first_audio_seconds",
+            "Time to the first audio chunk",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.itl = Histogram(
+            "omnistream_inter_token_latency_seconds",
+            "Gap between text deltas",
+            buckets=ITL_BUCKETS,
+            registry=r,
+        )
+        self.e2e = Histogram(
+            "omnistream_e2e_latency_seconds",
+            "Request start to its last chunk",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.rtf = Histogram(
+            "omnistream_real_time_factor",
+            "Time to the last audio chunk / audio seconds",
+            buckets=RTF_BUCKETS,
+            registry=r,
+        )
+        # The listener model (omnistream/audio/listener.py) over each completed request's audio, as sent.
+        self.underrun = Histogram(
+            "omnistream_audio_underrun_seconds",
+            "Per request with audio: its underrun, the time a real-time player started at the first "
+            "chunk waits for audio (vLLM-Omni's audio_underrun); <= 0.1 s keeps continuity",
+            buckets=UNDERRUN_BUCKETS,
+            registry=r,
+        )
+        self.stalled = Counter(
+            "omnistream_audio_stalled_requests_total",
+            "Requests whose player ran out of audio at least once before the last chunk",
+            registry=r,
+        )
+        self.stall_seconds = Counter(
+            "omnistream_audio_stall_seconds_total",
+            "Seconds players waited with an empty buffer, over all requests",
+            registry=r,
+        )
+        self.in_flight = Gauge("omnistream_requests_in_flight", "Admitted requests not yet ended", registry=r)
+        self.queued = Gauge("omnistream_requests_queued", "Requests waiting for admission", registry=r)
+        self.rejected = Counter(
+            "omnistream_requests_rejected_total", "Requests refused, by reason", ["reason"], registry=r
+        )
+        self.finished = Counter(
+            "omnistream_requests_finished_total", "Requests ended, by status", ["status"], registry=r
+        )
+        # Audio admission by measured speed (gateway/admission/audio_capacity.py); read when scraped.
+        self.stage_capacity = Gauge(
+            "omnistream_stage_capacity_per_second",
+            "Units a stage sustains per second of engine busy time, as its replicas in rotation measure "
+            "it (thinker: tokens, talker and code2wav: codec frames); 0: unknown",
+            ["stage"],
+            registry=r,
+        )
+        self.stage_output = Gauge(
+            "omnistream_stage_output_per_second",
+            "Units a stage produced per second of wall time lately, summed over its replicas",
+            ["stage"],
+            registry=r,
+        )
+        self.audio_streams = Gauge(
+            "omnistream_audio_streams", "Admitted requests with audio (streams playing)", registry=r
+        )
+        self.audio_headroom = Gauge(
+            "omnistream_audio_headroom_ratio",
+            "Measured audio capacity / (audio streams x frames per second of audio), with one more "
+            "stream counted; 0: unknown",
+            registry=r,
+        )
+        self.audio_held = Gauge(
+            "omnistream_requests_audio_waiting", "Audio requests waiting for audio capacity now", registry=r
+        )
+        self.audio_held_total = Counter(
+            "omnistream_requests_audio_held_total",
+            "Audio requests that had to wait in the audio hold, by reason (capacity: the assumed "
+            "capacity was short; start_guard: a starting stream was fragile; queue: others waited)",
+            ["reason"],
+            registry=r,
+        )
+        self.assumed_capacity = Gauge(
+            "omnistream_audio_assumed_capacity_per_second",
+            "Codec frames per busy second an audio stage would sustain with one more audio stream, "
+            "as its step-time model says (what the audio hold admits by); 0: unknown",
+            ["stage"],
+            registry=r,
+        )
+
+    def watch_audio(
+        self,
+        stages: Iterable[str],
+        *,
+        capacity: Callable[[str], float | None],
+        output: Callable[[str], float],
+        assumed: Callable[[str, int], float | None],
+        headroom: Callable[[int], float | None],
+        audio_streams: Callable[[], int],
+        audio_held: Callable[[], int],
+    ) -> None:
+        """Point the speed and audio-hold gauges at these readings (evaluated at each scrape).
+
+        `capacity(stage)`, `output(stage)`: a stage's measured units per busy second and per wall
+        second; `assumed(stage, streams)` its step-time model's capacity with that many audio
+        streams; `headroom(streams)` the audio headroom with that many; `audio_streams()` the audio
+        streams admitted, `audio_held()` those waiting. Passed in rather than read off the core, so
+        the metrics know nothing of it (the core owns them)."""
+        stages = tuple(stages)
+        for stage in stages:
+            self.stage_capacity.labels(stage=stage).set_function(lambda stage=stage: capacity(stage) or 0.0)
+            self.stage_output.labels(stage=stage).set_function(lambda stage=stage: output(stage))
+        for stage in AUDIO_STAGES:
+            if stage in stages:
+                self.assumed_capacity.labels(stage=stage).set_function(
+                    lambda stage=stage: assumed(stage, audio_streams() + 1) or 0.0
+                )
+        self.audio_streams.set_function(audio_streams)
+        self.audio_headroom.set_function(lambda: headroom(audio_streams() + 1) or 0.0)
+        self.audio_held.set_function(audio_held)
+
+    def observe_listening(self, heard: Listening) -> None:
+        """One completed request's listener result."""
+        self.underrun.observe(heard.underrun_s)
+        self.stall_seconds.inc(heard.stall_s)
+        if heard.stalls:
+            self.stalled.inc()

@@ -1,0 +1,129 @@
+"""How the gateway reads a failed call to a stage (gateway/serving/stage_calls.py): a status the
+stage sent stays what it is, a status gRPC made up because the link broke is the stage being unavailable.
+
+The errors are real `grpc.aio.AioRpcError`s as grpc aio raises them (code, details, trailing
+metadata); the last tests run `run_stages` against real loopback gRPC servers."""
+
+from __future__ import annotations
+
+import grpc
+import pytest
+
+from gateway.serving.stage_calls import StageStubs, grpc_error, run_stages, stage_error
+from omnistream.proto.omni.v1 import stage_pb2_grpc
+from omnistream.request.errors import InternalError, OmniError, status_of
+from omnistream.request.generation import GenerationRequest
+from omnistream.service.server import (
+    ERROR_KIND_METADATA_KEY,
+    STAGE_ORIGIN,
+    STATUS_ORIGIN_METADATA_KEY,
+    abort_with,
+)
+
+CORE_INTERNAL = "Internal error from Core"
+STAGE_MARK = ((ERROR_KIND_METADATA_KEY, "internal"), (STATUS_ORIGIN_METADATA_KEY, STAGE_ORIGIN))
+
+
+def rpc_error(code: grpc.StatusCode, details: str, trailing=()) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(*trailing), details, None)
+
+
+def test_an_unmarked_internal_from_core_is_the_stage_unavailable():
+    error = grpc_error(rpc_error(grpc.StatusCode.INTERNAL, CORE_INTERNAL), "talker")
+    assert error.kind == "unavailable"
+    assert error.stage == "talker"
+    assert error.message.startswith("talker: ")
+    assert CORE_INTERNAL in error.message  # what gRPC said stays readable in the message
+    assert status_of(error).grpc_code == grpc.StatusCode.UNAVAILABLE
+    assert status_of(error).http_status == 503
+
+
+def test_a_stage_marked_internal_stays_internal():
+    sent = rpc_error(grpc.StatusCode.INTERNAL, "internal error (KeyError)", STAGE_MARK)
+    error = grpc_error(sent, "thinker")
+    assert error.kind == "internal"
+    assert isinstance(error, InternalError)
+    assert error.stage == "thinker"
+    assert error.message == "thinker: internal error (KeyError)"
+    assert status_of(error).grpc_code == grpc.StatusCode.INTERNAL
+
+
+def test_a_stage_from_before_the_marker_is_trusted_by_its_error_kind():
+    legacy = ((ERROR_KIND_METADATA_KEY, "internal"),)
+    assert grpc_error(rpc_error(grpc.StatusCode.INTERNAL, "boom", legacy), "code2wav").kind == "internal"
+
+
+@pytest.mark.parametrize(
+    ("code", "details"),
+    [
+        (grpc.StatusCode.UNAVAILABLE, "keepalive watchdog timeout"),
+        (grpc.StatusCode.UNAVAILABLE, "Connection reset by peer"),
+        (grpc.StatusCode.UNKNOWN, "Stream removed"),
+        (grpc.StatusCode.CANCELLED, "Received RST_STREAM with error code 8"),
+        (grpc.StatusCode.INTERNAL, "Received RST_STREAM with error code 2"),
+    ],
+)
+def test_every_unmarked_link_failure_is_unavailable_naming_the_stage(code, details):
+    error = stage_error("code2wav", code, details, ())
+    assert (error.kind, error.stage) == ("unavailable", "code2wav")
+    assert error.message.startswith("code2wav: ") and details in error.message
+
+
+def test_a_stage_marked_unavailable_and_sequence_error_keep_their_kinds():
+    draining = ((ERROR_KIND_METADATA_KEY, "unavailable"), (STATUS_ORIGIN_METADATA_KEY, STAGE_ORIGIN))
+    assert stage_error("talker", grpc.StatusCode.UNAVAILABLE, "talker is draining", draining).kind == (
+        "unavailable"
+    )
+    sequence = ((ERROR_KIND_METADATA_KEY, "sequence_error"), (STATUS_ORIGIN_METADATA_KEY, STAGE_ORIGIN))
+    error = stage_error("talker", grpc.StatusCode.INVALID_ARGUMENT, "chunk 3 twice", sequence)
+    assert error.kind == "sequence_error" and status_of(error).http_status == 422
+
+
+def test_an_unmarked_local_deadline_keeps_its_meaning():
+    """This side's own deadline is no link failure: 504, not 503."""
+    error = stage_error("thinker", grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded", ())
+    assert error.kind == "deadline_exceeded"
+
+
+class _Thinker(stage_pb2_grpc.ThinkerServiceServicer):
+    """A thinker that fails every stream: through `abort_with` (marked, as the real stages do), or
+    with the unmarked INTERNAL that grpc aio reports for a transport broken under a call."""
+
+    def __init__(self, marked: bool) -> None:
+        self.marked = marked
+
+    async def Stream(self, request_iterator, context):
+        await anext(request_iterator)
+        if self.marked:
+            await abort_with(context, InternalError("the engine failed"))
+        await context.abort(grpc.StatusCode.INTERNAL, CORE_INTERNAL)
+
+
+async def _run_against(marked: bool) -> OmniError:
+    server = grpc.aio.server()
+    stage_pb2_grpc.add_ThinkerServiceServicer_to_server(_Thinker(marked), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    address = f"127.0.0.1:{port}"
+    try:
+        stubs = StageStubs.connect(address, address, address)
+        request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], return_audio=False)
+
+        async def emit(_event) -> None:
+            pass
+
+        with pytest.raises(OmniError) as caught:
+            await run_stages(stubs, request, "r1", request.chunk_plan(2), emit, timeout=30)
+        return caught.value
+    finally:
+        await server.stop(None)
+
+
+async def test_run_stages_reports_an_unmarked_internal_as_the_thinker_unavailable():
+    error = await _run_against(marked=False)
+    assert (error.kind, error.stage) == ("unavailable", "thinker")
+
+
+async def test_run_stages_keeps_the_stage_marked_internal():
+    error = await _run_against(marked=True)
+    assert (error.kind, error.stage, error.message) == ("internal", "thinker", "thinker: the engine failed")
