@@ -172,8 +172,8 @@ def add_flags(
     parses to None, for `given` to lay over a config; else to the field's default (or `defaults`'
     value for its name: a command whose own default differs), for a command that reads its
     namespace as it is."""
-    table = {s.name: s for s in settings_of(cls)}
-    rows = [table[name] for name in names] if names is not None else list(table.values())
+    rows_by_name = table(cls)
+    rows = [rows_by_name[name] for name in names] if names is not None else list(rows_by_name.values())
     groups: dict[str, argparse._ArgumentGroup] = {}
     for row in rows:
         default = (defaults or {}).get(row.name, row.default)
@@ -220,6 +220,28 @@ def _add_flag(
     target.add_argument(row.flag, **kwargs)
 
 
+def table(cls: type) -> dict[str, Setting]:
+    """`settings_of(cls)` by name."""
+    return {s.name: s for s in settings_of(cls)}
+
+
+def as_flags(values: Mapping[str, Any], cls: type) -> list[str]:
+    """Settings of `cls` written back as its flags, in `values`' order (None: left out), for a
+    command that starts another with some of its own settings (`omnistream up` its gateway)."""
+    rows = table(cls)
+    argv: list[str] = []
+    for name, value in values.items():
+        row = rows[name]
+        if value is None:
+            continue
+        if row.kind is bool and not row.repeatable:
+            argv.append(row.flag if value else "--no-" + row.flag[2:])
+            continue
+        for item in value if row.repeatable else [value]:
+            argv += [row.flag, str(getattr(item, "value", item))]
+    return argv
+
+
 def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     """The settings of `cls` whose flags were given (parsed by `add_flags(..., only_given=True)`)."""
     values = {s.name: getattr(args, s.name, None) for s in settings_of(cls)}
@@ -230,11 +252,11 @@ def from_mapping(cls: type, data: Mapping[str, Any], source: str = "config") -> 
     """`data` (a YAML file's mapping) as `cls`'s keyword arguments, each value checked against its
     field's type (an int for a float setting is taken as that float). ValueError naming the key for
     a key that is no setting or a value of the wrong type."""
-    table = {s.name: s for s in settings_of(cls)}
-    unknown = sorted(set(data) - set(table))
+    rows = table(cls)
+    unknown = sorted(set(data) - set(rows))
     if unknown:
-        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(table)})")
-    return {name: _checked(table[name], value, source) for name, value in data.items()}
+        raise ValueError(f"{source}: unknown key(s) {', '.join(unknown)} (known: {', '.join(rows)})")
+    return {name: _checked(rows[name], value, source) for name, value in data.items()}
 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
