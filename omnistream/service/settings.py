@@ -288,8 +288,9 @@ def _item(row: Setting, value: Any, source: str) -> Any:
             return kind(value)
         except ValueError:
             pass
-    elif row.choices is not None and value in row.choices:
-        return value
+    elif row.choices is not None:
+        if value in row.choices:
+            return value
     elif kind is float and isinstance(value, int | float) and not isinstance(value, bool):
         return float(value)
     elif isinstance(value, kind) and (kind is bool or not isinstance(value, bool)):
