@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from gateway.admission import DEFAULT_QUEUE_TIMEOUT_S
 from gateway.audio_capacity import DEFAULT_MARGIN, DEFAULT_START_JITTER_PER_STREAM_S, DEFAULT_START_JITTER_S
 from gateway.media_limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
@@ -63,7 +64,8 @@ class GatewayConfig:
     )
     max_queue: int = setting(0, help="requests that may wait for a slot (room for bursts)")
     queue_timeout: float = setting(
-        10.0, help="seconds a request may wait for admission, the audio hold included, before its 429"
+        DEFAULT_QUEUE_TIMEOUT_S,
+        help="seconds a request may wait for admission, the audio hold included, before its 429",
     )
     # Audio hold (README "Admission"): an audio request waits (up to queue_timeout) while the talker
     # and code2wav, at the speed they measure, could not keep one more stream plus the ones playing
