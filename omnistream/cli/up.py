@@ -41,8 +41,8 @@ from omnistream.engine.load_options import (
     stage_devices,
 )
 from omnistream.service.ports import in_use_message, port_in_use
-from omnistream.service.settings import add_flags, as_flags
-from services.serve_args import nice_value, positive_int
+from omnistream.service.settings import add_flags, as_flags, table
+from services.serve_args import ThinkerSettings, nice_value, positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
@@ -53,6 +53,7 @@ DEFAULT_THINKER_NICE = 5
 # requests at once), and the admission settings it hands to `serve gateway` when given.
 UP_GATEWAY_SETTINGS = ("host", "http_port", "grpc_port", "max_concurrency")
 ADMISSION_SETTINGS = ("audio_hold_margin", "queue_timeout")
+THINKER_BACKEND = table(ThinkerSettings)["backend"]  # `serve thinker --backend`: its choices and default
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -88,8 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--thinker-backend",
-        choices=("transformers", "vllm"),
-        default="transformers",
+        choices=THINKER_BACKEND.choices,
+        default=THINKER_BACKEND.default,
         help="the thinker's engine (see serve thinker --backend); vllm runs it with --vllm-python",
     )
     p.add_argument(
@@ -155,7 +156,7 @@ def start_stack(
     audio_hold: bool = GatewayConfig.audio_hold,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
-    thinker_backend: str = "transformers",
+    thinker_backend: str = THINKER_BACKEND.default,
     vllm_python_path: str | None = None,
     thinker_nice: int = DEFAULT_THINKER_NICE,
 ) -> ServiceProcess:

@@ -98,13 +98,6 @@ class Setting:
     def help(self) -> str:
         return self.meta.help
 
-    @property
-    def shown_default(self) -> str | None:
-        """The default as --help and docs say it (None: nothing to say, e.g. an unset path)."""
-        if self.meta.shown is not None:
-            return self.meta.shown
-        return show(self.default)
-
 
 def show(value: Any) -> str | None:
     """A default in words: on/off, none for an empty list, whole MiB spelled out beside the bytes."""
@@ -130,9 +123,7 @@ def settings_of(cls: type) -> list[Setting]:
         if meta is None:
             raise TypeError(f"{cls.__name__}.{f.name} is not a setting(...): it needs a help text")
         kind, optional, repeatable, choices = _kind(hints[f.name], f"{cls.__name__}.{f.name}")
-        default = f.default if f.default is not MISSING else MISSING
-        if f.default_factory is not MISSING:
-            default = f.default_factory()
+        default = f.default if f.default_factory is MISSING else f.default_factory()
         rows.append(Setting(f.name, kind, default, optional, repeatable, choices, meta))
     return rows
 
@@ -201,8 +192,8 @@ def _add_flag(
     notes = (["repeatable"] if row.repeatable else []) + ([f"default: {shown}"] if shown is not None else [])
     help_text = row.help + (f" ({'; '.join(notes)})" if notes else "")
     kwargs: dict[str, Any] = {"dest": row.name, "help": help_text.replace("%", "%%")}
-    if row.meta.env:
-        default = os.environ.get(row.meta.env, None if default is MISSING else default)
+    if row.meta.env:  # set and not empty: the default; unset or empty: the field's
+        default = os.environ.get(row.meta.env) or (None if default is MISSING else default)
     if row.meta.required and default in (None, MISSING):
         kwargs["required"] = True
     kwargs["default"] = None if only_given or default is MISSING else default
