@@ -1,7 +1,7 @@
 """The docs name only real settings with their real defaults: README.md's and docs/*.md's settings
 tables, and deploy/gateway.example.yaml.
 
-A settings table is one whose first header cell says "flag", "YAML", "key" or "setting"; each
+A settings table is one whose first header cell says "flag" or "YAML" (a key); each
 backticked name in a row's first cell must be a GatewayConfig key or a flag of some `omnistream`
 command, and its "Default" cell (split at ", " when the row names several settings) must read as
 that setting's default: `on`/`off`, a number with an optional unit (s, ms, KiB, MiB, GiB; thousands
@@ -123,7 +123,7 @@ def _settings_rows() -> list[Row]:
         while i < len(lines):
             header = _cells(lines[i])
             if header and i + 1 < len(lines) and re.fullmatch(r"\|[-:| ]+\|", lines[i + 1].strip()):
-                is_settings = re.search(r"flag|yaml|\bkey\b|setting", header[0], re.IGNORECASE)
+                is_settings = re.search(r"flag|yaml", header[0], re.IGNORECASE)
                 column = next((j for j, h in enumerate(header) if h.lower().startswith("default")), None)
                 i += 2
                 while i < len(lines) and lines[i].lstrip().startswith("|"):
