@@ -1,26 +1,29 @@
 """Gateway configuration: flags or a YAML file (see deploy/gateway.example.yaml).
 
 Nothing here describes the model: its name, voices and sample rate come from the stages' Info
-(`gateway.deployment`), so the gateway cannot disagree with what it routes to.
+(`gateway.cluster.deployment`), so the gateway cannot disagree with what it routes to.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-
-import yaml
 
 from gateway.admission.audio_capacity import (
     DEFAULT_MARGIN,
     DEFAULT_START_JITTER_PER_STREAM_S,
     DEFAULT_START_JITTER_S,
 )
+from gateway.admission.permits import DEFAULT_QUEUE_TIMEOUT_S
 from gateway.media.limits import MediaLimits
 from omnistream.request.defaults import DEFAULTS
+from omnistream.service.settings import from_mapping, given, load_yaml, setting
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
+STAGES = ("thinker", "talker", "code2wav")
 
 # Room in one stage message for everything but the prompt text (ids, sampling, framing). A request's
 # text reaches the thinker in one gRPC message, so the size limits below must leave this much free.
@@ -30,124 +33,229 @@ STAGE_MESSAGE_HEADROOM = 64 * 1024
 BYTES_PER_PROMPT_UNIT = 5
 # A REST body carries media as base64: 4 characters for every 3 bytes.
 BASE64_RATIO = 4 / 3
-_MEDIA = MediaLimits()  # the media defaults, reasons in gateway/media_limits.py and README
+_MEDIA = MediaLimits()  # the media defaults, reasons in gateway/media/limits.py and README
+
+
+# --help sections of the flags (README's sections of the same names).
+MEDIA = "media limits (README: Audio, images and video)"
+REALTIME = "realtime (README: Realtime voice)"
+TLS = "transport security"
 
 
 @dataclass
 class GatewayConfig:
-    thinker: list[str] = field(default_factory=list)
-    talker: list[str] = field(default_factory=list)
-    code2wav: list[str] = field(default_factory=list)
+    """Every gateway setting, each written once: its type, default and help are the table that
+    `omnistream serve gateway`'s flags and the YAML file (deploy/gateway.example.yaml) are read
+    through (omnistream/service/settings.py)."""
+
+    thinker: list[str] = setting(list, metavar="ADDR", help="thinker replica address")
+    talker: list[str] = setting(list, metavar="ADDR", help="talker replica address")
+    code2wav: list[str] = setting(list, metavar="ADDR", help="code2wav replica address")
     # What a request gets when it does not say (omnistream/request/defaults.py, README's table).
-    async_chunk: bool = DEFAULTS.async_chunk
-    codec_chunk_frames: int = DEFAULTS.codec_chunk_frames
-    codec_left_context_frames: int = DEFAULTS.codec_left_context_frames
-    max_concurrency: int = 16
-    max_queue: int = 0
-    queue_timeout: float = 10.0
+    async_chunk: bool = setting(
+        DEFAULTS.async_chunk,
+        help="stream each stage's output to the next as it is made (--no-async-chunk or --sequential: "
+        "each stage waits for the previous one)",
+    )
+    codec_chunk_frames: int = setting(
+        DEFAULTS.codec_chunk_frames, help="codec frames per audio chunk after the first ones (80 ms each)"
+    )
+    codec_left_context_frames: int = setting(
+        DEFAULTS.codec_left_context_frames, help="codec frames of left context each chunk is decoded with"
+    )
+    max_concurrency: int = setting(
+        16, help="requests admitted at once; beyond this (and the queue) requests get 429"
+    )
+    max_queue: int = setting(0, help="requests that may wait for a slot (room for bursts)")
+    queue_timeout: float = setting(
+        DEFAULT_QUEUE_TIMEOUT_S,
+        help="seconds a request may wait for admission, the audio hold included, before its 429",
+    )
     # Audio hold (README "Admission"): an audio request waits (up to queue_timeout) while the talker
     # and code2wav, at the speed they measure, could not keep one more stream plus the ones playing
     # real time with `audio_hold_margin` to spare; at most `audio_hold_queue` wait (None: as many as
     # max_concurrency; 0: refuse at once instead of holding). Off: admitted as before, whatever the
     # speed. Text-only requests are never held.
-    audio_hold: bool = True
-    audio_hold_margin: float = DEFAULT_MARGIN
-    audio_hold_queue: int | None = None
-    # Start guard (part of the audio hold, admission.py): while a stream whose first chunk is
+    audio_hold: bool = setting(
+        True,
+        help="hold new audio requests while the measured talker/code2wav speed could not keep one more "
+        "stream real time (--no-audio-hold: every audio request is admitted up to --max-concurrency)",
+    )
+    audio_hold_margin: float = setting(
+        DEFAULT_MARGIN,
+        help="speed to spare: admit while capacity >= (1 + margin) x streams x 12.5 frames/s",
+    )
+    audio_hold_queue: int | None = setting(
+        None,
+        shown="--max-concurrency",
+        help="audio requests held at most; more get 429 (0: 429 at once instead of holding)",
+    )
+    # Start guard (admission/start_guard.py): while a stream whose first chunk is
     # shorter than this many seconds has less than this in hand, new audio requests wait, then start
     # together; 0 turns it off.
-    audio_start_guard: float = 1.0
-    # First-chunk sizing (audio_capacity.py): a starting stream's later windows are predicted this
+    audio_start_guard: float = setting(
+        1.0,
+        help="seconds: while a stream with a first chunk shorter than this has less audio than this in "
+        "hand, new audio requests wait, then start together, each sized knowing the others (0: off)",
+    )
+    # First-chunk sizing (admission/audio_capacity.py): a starting stream's later windows are predicted this
     # many seconds later than its measured speed says (jitter of a shared machine); 0: speed alone.
-    audio_start_jitter: float = DEFAULT_START_JITTER_S
+    audio_start_jitter: float = setting(
+        DEFAULT_START_JITTER_S,
+        help="seconds: a new stream's first chunk is sized as if its later windows came this much later "
+        "than measured speed says, so the jitter of a shared machine finds audio in hand (0: off)",
+    )
     # ... and this many seconds more for each other audio stream (their work shares the cores: at
     # 16 streams at once a starting stream's windows came ~0.25 s late, at 1 ~0.1 s).
-    audio_start_jitter_per_stream: float = DEFAULT_START_JITTER_PER_STREAM_S
-    request_timeout: float = 600.0
-    max_tokens_limit: int = 4096
-    default_max_tokens: int = DEFAULTS.max_tokens
-    max_audio_frames: int = DEFAULTS.max_audio_frames  # the default and the limit
-    max_message_bytes: int = 16 * 1024 * 1024
+    audio_start_jitter_per_stream: float = setting(
+        DEFAULT_START_JITTER_PER_STREAM_S,
+        help="seconds added to --audio-start-jitter for each other audio stream (0: off)",
+    )
+    request_timeout: float = setting(600.0, help="seconds before a request ends with 504")
+    max_tokens_limit: int = setting(4096, help="the most max_tokens a request may ask for")
+    default_max_tokens: int = setting(DEFAULTS.max_tokens, help="max_tokens of a request that does not say")
+    max_audio_frames: int = setting(
+        DEFAULTS.max_audio_frames, help="codec frames of audio per request: the default and the limit"
+    )
+    max_message_bytes: int = setting(
+        MAX_MESSAGE_BYTES, help="gRPC message limit, to the stages and on the public gRPC port"
+    )
     # A larger REST body gets 413 before it is parsed. 8 MiB holds a full `max_prompt_chars` prompt
     # even when a client escapes every character as \uXXXX (6 bytes, json.dumps' default), and
     # stays far under the stage message limit.
-    max_request_bytes: int = 8 * 1024 * 1024
+    max_request_bytes: int = setting(8 * 1024 * 1024, help="REST bodies over this get 413")
     # A prompt with more characters of message text (or more prompt_ids) gets 413, on REST and gRPC.
     # A million characters are hundreds of thousands of tokens, past any Qwen3-Omni context, so only
     # prompts that could never run are refused; it bounds the thinker's tokenizing work, and at 5
     # bytes a unit such a prompt always fits one stage message.
-    max_prompt_chars: int = 1_000_000
+    max_prompt_chars: int = setting(1_000_000, help="longer prompts (or more prompt_ids) get 413")
     # Media (README "Audio, images and video"). Encoded bytes of all media of one request: 5 MiB is
     # 6.7 MiB of base64, inside the 8 MiB REST body with room for text.
-    max_media_bytes: int = _MEDIA.max_media_bytes
+    max_media_bytes: int = setting(_MEDIA.max_media_bytes, group=MEDIA, help="encoded media per request")
     # Decoded media of one request travel to the thinker in one stage message beside the text: this
     # budget plus the prompt must fit max_message_bytes (checked here, and per request at run time).
-    max_decoded_media_bytes: int = _MEDIA.max_decoded_bytes
-    max_audio_seconds: float = _MEDIA.max_audio_seconds  # per request, a video's sound included
-    max_image_input_pixels: int = _MEDIA.max_image_input_pixels  # per image (or video frame), as sent
-    image_max_pixels: int = _MEDIA.image_max_pixels  # per image after resizing (1280 visual tokens)
-    max_video_seconds: float = _MEDIA.max_video_seconds  # per video; longer ones get 413
-    max_video_frames: int = _MEDIA.max_video_frames  # frames sampled per video (longer: sparser)
-    video_fps: float = _MEDIA.video_fps  # frames sampled per second of video (the reference's 2.0)
-    video_total_pixels: int = _MEDIA.video_total_pixels  # the reference's total_pixels of a video
-    vision_factor: int = _MEDIA.vision_factor  # patch_size x spatial_merge_size of the model
-    media_decode_timeout: float = _MEDIA.decode_timeout  # seconds for one request's decode
-    media_decode_workers: int = _MEDIA.decode_workers  # decoding threads (and requests at once)
+    max_decoded_media_bytes: int = setting(
+        _MEDIA.max_decoded_bytes, group=MEDIA, help="decoded media per request, must fit the stage message"
+    )
+    max_audio_seconds: float = setting(
+        _MEDIA.max_audio_seconds, group=MEDIA, help="seconds of audio per request, video sound included"
+    )
+    max_image_input_pixels: int = setting(
+        _MEDIA.max_image_input_pixels, group=MEDIA, help="pixels of an image (or video frame) as sent"
+    )
+    image_max_pixels: int = setting(
+        _MEDIA.image_max_pixels, group=MEDIA, help="pixels of an image after resizing (1280 visual tokens)"
+    )
+    max_video_seconds: float = setting(
+        _MEDIA.max_video_seconds, group=MEDIA, help="seconds of a video; longer ones get 413"
+    )
+    max_video_frames: int = setting(
+        _MEDIA.max_video_frames, group=MEDIA, help="frames sampled per video (longer: sparser)"
+    )
+    video_fps: float = setting(
+        _MEDIA.video_fps, group=MEDIA, help="frames sampled per second of video (the reference's)"
+    )
+    video_total_pixels: int = setting(
+        _MEDIA.video_total_pixels, group=MEDIA, help="the reference's total_pixels budget of one video"
+    )
+    vision_factor: int = setting(
+        _MEDIA.vision_factor, group=MEDIA, help="patch_size x spatial_merge_size of the model"
+    )
+    media_decode_timeout: float = setting(
+        _MEDIA.decode_timeout, group=MEDIA, help="seconds to decode one request's media"
+    )
+    media_decode_workers: int = setting(
+        _MEDIA.decode_workers, group=MEDIA, help="decoding threads (and requests decoded at once)"
+    )
     # http(s):// or file:// prefixes media URLs may start with; empty: data: URLs only.
-    media_url_prefixes: list[str] = field(default_factory=list)
-    media_url_timeout: float = _MEDIA.url_timeout
-    health_interval: float = 1.0
+    media_url_prefixes: list[str] = setting(
+        list,
+        flag="media-url-prefix",
+        group=MEDIA,
+        metavar="PREFIX",
+        help="allow media URLs starting with this http(s):// or file:// prefix (none: data: URLs only)",
+    )
+    media_url_timeout: float = setting(_MEDIA.url_timeout, group=MEDIA, help="seconds to fetch one media URL")
+    health_interval: float = setting(
+        1.0, help="seconds between health rounds (each also reads the stages' measured speed)"
+    )
     # Stage entries that are DNS names ("dns:///talker:50051", "talker:50051") are resolved this
     # often; every address found is a replica (a headless Service lists one per ready pod).
-    discovery_interval: float = 5.0
-    host: str = "127.0.0.1"
-    http_port: int = 8000
-    grpc_port: int = 50051
-    metrics_in_http: bool = True
+    discovery_interval: float = setting(5.0, help="seconds between DNS look-ups of stage names")
+    host: str = setting("127.0.0.1", help="address the REST and gRPC ports bind")
+    http_port: int = setting(8000, help="REST/SSE port; 0 picks a free port (printed on stdout)")
+    grpc_port: int = setting(50051, help="gRPC port; 0 picks a free port (printed on stdout)")
+    metrics_in_http: bool = setting(True, help="serve /metrics on the REST port")
     # TLS on the public ports (REST and gRPC); with tls_client_ca clients need a certificate (mTLS).
-    tls_cert: str | None = None
-    tls_key: str | None = None
-    tls_client_ca: str | None = None
+    tls_cert: str | None = setting(None, group=TLS, help="PEM certificate: serve REST and gRPC over TLS")
+    tls_key: str | None = setting(None, group=TLS, help="PEM private key of --tls-cert")
+    tls_client_ca: str | None = setting(None, group=TLS, help="PEM CA: require client certificates (mTLS)")
     # TLS from the gateway to the stages: the CA that signed their certificates, and this gateway's
     # client certificate when the stages require one. stage_tls_server_name: the name the stages'
     # certificates carry when it is neither the dialled IP nor the DNS name of the entry.
-    stage_tls_ca: str | None = None
-    stage_tls_cert: str | None = None
-    stage_tls_key: str | None = None
-    stage_tls_server_name: str | None = None
+    stage_tls_ca: str | None = setting(None, group=TLS, help="PEM CA that signed the stages' certificates")
+    stage_tls_cert: str | None = setting(
+        None, group=TLS, help="client certificate for stages that require one"
+    )
+    stage_tls_key: str | None = setting(None, group=TLS, help="private key of --stage-tls-cert")
+    stage_tls_server_name: str | None = setting(None, group=TLS, help="name on the stages' certificates")
     # Bearer API key for /v1/* and the gRPC Gateway service (default: $OMNISTREAM_API_KEY).
-    api_key: str | None = field(default=None, repr=False)
+    api_key: str | None = setting(
+        None,
+        group=TLS,
+        shown=f"${API_KEY_ENV}",
+        repr=False,
+        help="require `Authorization: Bearer KEY` on /v1/* and the gRPC Gateway service",
+    )
     # /v1/realtime (README "Realtime voice"): open WebSocket sessions at most (each response also
     # takes an admission slot while it runs); a session with no client event and no response for
     # `realtime_idle_timeout` seconds is closed; the uncommitted input buffer holds at most
     # `realtime_max_buffer_seconds` of audio, and appends may run ahead of real time by at most
     # `realtime_append_burst_seconds`; `realtime_max_history_items` conversation items (user audio
     # within `realtime_history_audio_seconds`) are kept for the next turns.
-    realtime_max_sessions: int = 16
-    realtime_idle_timeout: float = 300.0
-    realtime_max_buffer_seconds: float = 60.0
-    realtime_append_burst_seconds: float = 10.0
-    realtime_max_history_items: int = 16
-    realtime_history_audio_seconds: float = 120.0
+    realtime_max_sessions: int = setting(16, group=REALTIME, help="open /v1/realtime sessions (0: none)")
+    realtime_idle_timeout: float = setting(
+        300.0, group=REALTIME, help="seconds without a client event or a response before a session closes"
+    )
+    realtime_max_buffer_seconds: float = setting(
+        60.0, group=REALTIME, help="seconds of uncommitted input audio a session holds"
+    )
+    realtime_append_burst_seconds: float = setting(
+        10.0, group=REALTIME, help="seconds appends may run ahead of real time"
+    )
+    realtime_max_history_items: int = setting(
+        16, group=REALTIME, help="conversation items kept for the next turns"
+    )
+    realtime_history_audio_seconds: float = setting(
+        120.0, group=REALTIME, help="seconds of user audio kept in that history"
+    )
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> GatewayConfig:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-        stages = data.pop("stages", {})
-        for stage in ("thinker", "talker", "code2wav"):
-            if stage in stages:
-                data[stage] = list(stages[stage])
-        unknown = set(data) - set(cls.__dataclass_fields__)
-        if unknown:
-            raise ValueError(f"unknown gateway config keys: {sorted(unknown)}")
-        return cls(**data)
+        """The settings of a YAML file (deploy/gateway.example.yaml), through the same table as the
+        flags: an unknown key or a value of the wrong type is a ValueError naming it. The stages'
+        addresses may sit under `stages:` (as in the example) or at the top level."""
+        data = load_yaml(path)
+        stages = data.pop("stages", None) or {}
+        if not isinstance(stages, dict) or set(stages) - set(STAGES):
+            raise ValueError(f"{path}: stages takes a mapping of {', '.join(STAGES)} to addresses")
+        data |= stages
+        return cls(**from_mapping(cls, data, source=f"gateway config {path}"))
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> GatewayConfig:
+        """defaults <- the YAML file of `--config` <- the flags given (`add_flags(..., GatewayConfig)`)."""
+        config = cls.from_yaml(args.config) if getattr(args, "config", None) else cls()
+        for name, value in given(args, cls).items():
+            setattr(config, name, value)
+        return config
 
     def resolve_api_key(self) -> None:
         if not self.api_key:
             self.api_key = os.environ.get(API_KEY_ENV) or None
 
     def validate(self) -> None:
-        # Thinkers alone are a deployment (text chat; audio requests get 503, readiness.py); a
+        # Thinkers alone are a deployment (text chat; audio requests get 503, cluster/readiness.py); a
         # talker without a code2wav, or the reverse, would serve nothing more, so it is a mistake.
         if not self.thinker:
             raise ValueError("no thinker replica configured")

@@ -22,51 +22,8 @@ log = logging.getLogger(__name__)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
-    config = GatewayConfig.from_yaml(args.config) if args.config else GatewayConfig()
-    for name in (
-        "thinker",
-        "talker",
-        "code2wav",
-        "host",
-        "http_port",
-        "grpc_port",
-        "max_concurrency",
-        "max_queue",
-        "queue_timeout",
-        "audio_hold",
-        "audio_hold_margin",
-        "audio_start_guard",
-        "audio_start_jitter",
-        "audio_start_jitter_per_stream",
-        "audio_hold_queue",
-        "request_timeout",
-        "max_request_bytes",
-        "max_prompt_chars",
-        "max_media_bytes",
-        "max_decoded_media_bytes",
-        "max_audio_seconds",
-        "max_image_input_pixels",
-        "image_max_pixels",
-        "max_video_seconds",
-        "max_video_frames",
-        "video_fps",
-        "media_decode_timeout",
-        "media_url_prefixes",
-        "discovery_interval",
-        "tls_cert",
-        "tls_key",
-        "tls_client_ca",
-        "stage_tls_ca",
-        "stage_tls_cert",
-        "stage_tls_key",
-        "stage_tls_server_name",
-        "api_key",
-        "realtime_max_sessions",
-        "realtime_idle_timeout",
-    ):
-        value = getattr(args, name, None)
-        if value is not None:
-            setattr(config, name, value)
+    """The config `serve gateway`'s arguments say: defaults <- `--config` YAML <- flags given."""
+    config = GatewayConfig.from_args(args)
     if args.sequential:
         config.async_chunk = False
     config.resolve_api_key()

@@ -26,17 +26,9 @@ async def serve(args: argparse.Namespace) -> int:
         return 2
     for change in lower_cpu_priority(args.nice):  # before the engine and gRPC start theirs
         print(f"omnistream serve {args.stage}: {change}", file=sys.stderr, flush=True)
-    if args.threads and getattr(args, "backend", "transformers") != "vllm":
+    if args.threads and getattr(args, "backend", None) != "vllm":
         torch.set_num_threads(args.threads)  # vLLM's worker process sets its own
-    options = LoadOptions(
-        args.device,
-        args.dtype,
-        args.allow_float64,
-        cuda_graphs=getattr(args, "cuda_graphs", None),
-        static_frames=getattr(args, "static_frames", True),
-        backend=getattr(args, "backend", "transformers"),
-        vllm_load=getattr(args, "vllm_load", "auto"),
-    )
+    options = LoadOptions(args.device, args.dtype, args.allow_float64, **serve_args.stage_load_options(args))
     family = family_for(args.model)
     engine = family.engine(
         args.stage,

@@ -1,14 +1,24 @@
-"""Command-line arguments of `omnistream serve` (no heavy imports)."""
+"""Command-line arguments of `omnistream serve` (no heavy imports).
+
+Each stage's flags are generated from the settings dataclasses below (omnistream/service/settings.py):
+a field's name dashed is its flag; its type, default and help are written once, beside it.
+`StageSettings` holds what every stage takes; `ThinkerSettings`, `TalkerSettings` and
+`Code2WavSettings` what only that stage takes (the other stages reject those flags instead of
+ignoring them).
+"""
 
 from __future__ import annotations
 
 import argparse
-import os
+from dataclasses import dataclass
+from typing import Literal
 
 from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from omnistream.service.cpu_priority import MAX_NICE
+from omnistream.service.settings import add_flags, setting, settings_of
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 MODEL_ENV = "OMNISTREAM_MODEL"
 
@@ -19,59 +29,6 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--model",
-        default=os.environ.get(MODEL_ENV),
-        required=not os.environ.get(MODEL_ENV),
-        help=f"checkpoint directory (default: ${MODEL_ENV})",
-    )
-    p.add_argument(
-        "--served-model-name",
-        default="qwen3-omni",
-        help="the model's name in this stage's Info, which the gateway reports to clients; every "
-        "stage of a deployment must use the same one (default: qwen3-omni)",
-    )
-    p.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
-    add_dtype_arguments(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
-    p.add_argument("--metrics-host", default="127.0.0.1")
-    p.add_argument("--metrics-port", type=int, default=0)
-    p.add_argument("--max-batch", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=4096)
-    p.add_argument(
-        "--prefill-chunk",
-        type=positive_int,
-        default=DEFAULT_PREFILL_CHUNK,
-        help="thinker and talker: prompt positions prefilled per step, all requests together; a long "
-        "prompt then delays the running requests' next token by one such piece at a time "
-        f"(default: {DEFAULT_PREFILL_CHUNK})",
-    )
-    p.add_argument("--max-requests", type=int, default=None, help="concurrency backstop (default 4x batch)")
-    p.add_argument("--max-message-bytes", type=int, default=16 * 1024 * 1024)
-    p.add_argument("--grace-seconds", type=float, default=30.0)
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch intra-op threads (0: torch's default). One is fastest for small models on a shared CPU.",
-    )
-    p.add_argument(
-        "--nice",
-        type=nice_value,
-        default=0,
-        help="run this stage at a lower CPU priority (0-19) where stages share cores: the others get "
-        "the cores first while they are contended (omnistream/service/cpu_priority.py; "
-        "`omnistream up` runs the thinker at 5). Default: 0",
-    )
-    p.add_argument("--tls-cert", default=None, help="PEM certificate: serve gRPC over TLS")
-    p.add_argument("--tls-key", default=None, help="PEM private key of --tls-cert")
-    p.add_argument(
-        "--tls-client-ca", default=None, help="PEM CA: require client certificates signed by it (mTLS)"
-    )
 
 
 def nice_value(text: str) -> int:
@@ -90,82 +47,149 @@ def non_negative_seconds(text: str) -> float:
     return value
 
 
-def _add_first_audio_target(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--first-audio-target",
-        type=non_negative_seconds,
-        default=DEFAULT_FIRST_AUDIO_TARGET_S,
+@dataclass
+class StageSettings:
+    """What every stage takes."""
+
+    model: str | None = setting(
+        None, env=MODEL_ENV, required=True, metavar="DIR", help="checkpoint directory"
+    )
+    served_model_name: str = setting(
+        "qwen3-omni",
+        help="the model's name in this stage's Info, which the gateway reports to clients; every "
+        "stage of a deployment must use the same one",
+    )
+    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    # (--dtype and --allow-float64 follow: omnistream/engine/load_options.py, shared with `up`.)
+    host: str = setting("127.0.0.1", help="address the gRPC port binds")
+    port: int = setting(0, help="gRPC port; 0 picks a free port (printed on stdout)")
+    metrics_host: str = setting("127.0.0.1", help="address the Prometheus /metrics port binds")
+    metrics_port: int = setting(0, help="Prometheus /metrics port; 0 picks a free port")
+    max_batch: int = setting(16, help="requests one engine step runs together")
+    max_model_len: int = setting(4096, help="positions a request may take, prompt and output")
+    prefill_chunk: int = setting(
+        DEFAULT_PREFILL_CHUNK,
+        parse=positive_int,
+        help="thinker and talker: prompt positions prefilled per step, all requests together; a long "
+        "prompt then delays the running requests' next token by one such piece at a time",
+    )
+    max_requests: int | None = setting(None, shown="4x --max-batch", help="concurrency backstop")
+    max_message_bytes: int = setting(MAX_MESSAGE_BYTES, help="gRPC message limit, sent and received")
+    grace_seconds: float = setting(30.0, help="seconds the open streams may take to finish on SIGTERM")
+    threads: int = setting(
+        1,
+        help="torch intra-op threads (0: torch's default). One is fastest for small models on a shared CPU.",
+    )
+    nice: int = setting(
+        0,
+        parse=nice_value,
+        help="run this stage at a lower CPU priority (0-19) where stages share cores: the others get "
+        "the cores first while they are contended (omnistream/service/cpu_priority.py; "
+        "`omnistream up` runs the thinker at 5)",
+    )
+    tls_cert: str | None = setting(None, help="PEM certificate: serve gRPC over TLS")
+    tls_key: str | None = setting(None, help="PEM private key of --tls-cert")
+    tls_client_ca: str | None = setting(None, help="PEM CA: require client certificates signed by it (mTLS)")
+
+
+@dataclass
+class AudioScheduleSettings:
+    """What the audio stages' per-step scheduling shares (the talker's and Code2Wav's)."""
+
+    first_audio_target: float = setting(
+        DEFAULT_FIRST_AUDIO_TARGET_S,
+        parse=non_negative_seconds,
         help="seconds after a request arrives by which its first audio is due: when a step cannot "
         "take every request, those closest to running out of audio go first, and a request "
-        "without audio yet counts as running out at this time "
-        f"(default: {DEFAULT_FIRST_AUDIO_TARGET_S})",
+        "without audio yet counts as running out at this time",
     )
 
 
-def add_talker_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags only the talker takes: the other stages reject them instead of ignoring them."""
-    p.add_argument(
-        "--max-step-batch",
-        type=positive_int,
-        default=None,
+@dataclass
+class TalkerSettings(AudioScheduleSettings):
+    """What only the talker takes."""
+
+    max_step_batch: int | None = setting(
+        None,
+        parse=positive_int,
+        shown="--max-batch, every request with a KV slot",
         help="requests that take a codec frame per step, at most --max-batch; when more are ready, "
-        "those with the least buffered audio go first and the rest wait a step "
-        "(default: --max-batch, every request with a KV slot)",
+        "those with the least buffered audio go first and the rest wait a step",
     )
-    _add_first_audio_target(p)
-    p.add_argument(
-        "--cuda-graphs",
-        action=argparse.BooleanOptionalAction,
-        default=None,
+    cuda_graphs: bool | None = setting(
+        None,
+        shown="on for a CUDA --device, off elsewhere",
         help="capture the talker frame's two steps (with --no-static-frames: the code predictor's 15) "
         "as CUDA graphs, once per batch bucket (and KV width), and replay them: a few replays per "
         "frame instead of thousands of launches. Each graph is checked against its eager run when "
-        "captured; one that differs or fails to capture runs eagerly (logged). Default: on for a "
-        "CUDA --device, off elsewhere (asked for off CUDA: refused)",
+        "captured; one that differs or fails to capture runs eagerly (logged). Asked for off CUDA: refused",
     )
-    p.add_argument(
-        "--static-frames",
-        action=argparse.BooleanOptionalAction,
-        default=True,
+    static_frames: bool = setting(
+        True,
         help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
         "the talker's decode step, each with its sampling); the same codes as the eager frame "
-        "(default: on; --no-static-frames: the eager frame, dynamic shapes)",
+        "(--no-static-frames: the eager frame, dynamic shapes)",
     )
 
 
-def add_thinker_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags only the thinker takes: the other stages reject them instead of ignoring them."""
-    p.add_argument(
-        "--backend",
-        choices=("transformers", "vllm"),
-        default="transformers",
-        help="the thinker's engine: transformers (default; text, audio, images, video) or vllm "
+@dataclass
+class ThinkerSettings:
+    """What only the thinker takes."""
+
+    backend: Literal["transformers", "vllm"] = setting(
+        "transformers",
+        help="the thinker's engine: transformers (text, audio, images, video) or vllm "
         "(vLLM's async engine: continuous batching, prefix caching; text prompts only, its Info says "
         "so; run with the vLLM environment's python, see `make setup-vllm`)",
     )
-    p.add_argument(
-        "--vllm-load",
-        choices=("auto", "text", "native"),
-        default="auto",
+    vllm_load: Literal["auto", "text", "native"] = setting(
+        "auto",
         help="with --backend vllm: text (the thinker's language model converted to a "
         "Qwen3MoeForCausalLM directory beside the checkpoint), native (the checkpoint itself, "
-        "through vLLM's Qwen3-Omni thinker), or auto (default: native on cuda, text on cpu)",
+        "through vLLM's Qwen3-Omni thinker), or auto (native on cuda, text on cpu)",
     )
 
 
-def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
-    """Flags only Code2Wav takes: the other stages reject them instead of ignoring them."""
-    p.add_argument(
-        "--max-step-frames",
-        type=positive_int,
-        default=DEFAULT_CODE2WAV_STEP_FRAMES,
+@dataclass
+class Code2WavSettings(AudioScheduleSettings):
+    """What only Code2Wav takes."""
+
+    max_step_frames: int = setting(
+        DEFAULT_CODE2WAV_STEP_FRAMES,
+        parse=positive_int,
         help="codec frames decoded per step, all its windows together (the most urgent window "
         "always goes); with --max-batch windows per step, the windows of the requests with the "
         "least buffered audio go first and the rest wait a step. A step's time grows with its "
-        "frames, so the bound is how long an urgent window may wait behind others "
-        f"(default {DEFAULT_CODE2WAV_STEP_FRAMES}: four 25-frame windows)",
+        "frames, so the bound is how long an urgent window may wait behind others (the default is "
+        "four 25-frame windows)",
     )
-    _add_first_audio_target(p)
+
+
+_BEFORE_DTYPE = ("model", "served_model_name", "device")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    """Every stage's flags. A stage reads its namespace as parsed (no YAML lies under its flags),
+    so an absent flag parses to its setting's default."""
+    add_flags(p, StageSettings, names=_BEFORE_DTYPE, only_given=False)
+    add_dtype_arguments(p)
+    rest = [s.name for s in settings_of(StageSettings) if s.name not in _BEFORE_DTYPE]
+    add_flags(p, StageSettings, names=rest, only_given=False)
+
+
+def add_talker_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only the talker takes."""
+    add_flags(p, TalkerSettings, only_given=False)
+
+
+def add_thinker_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only the thinker takes."""
+    add_flags(p, ThinkerSettings, only_given=False)
+
+
+def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
+    """Flags only Code2Wav takes."""
+    add_flags(p, Code2WavSettings, only_given=False)
 
 
 def load_options_refusal(args: argparse.Namespace) -> str | None:
@@ -182,4 +206,11 @@ def schedule_options(args: argparse.Namespace) -> dict:
     """The per-step scheduling options of the stage's flags, as the family's `engine(...)` takes
     them (a stage without a flag gets the factory's default)."""
     names = ("max_step_batch", "max_step_frames", "first_audio_target")
+    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+
+
+def stage_load_options(args: argparse.Namespace) -> dict:
+    """The load options of the stage's own flags, as `LoadOptions` takes them (a stage without the
+    flag gets LoadOptions' default: the thinker has no --cuda-graphs, the talker no --backend)."""
+    names = ("cuda_graphs", "static_frames", "backend", "vllm_load")
     return {name: getattr(args, name) for name in names if hasattr(args, name)}

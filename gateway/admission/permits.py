@@ -35,6 +35,8 @@ from collections.abc import Callable
 
 from omnistream.request.errors import Overloaded
 
+DEFAULT_QUEUE_TIMEOUT_S = 10.0  # seconds a request may wait for admission (GatewayConfig.queue_timeout)
+
 # (running audio streams, the headroom fragile ones need or None) -> may one more start?
 # (None as the gate: no audio hold)
 AudioGate = Callable[[int, float | None], bool]
@@ -57,7 +59,7 @@ class Admission:
         self,
         max_concurrency: int,
         max_queue: int = 0,
-        queue_timeout: float = 10.0,
+        queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S,
         retry_after: int = 1,
         *,
         audio_gate: AudioGate | None = None,

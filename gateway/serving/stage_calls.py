@@ -36,9 +36,10 @@ from omnistream.wire.convert import (
     talker_open_proto,
     thinker_open_proto,
 )
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 from omnistream.wire.tensors import numpy_from_proto
 
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
 
 
 @dataclass

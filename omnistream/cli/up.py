@@ -20,6 +20,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Sequence
 
+from gateway.config import GatewayConfig
 from omnistream.cli.launcher import (
     WAIT_STEP_S,
     ServiceProcess,
@@ -40,13 +41,19 @@ from omnistream.engine.load_options import (
     stage_devices,
 )
 from omnistream.service.ports import in_use_message, port_in_use
-from services.serve_args import nice_value, positive_int
+from omnistream.service.settings import add_flags, as_flags, table
+from services.serve_args import ThinkerSettings, nice_value, positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
 VLLM_PYTHON_ENV = "OMNISTREAM_VLLM_PYTHON"
 # The thinker's nice when the stages share this machine's cores (omnistream/service/cpu_priority.py).
 DEFAULT_THINKER_NICE = 5
+# GatewayConfig settings that `up` takes as flags of the same names: where it serves (and how many
+# requests at once), and the admission settings it hands to `serve gateway` when given.
+UP_GATEWAY_SETTINGS = ("host", "http_port", "grpc_port", "max_concurrency")
+ADMISSION_SETTINGS = ("audio_hold_margin", "queue_timeout")
+THINKER_BACKEND = table(ThinkerSettings)["backend"]  # `serve thinker --backend`: its choices and default
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -70,10 +77,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--device", default="cpu", help="every stage's device unless its own flag says (cpu, cuda:N)"
     )
     add_stage_device_arguments(p)
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--http-port", type=int, default=8000)
-    p.add_argument("--grpc-port", type=int, default=50051)
-    p.add_argument("--max-concurrency", type=int, default=16)
+    # The gateway's own settings `up` passes on, with the gateway's defaults and help (one table).
+    add_flags(p, GatewayConfig, names=UP_GATEWAY_SETTINGS, only_given=False)
     p.add_argument("--talker-replicas", type=int, default=1)
     p.add_argument("--code2wav-replicas", type=int, default=1)
     p.add_argument(
@@ -84,8 +89,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--thinker-backend",
-        choices=("transformers", "vllm"),
-        default="transformers",
+        choices=THINKER_BACKEND.choices,
+        default=THINKER_BACKEND.default,
         help="the thinker's engine (see serve thinker --backend); vllm runs it with --vllm-python",
     )
     p.add_argument(
@@ -96,27 +101,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway go first while the thinker, far ahead of them, takes what is left (0: equal; "
         f"default: {DEFAULT_THINKER_NICE})",
     )
-    # The gateway's admission flags, named and meant as in `serve gateway` (README "Admission").
-    p.add_argument(
-        "--audio-hold",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="hold audio requests while the audio stages could not keep one more stream real time "
-        "(default on; --no-audio-hold admits every audio request up to --max-concurrency)",
-    )
-    p.add_argument(
-        "--audio-hold-margin",
-        type=float,
-        default=None,
-        help="speed to spare for the audio hold (serve gateway --audio-hold-margin; default 0.2)",
-    )
-    p.add_argument(
-        "--queue-timeout",
-        type=float,
-        default=None,
-        help="seconds a request may wait for admission, the audio hold included, before its 429 "
-        "(serve gateway --queue-timeout; default 10)",
-    )
+    # The gateway's admission flags, named and meant as in `serve gateway` (README "Admission"):
+    # `--audio-hold` parses to the gateway's default (start_stack's `audio_hold`), the rest to None
+    # (not given: the gateway's default).
+    add_flags(p, GatewayConfig, names=("audio_hold",), only_given=False)
+    add_flags(p, GatewayConfig, names=ADMISSION_SETTINGS)
     p.add_argument(
         "--vllm-python",
         default=None,
@@ -127,12 +116,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def admission_flags(args: argparse.Namespace) -> list[str]:
     """`serve gateway` flags for the admission settings given to `up` (none: the gateway's defaults)."""
-    flags = []
-    if args.audio_hold_margin is not None:
-        flags += ["--audio-hold-margin", str(args.audio_hold_margin)]
-    if args.queue_timeout is not None:
-        flags += ["--queue-timeout", str(args.queue_timeout)]
-    return flags
+    return as_flags({name: getattr(args, name) for name in ADMISSION_SETTINGS}, GatewayConfig)
 
 
 def wait_ready(gateway: ServiceProcess, timeout: float = 60.0, cancel: threading.Event | None = None) -> None:
@@ -162,17 +146,17 @@ def start_stack(
     device: str = "cpu",
     devices: dict[str, str] | None = None,
     allow_float64: bool = False,
-    host: str = "127.0.0.1",
+    host: str = GatewayConfig.host,
     http_port: int = 0,
     grpc_port: int = 0,
-    max_concurrency: int = 16,
+    max_concurrency: int = GatewayConfig.max_concurrency,
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-    audio_hold: bool = True,
+    audio_hold: bool = GatewayConfig.audio_hold,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
-    thinker_backend: str = "transformers",
+    thinker_backend: str = THINKER_BACKEND.default,
     vllm_python_path: str | None = None,
     thinker_nice: int = DEFAULT_THINKER_NICE,
 ) -> ServiceProcess:
@@ -230,11 +214,11 @@ def start_gateway(
     services: dict[str, ServiceProcess],
     *,
     name: str = "gateway",
-    host: str = "127.0.0.1",
+    host: str = GatewayConfig.host,
     http_port: int = 0,
     grpc_port: int = 0,
-    max_concurrency: int = 16,
-    audio_hold: bool = True,
+    max_concurrency: int = GatewayConfig.max_concurrency,
+    audio_hold: bool = GatewayConfig.audio_hold,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
 ) -> ServiceProcess:

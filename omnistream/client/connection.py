@@ -9,9 +9,10 @@ from pathlib import Path
 import grpc
 
 from omnistream.service.security import AUTHORIZATION_METADATA_KEY
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
 
 
 @dataclass(frozen=True)

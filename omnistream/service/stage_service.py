@@ -28,6 +28,7 @@ from omnistream.service.speed import SpeedMeter
 from omnistream.wire.chunk_key import ChunkKey, SequenceChecker, Stage, validate_request_id
 from omnistream.wire.convert import plan_from_fields
 from omnistream.wire.grpc_codec import Method, add_service, checked, parsed
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +44,7 @@ ERROR_DRAIN_SECONDS = 0.5
 CHUNK_PROTOCOL_VERSION = 1
 # What a stage calls its model unless told otherwise (`--served-model-name`).
 DEFAULT_MODEL_ID = "qwen3-omni"
-DEFAULT_MAX_MESSAGE_BYTES = 16 * 1024 * 1024
+DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
 
 
 def software_version() -> str:

@@ -54,10 +54,12 @@ MAY_IMPORT: dict[str, set[str]] = {
     "audio": {"request"},
 }
 # The torch-free layers reach into the service scaffolding only for these modules (gRPC server
-# helpers, TLS and keys, ports, and the step-time model a stage reports in its Info, which the
-# gateway's admission reads back): the servicer base drives an engine and so imports torch.
+# helpers, TLS and keys, ports, the step-time model a stage reports in its Info, which the
+# gateway's admission reads back, and the settings table its flags and YAML are read through):
+# the servicer base drives an engine and so imports torch.
 TORCH_FREE_SERVICE = {
     "omnistream.service.server",
+    "omnistream.service.settings",
     "omnistream.service.security",
     "omnistream.service.ports",
     "omnistream.service.step_model",

@@ -96,3 +96,56 @@ def test_static_frames_is_a_talker_flag_and_on_by_default():
     for stage in ("thinker", "code2wav"):
         with pytest.raises(SystemExit):
             _parse(stage, "--static-frames")
+
+
+SHARED_FLAGS = {
+    "--model", "--served-model-name", "--device", "--dtype", "--allow-float64", "--host", "--port",
+    "--metrics-host", "--metrics-port", "--max-batch", "--max-model-len", "--prefill-chunk",
+    "--max-requests", "--max-message-bytes", "--grace-seconds", "--threads", "--nice", "--tls-cert",
+    "--tls-key", "--tls-client-ca",
+}  # fmt: skip
+STAGE_FLAGS = {
+    "thinker": {"--backend", "--vllm-load"},
+    "talker": {
+        "--max-step-batch", "--first-audio-target", "--cuda-graphs", "--no-cuda-graphs",
+        "--static-frames", "--no-static-frames",
+    },
+    "code2wav": {"--max-step-frames", "--first-audio-target"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("stage", ["thinker", "talker", "code2wav"])
+def test_the_generated_stage_flags_keep_their_names_and_defaults(stage, monkeypatch):
+    """deploy/, `omnistream up` and the README use these names: generating them from the settings
+    dataclasses kept every one, and the values a stage reads when none is given."""
+    from omnistream.cli.main import build_parser
+    from omnistream.wire.limits import MAX_MESSAGE_BYTES
+
+    serve_parser = build_parser()._subparsers._group_actions[0].choices["serve"]
+    parser = serve_parser._subparsers._group_actions[0].choices[stage]
+    flags = {f for action in parser._actions for f in action.option_strings} - {"-h", "--help"}
+    assert flags == SHARED_FLAGS | STAGE_FLAGS[stage]
+    args = _parse(stage)
+    assert (args.served_model_name, args.device, args.host, args.port, args.max_batch) == (
+        "qwen3-omni",
+        "cpu",
+        "127.0.0.1",
+        0,
+        16,
+    )
+    assert (args.max_model_len, args.max_requests, args.max_message_bytes, args.grace_seconds) == (
+        4096,
+        None,
+        MAX_MESSAGE_BYTES,
+        30.0,
+    )
+    assert (args.threads, args.nice, args.tls_cert) == (1, 0, None)
+    if stage == "thinker":
+        assert (args.backend, args.vllm_load) == ("transformers", "auto")
+    monkeypatch.setenv(serve_args.MODEL_ENV, "/ckpt")
+    assert (
+        build_parser().parse_args(["serve", stage]).model == "/ckpt"
+    )  # the checkpoint from $OMNISTREAM_MODEL
+    monkeypatch.delenv(serve_args.MODEL_ENV)
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", stage])  # no $OMNISTREAM_MODEL: --model is required
