@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from omnistream.service.cpu_priority import MAX_NICE
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port (printed on stdout)")
     p.add_argument("--metrics-host", default="127.0.0.1")
     p.add_argument("--metrics-port", type=int, default=0)
-    p.add_argument("--max-batch", type=int, default=16)
+    p.add_argument("--max-batch", type=int, default=DEFAULT_MAX_BATCH)
     p.add_argument("--max-model-len", type=int, default=4096)
     p.add_argument(
         "--prefill-chunk",

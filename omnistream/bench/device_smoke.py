@@ -94,17 +94,13 @@ def step_until_done(engine, device: str, counter) -> list[dict]:
     """Step the (not started) engine on this thread until it has no work; per step: ms and syncs."""
     steps = []
     while True:
-        with engine._cond:
-            released, engine._released = engine._released, []
-            for state in released:
-                engine._release(state)
-            work = engine._next_work()
+        work = engine.plan_step()  # what ended is released first, as on the engine thread
         if work is None:
             return steps
         _synchronize(device)
         started = time.perf_counter()
         with torch.inference_mode(), counter.counting() as counts:
-            engine._run(work)
+            engine.run_step(work)
             syncs = sum(counts.values())
             by_name = dict(counts)
         _synchronize(device)

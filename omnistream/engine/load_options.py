@@ -126,3 +126,7 @@ def stage_devices(args) -> dict[str, str]:
 # whole length. Lives here because this is the torch-free module the CLI, the services and the
 # pipeline all import.
 DEFAULT_PREFILL_CHUNK = 512
+
+# Requests a stage engine batches (KV slots, one step's rows) unless told otherwise: the one default
+# the engines, the family, the pipeline and `omnistream serve --max-batch` share.
+DEFAULT_MAX_BATCH = 16

@@ -34,6 +34,11 @@ class OutputStream(Generic[T]):
         self._closed = False
         self._on_consume = on_consume
 
+    def queued(self) -> list[T]:
+        """The items put and not yet taken, oldest first (a snapshot; nothing is consumed)."""
+        with self._lock:
+            return list(self._items)
+
     def has_room(self) -> bool:
         with self._lock:
             return len(self._items) < self._capacity

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.models.family import STAGES, ModelFamily, ModelInfo
 from omnistream.models.qwen3_omni.constants import (
@@ -27,7 +27,7 @@ from omnistream.models.qwen3_omni.constants import (
 )
 
 if TYPE_CHECKING:
-    from omnistream.engine.engine import Engine
+    from omnistream.engine.api import StageEngine
     from omnistream.engine.load_options import LoadOptions
 
 # The talker's sequence holds the prompt plus one row per codec frame, and a spoken answer has more
@@ -81,14 +81,14 @@ class Qwen3OmniFamily:
         model_dir: str | Path,
         options: LoadOptions,
         *,
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_requests: int | None = None,
         max_model_len: int = 4096,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         max_step_batch: int | None = None,
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-    ) -> Engine:
+    ) -> StageEngine:
         limits = {"max_batch": max_batch, "max_requests": max_requests}
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
@@ -106,7 +106,7 @@ class Qwen3OmniFamily:
         if stage == "thinker" and options.backend == "vllm":
             from omnistream.models.qwen3_omni.thinker.vllm_engine import VllmThinkerEngine
 
-            return VllmThinkerEngine(  # type: ignore[return-value]  (the engine API, not the class)
+            return VllmThinkerEngine(
                 str(model_dir),
                 options,
                 max_model_len=max_model_len,
@@ -145,12 +145,12 @@ class Qwen3OmniFamily:
             )
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
 
-    async def warm_up(self, stage: str, engine: Engine) -> None:
+    async def warm_up(self, stage: str, engine: StageEngine) -> None:
         from omnistream.models.qwen3_omni.warmup import WARMERS
 
         await WARMERS[stage](engine)
 
-    async def probe_speed(self, stage: str, engine: Engine) -> None:
+    async def probe_speed(self, stage: str, engine: StageEngine) -> None:
         from omnistream.models.qwen3_omni.warmup import PROBES
 
         probe = PROBES.get(stage)

@@ -30,11 +30,11 @@ class _Faulty(Engine):
             if state.request_id.startswith("bad"):
                 raise ValueError("this request's own problem")
             state.output.put(state.request_id)
-            self._finish(state)
+            self.finish(state)
 
     def add(self, rid: str):
         state = RequestState(request_id=rid, output=self.new_output())
-        self._admit(state)
+        self.admit(state)
         return state.output
 
 

@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from omnistream.engine.engine import Engine, RequestState
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
@@ -76,7 +76,7 @@ class Code2WavEngine(Engine):
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_requests: int | None = None,
         output_capacity: int = 64,
         max_frames: int = 16384,
@@ -119,7 +119,7 @@ class Code2WavEngine(Engine):
         plan.validate()
         state = _Code2WavState(request_id=request_id, output=self.new_output(), plan=plan)
         state.playout = Playout(state.arrived, self.first_audio_target)
-        self._admit(state)
+        self.admit(state)
         return state.output
 
     def feed(self, request_id: str, codes: torch.Tensor | None, last: bool) -> None:
@@ -219,7 +219,7 @@ class Code2WavEngine(Engine):
                 state.output.put(
                     AudioOutput(np.zeros(0, np.float32), state.samples, state.window, finished=True)
                 )
-                self._finish(state)
+                self.finish(state)
                 continue
             yield state, available, done
 
@@ -240,7 +240,7 @@ class Code2WavEngine(Engine):
         padded, lens, new_states = self.streamer.step_padded(states, codes)
         audio = padded.to(torch.float32).cpu().numpy()
         for (state, end, available, done), wav, n, new in zip(jobs, audio, lens, new_states, strict=True):
-            with self._row(state):
+            with self.row(state):
                 state.stream = new
                 piece = wav[:n].copy()  # its own buffer: the batch's may be large
                 self._hand_out(state, piece, end, final=done and end >= available)
@@ -260,7 +260,7 @@ class Code2WavEngine(Engine):
             batch[row, :, : stop - begin] = state.codes[:, begin:stop]
         wav = self.code2wav(batch)[:, 0]  # [B, samples]
         for row, (state, begin, end, stop, lookahead, done) in enumerate(jobs):
-            with self._row(state):
+            with self.row(state):
                 self._emit(state, wav[row], begin, end, stop, lookahead, done)
 
     def _emit(
@@ -294,7 +294,7 @@ class Code2WavEngine(Engine):
         state.window += 1
         state.start = end
         if final:
-            self._finish(state)
+            self.finish(state)
 
     @property
     def trailing_loss(self) -> int:

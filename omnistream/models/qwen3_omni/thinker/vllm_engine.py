@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistream.engine.engine import EngineStats
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
@@ -77,7 +77,7 @@ class VllmThinkerEngine:
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int = 4096,
         max_requests: int | None = None,
         output_capacity: int = 512,
