@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from omnistream.engine.engine import EngineStats
     from omnistream.engine.output_stream import OutputStream
     from omnistream.request.chunk_plan import ChunkPlan
+    from omnistream.request.media import MediaLayout
     from omnistream.request.stage_chain import TalkerFeed, TalkerParams, ThinkerParams
 
 # `listener(engine, seconds)` after each step (metrics, the speed meter, heap trimming).
@@ -53,12 +54,12 @@ class StageEngine(Protocol):
         """End every request and the stepping."""
         ...
 
-    def add_request(self, request_id: str, *args: Any, **kwargs: Any) -> OutputStream:
+    def add_request(self, request_id: str, *args: Any, **kwargs: Any) -> OutputStream[Any]:
         """Admit a request; its outputs come through the returned stream (the stage's own inputs:
         see the per-stage protocols)."""
         ...
 
-    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now (only the one owning `output`, when given); False if unknown."""
         ...
 
@@ -97,18 +98,29 @@ class ThinkerStageEngine(StageEngine, Protocol):
         params: ThinkerParams,
         media: Any = None,
         spoken: list[int] | None = None,
-    ) -> OutputStream: ...
+    ) -> OutputStream[Any]: ...
 
 
 class TalkerStageEngine(StageEngine, Protocol):
     """What `TalkerServicer` and the pipeline call on top."""
 
     max_model_len: int
+    max_step_batch: int  # requests that take a frame step per step (the speed probe's largest batch)
     default_speaker: str
 
-    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream: ...
+    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream[Any]: ...
 
     def feed_piece(self, request_id: str, piece: TalkerFeed) -> None: ...
+
+    def feed(
+        self,
+        request_id: str,
+        token_ids: list[int],
+        last: bool,
+        prompt_ids: list[int] | None = None,
+        multimodal_hidden: dict[int, Any] | None = None,
+        media_layout: MediaLayout | None = None,
+    ) -> None: ...
 
 
 class Code2WavStageEngine(StageEngine, Protocol):
@@ -119,12 +131,12 @@ class Code2WavStageEngine(StageEngine, Protocol):
     num_quantizers: int
     codebook_size: int
 
-    def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream: ...
+    def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream[Any]: ...
 
     def feed(self, request_id: str, codes: Any, last: bool) -> None: ...
 
 
-STAGE_PROTOCOLS: dict[str, type[StageEngine]] = {
+STAGE_PROTOCOLS: dict[str, type[Any]] = {
     "thinker": ThinkerStageEngine,
     "talker": TalkerStageEngine,
     "code2wav": Code2WavStageEngine,

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 import torch
 
@@ -35,11 +35,26 @@ class RequestState:
     """What every engine keeps per request; engines subclass it."""
 
     request_id: str
-    output: OutputStream
+    output: OutputStream[Any]
     arrived: float = field(default_factory=time.monotonic)
     slot: int | None = None
     finished: bool = False
     suspicions: int = 0  # batched steps that failed with this request in them
+
+    @property
+    def held_slot(self) -> int:
+        """The KV slot of a request the schedule gave one (what a step's forward runs it in)."""
+        assert self.slot is not None, f"request {self.request_id!r} holds no slot"
+        return self.slot
+
+
+T = TypeVar("T")
+
+
+def present(value: T | None) -> T:
+    """`value`, which the engine's own order guarantees is set by now (a step's inputs)."""
+    assert value is not None
+    return value
 
 
 # A request in a batch that failed is retried alone this many times before it is failed itself.
@@ -129,11 +144,11 @@ class Engine(Generic[S, W]):
             self._requests[state.request_id] = state
             self._cond.notify_all()
 
-    def new_output(self) -> OutputStream:
+    def new_output(self) -> OutputStream[Any]:
         """A request's output channel on the running event loop; consuming from it wakes the engine."""
         return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
 
-    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now; its KV slot is released before the next step.
 
         With `output`, only the request that owns that output is aborted: a stream that ends late
@@ -250,7 +265,8 @@ class Engine(Generic[S, W]):
 
     def _work_states(self, work: W) -> list[S]:
         """The requests a failed step's batch held (each then retried alone)."""
-        return list(work)  # type: ignore[call-overload]  # the default work: an iterable of states
+        states: list[S] = list(work)  # type: ignore[call-overload]  # the default work: an iterable of states
+        return states
 
     def _deferred(self, count: int) -> None:
         """Under the lock, from `_schedule`: `count` requests that could have stepped wait for this

@@ -27,7 +27,8 @@ if TYPE_CHECKING:
     from omnistream.engine.api import StageEngine
     from omnistream.engine.load_options import LoadOptions
 
-from omnistream.request.stage_chain import STAGES  # noqa: F401  (re-exported: a family builds one engine per stage)
+# Re-exported: a family builds one engine per stage.
+from omnistream.request.stage_chain import STAGES as STAGES
 
 # The one place a family is registered: a module exposing `FAMILY`. Loaded on first use, so a
 # family nobody asks for costs nothing.
@@ -145,7 +146,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     """A checkpoint's config.json as a plain dict (no transformers involved)."""
     path = Path(model_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
     except FileNotFoundError:
         raise InvalidRequest(f"{path} does not exist: not a checkpoint directory", field="model") from None
     except json.JSONDecodeError as exc:

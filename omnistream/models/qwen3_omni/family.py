@@ -89,7 +89,6 @@ class Qwen3OmniFamily:
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> StageEngine:
-        limits = {"max_batch": max_batch, "max_requests": max_requests}
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
         from omnistream.engine.load_options import is_accelerator
@@ -112,13 +111,19 @@ class Qwen3OmniFamily:
                 max_model_len=max_model_len,
                 prefill_chunk=prefill_chunk,
                 vllm_load=options.vllm_load,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "thinker":
             from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 
             return ThinkerEngine(
-                str(model_dir), options, max_model_len=max_model_len, prefill_chunk=prefill_chunk, **limits
+                str(model_dir),
+                options,
+                max_model_len=max_model_len,
+                prefill_chunk=prefill_chunk,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "talker":
             from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
@@ -131,7 +136,8 @@ class Qwen3OmniFamily:
                 prefill_chunk=prefill_chunk,
                 max_step_batch=max_step_batch,
                 first_audio_target=first_audio_target,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "code2wav":
             from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
@@ -141,7 +147,8 @@ class Qwen3OmniFamily:
                 options,
                 max_step_frames=max_step_frames,
                 first_audio_target=first_audio_target,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
 

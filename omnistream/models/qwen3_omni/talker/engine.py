@@ -36,7 +36,7 @@ from collections.abc import Sequence
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler
-from omnistream.engine.engine import Engine
+from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
@@ -61,7 +61,7 @@ from omnistream.models.qwen3_omni.talker.prompt import (
 )
 from omnistream.models.qwen3_omni.talker.rope import talker_rope
 from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule, TalkerStep
-from omnistream.models.qwen3_omni.talker.state import _TalkerState
+from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
@@ -203,7 +203,7 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         self.schedule.prefill_row_seconds = seconds
 
     # --- public API ---------------------------------------------------------------------------------
-    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
+    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream[TalkerOutput]:
         speaker_id = self.speakers.get(params.speaker.lower())
         if speaker_id is None:
             raise InvalidRequest(
@@ -390,10 +390,11 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         it); before it, None. `prefilled` advances only once the piece's forward has run."""
         if state.prompt_rows is None:
             head = state.stream[:ASSISTANT_PROMPT_TOKENS]
-            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+            prompt_ids = present(state.prompt_ids)  # the schedule prefills only prompts that came
+            rows = self.prompts.prompt(prompt_ids, head, state.speaker_id, state.multimodal_hidden)
             cfg = self.config
-            users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-            rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
+            users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            rope = talker_rope(self.talker, cfg, [prompt_ids[p] for p in users], state.media_layout)
             if rope is not None:
                 state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
                 state.rope_delta = rope[1]

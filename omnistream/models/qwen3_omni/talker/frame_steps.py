@@ -17,7 +17,7 @@ from typing import Any, Protocol
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
-from omnistream.engine.engine import EngineStats
+from omnistream.engine.engine import EngineStats, present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.sampling import SamplingParams
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner
@@ -107,7 +107,7 @@ class FrameSteps:
         """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H].
         `commit=False`: the caller advances the lengths once codebook 0 is chosen (a batched step
         retried alone after a failed choice must find the lengths as they were)."""
-        self.cache.plan([s.slot for s in states], embeds.shape[1])
+        self.cache.plan([s.held_slot for s in states], embeds.shape[1])
         if positions is None:
             positions = self.cache.positions()
             deltas = [s.rope_delta for s in states]
@@ -124,7 +124,8 @@ class FrameSteps:
         )
         if commit:
             self.cache.commit()
-        return out.last_hidden_state[:, -1:]
+        hidden: torch.Tensor = out.last_hidden_state[:, -1:]
+        return hidden
 
     def take_code0(
         self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False, commit: bool = False
@@ -136,7 +137,7 @@ class FrameSteps:
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.slot)
+                    self.sampler.reset(state.held_slot)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
         if commit:  # the forward's lengths advance only once its codes are chosen
@@ -154,7 +155,7 @@ class FrameSteps:
         state.pending_code0 = code0
         if self.frame is not None:  # static frames: the slot's buffer, where the next step reads it
             if hidden is not None:
-                self.frame.store_hidden(state.slot, hidden)
+                self.frame.store_hidden(state.held_slot, hidden)
         else:
             state.past_hidden = hidden
 
@@ -181,8 +182,9 @@ class FrameSteps:
     def predict_static(self, states: list[_TalkerState]) -> None:
         """`predict_residuals` as one capturable step (static frames)."""
         assert self.frame is not None
-        slots = [s.slot for s in states]
-        frames = self.frame.predict(slots, [s.pending_code0 for s in states], self.cp_rows(states))
+        slots = [s.held_slot for s in states]
+        code0 = [present(s.pending_code0) for s in states]
+        frames = self.frame.predict(slots, code0, self.cp_rows(states))
         for state, frame in zip(states, frames, strict=True):
             with self.requests.row(state):
                 self.emit_frame(state, frame, None)
@@ -192,7 +194,7 @@ class FrameSteps:
         assert self.frame is not None
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.frame.decode(
-            [s.slot for s in states], self.next_picks(states), [s.rope_delta for s in states], rows
+            [s.held_slot for s in states], self.next_picks(states), [s.rope_delta for s in states], rows
         )
         for state, code0 in zip(states, codes, strict=True):
             if not state.finished:
@@ -202,7 +204,7 @@ class FrameSteps:
     def next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
         """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
         tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
-        codec = torch.cat([s.next_codec_sum for s in states], dim=0)
+        codec = torch.cat([present(s.next_codec_sum) for s in states], dim=0)
         return codec + self.prompts.trailing_rows(self.next_picks(states))
 
     def predict_residuals(self, states: list[_TalkerState]) -> None:
@@ -210,7 +212,7 @@ class FrameSteps:
         device = self.device
         code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
         code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
-        past = torch.cat([s.past_hidden for s in states], dim=0)
+        past = torch.cat([present(s.past_hidden) for s in states], dim=0)
         embeds = torch.cat((past, code0_embed), dim=1)
         codes = [code0[:, 0]]
         hiddens = [code0_embed]

@@ -32,7 +32,7 @@ import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.detokenizer import IncrementalDetokenizer
-from omnistream.engine.engine import Engine
+from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
@@ -40,8 +40,8 @@ from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
-from omnistream.models.qwen3_omni.thinker.state import ThinkerOutput, _Step, _ThinkerState
-from omnistream.models.qwen3_omni.thinker.text import ThinkerText
+from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
+from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
     PromptEmbedding,
     Slice,
@@ -90,7 +90,6 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
-        self.accept_layer = self.config.talker_config.accept_hidden_layer
         # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
         # is at most this much, so decode steps wait for at most one slice. Audio slices are whole
         # attention windows (`n_window_infer` frames).
@@ -112,9 +111,19 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             language_model=self.lm,
             config=self.config,
             device=self.device,
-            accept_layer=self.accept_layer,
+            accept_layer=self.config.talker_config.accept_hidden_layer,
             multimodal_ids=self.multimodal_ids,
         )
+
+    @property
+    def accept_layer(self) -> int:
+        """The layer whose hidden rows at a media prompt's multimodal positions go to the talker
+        (the prefill's; settable, as a test of another layer does)."""
+        return self.prefill.accept_layer
+
+    @accept_layer.setter
+    def accept_layer(self, layer: int) -> None:
+        self.prefill.accept_layer = layer
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -137,7 +146,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         params: ThinkerParams,
         media: MediaPrompt | None = None,
         spoken: list[int] | None = None,
-    ) -> OutputStream:
+    ) -> OutputStream[ThinkerOutput]:
         """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
         off the event loop (else it runs here)."""
         self.text.check_ids(prompt_ids, has_media=media is not None)
@@ -170,13 +179,13 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             self.cache.release(state.slot)
             state.slot = None
 
-    def _schedule(self, candidates):
+    def _schedule(self, candidates: list[_ThinkerState]) -> _Step | None:
         encode: list[tuple[_ThinkerState, Slice]] = []
         budget = self.encode_budget
         prefill: list[tuple[_ThinkerState, int]] = []
         positions = self.prefill_chunk  # prefill budget of this step
         free = self.cache.free_slots
-        decode = []
+        decode: list[_ThinkerState] = []
         spoken: list[_ThinkerState] = []
         for state in candidates:
             if state.finished or not state.output.has_room():
@@ -207,7 +216,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             return None
         return _Step(encode, prefill, decode, spoken)
 
-    def _work_states(self, work: _Step):
+    def _work_states(self, work: _Step) -> list[_ThinkerState]:
         # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
         # not run because the encode raised first takes that piece again next step.
         seen = {id(s): s for s, _ in work.encode}
@@ -233,8 +242,8 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         return last-position logits and the last hidden states. `commit=False`: the caller advances
         the lengths once the step's tokens are chosen (a batched step retried alone after a failed
         choice must find the lengths as they were)."""
-        q = ids.shape[1] if ids is not None else embedding.embeds.shape[1]
-        self.cache.plan([s.slot for s in states], q)
+        q = ids.shape[1] if ids is not None else present(embedding).embeds.shape[1]
+        self.cache.plan([s.held_slot for s in states], q)
         if positions is None:
             positions = self.cache.positions()
             deltas = [s.rope_delta for s in states]
@@ -242,7 +251,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
                 positions = positions.float() + offset
             positions = positions.unsqueeze(0).expand(3, -1, -1)
-        extra = {}
+        extra: dict[str, Any] = {}
         if embedding is not None:
             inputs = embedding.embeds
             if embedding.deepstack is not None:
@@ -288,7 +297,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 continue
             if done is not None:
                 with self.row(state):
-                    self._accept(state, token, first=True, hidden=done[1])
+                    self._accept(state, present(token), first=True, hidden=done[1])
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
@@ -308,7 +317,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.slot, state.prompt_ids)
+                    self.sampler.reset(state.held_slot, state.prompt_ids)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
@@ -321,9 +330,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         is_eos = token in self.eos_ids and not state.params.ignore_eos
         done_length = len(state.generated) >= state.params.max_tokens
         finished = is_eos or done_length
-        delta = state.detok.add(token)
+        detok = present(state.detok)
+        delta = detok.add(token)
         if finished:
-            delta += state.detok.flush()
+            delta += detok.flush()
         state.next_token = token
         positions = layout = None
         if hidden is not None:  # the deep rows of the multimodal positions, in order

@@ -246,7 +246,7 @@ def test_static_code_predictor_gives_the_dynamic_cache_codes(engines, tiny_model
     options = LoadOptions(dtype="float32")
     static = _talk(TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512), prompt)
     before = TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512)
-    before.code_predictor = _DynamicCachePredictor(before.cp)
+    before.frames.code_predictor = _DynamicCachePredictor(before.cp)  # what its frame steps run
     dynamic = _talk(before, prompt)
     assert [len(frames) for frames in static] == [len(frames) for frames in dynamic]
     assert sum(len(frames) for frames in static) > 4  # codes were produced, not only end markers
