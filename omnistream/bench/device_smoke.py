@@ -2,7 +2,7 @@
 engine step (wall time and host syncs). What `tools/gpu-smoke` runs; it works on the CPU too, so the
 test suite keeps it from rotting while no GPU is around.
 
-Steps are taken by hand on this thread (`_next_work` + `_run`, as the engine thread does), so each
+Steps are taken by hand on this thread (`plan_step` + `run_step`, as the engine thread does), so each
 step's host syncs can be counted alone. A host sync is a call that hands a tensor's value to Python
 (`.item()`, `.tolist()`, `int(t)`, ...): on a GPU each one waits for the device. The counter of
 tests/unit/models/qwen3_omni/test_host_syncs.py is used where that file exists; otherwise this
