@@ -121,6 +121,11 @@ class Engine(Generic[S, W]):
             self._thread = threading.Thread(target=self._loop, name=f"{self.name}-engine", daemon=True)
             self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Is the engine thread started (and not stopped)?"""
+        return self._thread is not None
+
     def stop(self) -> None:
         with self._cond:
             self._stopping = True

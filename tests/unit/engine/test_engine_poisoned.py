@@ -56,7 +56,7 @@ def test_a_device_fault_fails_every_request_stops_the_engine_and_tells_the_liste
         with pytest.raises(Unavailable):
             engine.add("late")
         await asyncio.to_thread(engine.stop)
-        assert engine._thread is None and engine.num_requests == 0
+        assert not engine.running and engine.num_requests == 0
 
     asyncio.run(run())
 
