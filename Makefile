@@ -122,8 +122,10 @@ bench-thinkers: tiny-model setup-vllm
 test-slow: setup sysdeps
 	$(PY) -m pytest -q -m slow
 
+# ruff, then mypy (strict on the engines and the layers below them: [tool.mypy] in pyproject.toml).
 lint: setup
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) .cache out omnistream/proto

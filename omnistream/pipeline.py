@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.models.family import family_for
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
 from omnistream.request.errors import InvalidRequest
@@ -51,7 +51,7 @@ class Pipeline:
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int = 4096,
         code2wav_decode: str = "stream",
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,

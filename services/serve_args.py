@@ -13,7 +13,7 @@ import argparse
 from dataclasses import dataclass
 from typing import Literal
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, add_dtype_arguments
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, add_dtype_arguments
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from omnistream.service.cpu_priority import MAX_NICE
@@ -65,7 +65,7 @@ class StageSettings:
     port: int = setting(0, help="gRPC port; 0 picks a free port (printed on stdout)")
     metrics_host: str = setting("127.0.0.1", help="address the Prometheus /metrics port binds")
     metrics_port: int = setting(0, help="Prometheus /metrics port; 0 picks a free port")
-    max_batch: int = setting(16, help="requests one engine step runs together")
+    max_batch: int = setting(DEFAULT_MAX_BATCH, help="requests one engine step runs together")
     max_model_len: int = setting(4096, help="positions a request may take, prompt and output")
     prefill_chunk: int = setting(
         DEFAULT_PREFILL_CHUNK,

@@ -2,7 +2,7 @@
 engine step (wall time and host syncs). What `tools/gpu-smoke` runs; it works on the CPU too, so the
 test suite keeps it from rotting while no GPU is around.
 
-Steps are taken by hand on this thread (`_next_work` + `_run`, as the engine thread does), so each
+Steps are taken by hand on this thread (`plan_step` + `run_step`, as the engine thread does), so each
 step's host syncs can be counted alone. A host sync is a call that hands a tensor's value to Python
 (`.item()`, `.tolist()`, `int(t)`, ...): on a GPU each one waits for the device. The counter of
 tests/unit/models/qwen3_omni/test_host_syncs.py is used where that file exists; otherwise this
@@ -94,17 +94,13 @@ def step_until_done(engine, device: str, counter) -> list[dict]:
     """Step the (not started) engine on this thread until it has no work; per step: ms and syncs."""
     steps = []
     while True:
-        with engine._cond:
-            released, engine._released = engine._released, []
-            for state in released:
-                engine._release(state)
-            work = engine._next_work()
+        work = engine.plan_step()  # what ended is released first, as on the engine thread
         if work is None:
             return steps
         _synchronize(device)
         started = time.perf_counter()
         with torch.inference_mode(), counter.counting() as counts:
-            engine._run(work)
+            engine.run_step(work)
             syncs = sum(counts.values())
             by_name = dict(counts)
         _synchronize(device)

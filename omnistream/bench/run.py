@@ -108,7 +108,7 @@ async def run_bench(args: argparse.Namespace) -> int:
     import torch
     from tqdm import tqdm
 
-    from omnistream.engine.load_options import LoadOptions
+    from omnistream.engine.load_options import DEFAULT_MAX_BATCH, LoadOptions
     from omnistream.models.family import family_for, model_info
     from omnistream.pipeline import Pipeline
 
@@ -193,11 +193,11 @@ async def run_bench(args: argparse.Namespace) -> int:
                         else GrpcGatewayClient(gateways[hold].address)
                     )
         if "in-process" in targets:
-            pipeline = Pipeline(args.model, LoadOptions(), max_batch=16, **prefill).start()
+            pipeline = Pipeline(args.model, LoadOptions(), max_batch=DEFAULT_MAX_BATCH, **prefill).start()
             clients["in-process"] = InProcessClient(pipeline)
         if "in-process-recompute" in targets:  # the previous Code2Wav decode, as a baseline
             baseline = Pipeline(
-                args.model, LoadOptions(), max_batch=16, code2wav_decode="recompute", **prefill
+                args.model, LoadOptions(), max_batch=DEFAULT_MAX_BATCH, code2wav_decode="recompute", **prefill
             ).start()
             clients["in-process-recompute"] = InProcessClient(baseline)
             pipelines.append(baseline)

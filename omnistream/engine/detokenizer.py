@@ -7,9 +7,13 @@ text once it no longer ends in a replacement character (the approach of TGI and 
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class IncrementalDetokenizer:
-    def __init__(self, tokenizer, skip_special_tokens: bool = True) -> None:
+    """One request's text, released as whole characters."""
+
+    def __init__(self, tokenizer: Any, skip_special_tokens: bool = True) -> None:
         self._tok = tokenizer
         self._skip = skip_special_tokens
         self._ids: list[int] = []
@@ -17,7 +21,8 @@ class IncrementalDetokenizer:
         self._read = 0  # end of the window already released
 
     def _decode(self, ids: list[int]) -> str:
-        return self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        text: str = self._tok.decode(ids, skip_special_tokens=self._skip, clean_up_tokenization_spaces=False)
+        return text
 
     def add(self, token_id: int) -> str:
         """Append one token; return the newly complete text (possibly empty)."""

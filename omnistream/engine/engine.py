@@ -16,27 +16,45 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import torch
 
+from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.device_errors import poisons_device
 from omnistream.engine.output_stream import OutputStream
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
 
+
 @dataclass
 class RequestState:
     """What every engine keeps per request; engines subclass it."""
 
     request_id: str
-    output: OutputStream
+    output: OutputStream[Any]
     arrived: float = field(default_factory=time.monotonic)
     slot: int | None = None
     finished: bool = False
     suspicions: int = 0  # batched steps that failed with this request in them
+
+    @property
+    def held_slot(self) -> int:
+        """The KV slot of a request the schedule gave one (what a step's forward runs it in)."""
+        assert self.slot is not None, f"request {self.request_id!r} holds no slot"
+        return self.slot
+
+
+T = TypeVar("T")
+
+
+def present(value: T | None) -> T:
+    """`value`, which the engine's own order guarantees is set by now (a step's inputs)."""
+    assert value is not None
+    return value
 
 
 # A request in a batch that failed is retried alone this many times before it is failed itself.
@@ -67,32 +85,46 @@ class EngineStats:
     last_buffered: tuple[float, ...] = ()
 
 
-class Engine:
-    """Base class: subclasses implement `_schedule` (pick work, under the lock) and `_run` (compute)."""
+# A subclass's per-request state and the work one of its steps runs (what `_schedule` returns).
+S = TypeVar("S", bound=RequestState)
+W = TypeVar("W")
+
+
+class Engine(Generic[S, W]):
+    """Base class: subclasses implement `_schedule` (pick work, under the lock) and `_run` (compute).
+
+    Generic in the subclass's request state `S` and its step's work `W`, so what `_schedule` returns is
+    what `_run` gets, typed. `max_batch` is the subclass's (its KV slots, a step's rows)."""
 
     name = "engine"
+    max_batch: int
 
     def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
         self.max_requests = max_requests
         self.output_capacity = output_capacity
         self._cond = threading.Condition()
-        self._requests: dict[str, RequestState] = {}
-        self._released: list[RequestState] = []
+        self._requests: dict[str, S] = {}
+        self._released: list[S] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.stats = EngineStats()
-        self._step_listeners: list[Any] = []
-        self._suspects: deque[RequestState] = deque()  # retried alone after their batch failed
+        self._step_listeners: list[StepListener] = []
+        self._suspects: deque[S] = deque()  # retried alone after their batch failed
         # Set once a step raised an error that poisons the device (device_errors.py): the engine
         # then fails everything, stops, and tells its fatal listeners (the server exits non-zero).
         self.poisoned: BaseException | None = None
-        self._fatal_listeners: list[Any] = []
+        self._fatal_listeners: list[FatalListener] = []
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._loop, name=f"{self.name}-engine", daemon=True)
             self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Is the engine thread started (and not stopped)?"""
+        return self._thread is not None
 
     def stop(self) -> None:
         with self._cond:
@@ -103,7 +135,8 @@ class Engine:
             self._thread = None
 
     # --- asyncio-side entry points ----------------------------------------------------------------
-    def _admit(self, state: RequestState) -> None:
+    def admit(self, state: S) -> None:
+        """Add a built request (the subclass's `add_request` checked it), under the request limit."""
         with self._cond:
             if self.poisoned is not None:
                 raise Unavailable(f"{self.name} lost its device and is restarting")
@@ -116,10 +149,11 @@ class Engine:
             self._requests[state.request_id] = state
             self._cond.notify_all()
 
-    def new_output(self) -> OutputStream:
+    def new_output(self) -> OutputStream[Any]:
+        """A request's output channel on the running event loop; consuming from it wakes the engine."""
         return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
 
-    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now; its KV slot is released before the next step.
 
         With `output`, only the request that owns that output is aborted: a stream that ends late
@@ -154,9 +188,41 @@ class Engine:
         with self._cond:
             return list(self._requests)
 
+    def state(self, request_id: str) -> S:
+        """The running request's state (tests, tools: what the engine holds for it); KeyError if none."""
+        with self._cond:
+            return self._requests[request_id]
+
+    def states(self) -> list[S]:
+        """Every running request's state, in arrival order."""
+        with self._cond:
+            return list(self._requests.values())
+
+    # --- one step on the caller's thread (tests, tools; the engine thread is not started) ------------
+    def plan_step(self) -> W | None:
+        """What the engine thread does before a step: release what ended, then pick the work."""
+        with self._cond:
+            self._release_ended()
+            return self._next_work()
+
+    def run_step(self, work: W) -> None:
+        """Run one step's work (what `plan_step` returned; the engine thread runs each step through
+        here, under `torch.inference_mode`, which a caller on its own thread holds as it likes)."""
+        self._run(work)
+
+    def release_ended(self) -> None:
+        """Free the model-side resources of ended requests now (the engine thread does it each step)."""
+        with self._cond:
+            self._release_ended()
+
+    def _release_ended(self) -> None:
+        released, self._released = self._released, []
+        for state in released:
+            self._release(state)
+
     # --- engine thread ------------------------------------------------------------------------------
-    def _finish(self, state: RequestState) -> None:
-        """Called by subclasses on the engine thread once the terminal output is queued."""
+    def finish(self, state: S) -> None:
+        """Called by subclasses and their parts on the engine thread once the terminal output is queued."""
         with self._cond:
             if self._requests.get(state.request_id) is state:
                 del self._requests[state.request_id]
@@ -165,7 +231,8 @@ class Engine:
             self._released.append(state)
         state.output.close()
 
-    def _fail(self, state: RequestState, error: OmniError) -> None:
+    def fail(self, state: S, error: OmniError) -> None:
+        """End the request with `error` (engine thread)."""
         with self._cond:
             if self._requests.get(state.request_id) is state:
                 del self._requests[state.request_id]
@@ -174,35 +241,37 @@ class Engine:
             self.stats.errors += 1
         state.output.fail(error)
 
-    def _release(self, state: RequestState) -> None:
+    def _release(self, state: S) -> None:
         """Free the model-side resources of a finished or aborted request (engine thread)."""
 
-    def _schedule(self, candidates: list[RequestState]) -> Any | None:
+    def _schedule(self, candidates: list[S]) -> W | None:
         """Under the lock: the work for one step among `candidates` (in arrival order), or None
         when none can progress."""
         raise NotImplementedError
 
     @contextlib.contextmanager
-    def _row(self, state: RequestState):
+    def row(self, state: S) -> Iterator[None]:
         """Per-request work after a batched forward (sampling, emitting): a failure there is that
         request's alone, so it fails only that request and the rest of the batch carries on."""
         try:
             yield
         except OmniError as exc:
-            self._fail(state, exc)
+            self.fail(state, exc)
         except Exception as exc:
             if poisons_device(exc):  # not this request's fault, and no request can go on
                 self._poison(exc)
                 return
             log.exception("%s: request %s failed", self.name, state.request_id)
-            self._fail(state, InternalError(f"{self.name} failed on this request: {exc}"))
+            self.fail(state, InternalError(f"{self.name} failed on this request: {exc}"))
 
-    def _run(self, work: Any) -> None:
+    def _run(self, work: W) -> None:
         """Outside the lock: run one step of model work."""
         raise NotImplementedError
 
-    def _work_states(self, work: Any) -> list[RequestState]:
-        return list(work)
+    def _work_states(self, work: W) -> list[S]:
+        """The requests a failed step's batch held (each then retried alone)."""
+        states: list[S] = list(work)  # type: ignore[call-overload]  # the default work: an iterable of states
+        return states
 
     def _deferred(self, count: int) -> None:
         """Under the lock, from `_schedule`: `count` requests that could have stepped wait for this
@@ -216,7 +285,7 @@ class Engine:
             running = sum(1 for s in self._requests.values() if s.slot is not None)
             return running, len(self._requests) - running
 
-    def _next_work(self) -> Any | None:
+    def _next_work(self) -> W | None:
         """Under the lock: a suspect alone while there are any, else the normal batch."""
         self.stats.last_deferred = 0  # what `_schedule` reports is about the step it returns
         self.stats.last_buffered = ()
@@ -230,14 +299,14 @@ class Engine:
             # It cannot step right now (waits for input or room): it rejoins the batch later.
         return self._schedule(list(self._requests.values()))
 
-    def _step_failed(self, work: Any, error: Exception) -> None:
+    def _step_failed(self, work: W, error: Exception) -> None:
         """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:
         every member is retried alone (the forward left no trace: lengths advance only after it),
         so only the one that fails again alone is failed and the innocent ones carry on.
         An error that poisons the device ends every request and the engine (see `_poison`)."""
         self._states_failed(self._work_states(work), error)
 
-    def _states_failed(self, states: list[RequestState], error: Exception) -> None:
+    def _states_failed(self, states: list[S], error: Exception) -> None:
         """`_step_failed` for the requests of a forward: subclasses call it with one request for a
         forward that ran it alone (a prefill piece), which fails it at once."""
         if poisons_device(error):
@@ -250,9 +319,9 @@ class Engine:
             state.suspicions += 1
             if len(states) == 1 or state.suspicions > MAX_SUSPICIONS:
                 if isinstance(error, OmniError):
-                    self._fail(state, error)
+                    self.fail(state, error)
                 else:
-                    self._fail(state, InternalError(f"{self.name} step failed: {error}"))
+                    self.fail(state, InternalError(f"{self.name} step failed: {error}"))
             else:
                 with self._cond:
                     self._suspects.append(state)
@@ -262,9 +331,7 @@ class Engine:
         while True:
             with self._cond:
                 while True:
-                    released, self._released = self._released, []
-                    for state in released:
-                        self._release(state)
+                    self._release_ended()
                     if self._stopping:
                         return
                     work = self._next_work()
@@ -277,7 +344,7 @@ class Engine:
             self.stats.last_prefill_rows = 0
             try:
                 with torch.inference_mode():
-                    self._run(work)
+                    self.run_step(work)
             except Exception as exc:  # a failed step ends the request that caused it, never the engine
                 self._step_failed(work, exc)
             elapsed = time.perf_counter() - started
@@ -322,10 +389,14 @@ class Engine:
             except Exception:
                 log.exception("%s: a fatal listener failed", self.name)
 
-    def add_fatal_listener(self, listener) -> None:
+    def add_fatal_listener(self, listener: FatalListener) -> None:
         """`listener(error)` runs on the engine thread once, when the device is poisoned."""
         self._fatal_listeners.append(listener)
 
-    def add_step_listener(self, listener) -> None:
+    def add_step_listener(self, listener: StepListener) -> None:
         """`listener(engine, seconds)` runs on the engine thread after each step (metrics hook)."""
         self._step_listeners.append(listener)
+
+    def remove_step_listener(self, listener: StepListener) -> None:
+        """Stop calling `listener` after steps (a test's or a tool's clock)."""
+        self._step_listeners.remove(listener)

@@ -14,6 +14,8 @@ layer and must never wait for the device (no `int()`, `.tolist()` or new tensors
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 
@@ -47,7 +49,9 @@ class SlotKVCache:
         self._mask: torch.Tensor | None = None
 
     @classmethod
-    def for_text_config(cls, text, slots: int, capacity: int, dtype: torch.dtype, device) -> SlotKVCache:
+    def for_text_config(
+        cls, text: Any, slots: int, capacity: int, dtype: torch.dtype, device: str | torch.device
+    ) -> SlotKVCache:
         """Sized for a decoder described by a transformers text config (thinker or talker)."""
         head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
         return cls(text.num_hidden_layers, text.num_key_value_heads, head_dim, slots, capacity, dtype, device)
@@ -116,7 +120,14 @@ class SlotKVCache:
         self._planned = False
 
     # --- transformers Cache protocol ------------------------------------------------------------
-    def update(self, key_states, value_states, layer_idx: int, kwargs=None, **_):
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        kwargs: Any = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         assert self._planned, "plan() must be called before the forward"
         k_all, v_all = self.keys[layer_idx], self.values[layer_idx]
         q, kv = self._q_len, self._kv_len

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    import argparse
+
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
@@ -83,7 +85,8 @@ class LoadOptions:
         name = self.dtype_name
         import torch
 
-        return getattr(torch, name)
+        dtype: torch.dtype = getattr(torch, name)
+        return dtype
 
     def on(self, device: str | None) -> LoadOptions:
         """The same options on another device (None: this one): one stage's options."""
@@ -95,7 +98,7 @@ class LoadOptions:
 DTYPE_HELP = "auto (default): bfloat16 on cuda, float32 on cpu"
 
 
-def add_dtype_arguments(p) -> None:
+def add_dtype_arguments(p: argparse.ArgumentParser) -> None:
     """`--dtype` and `--allow-float64`, the same for every command that loads a stage."""
     p.add_argument("--dtype", default=AUTO_DTYPE, choices=list(DTYPE_CHOICES), help=DTYPE_HELP)
     p.add_argument(
@@ -108,7 +111,7 @@ def add_dtype_arguments(p) -> None:
 STAGE_NAMES = ("thinker", "talker", "code2wav")
 
 
-def add_stage_device_arguments(p) -> None:
+def add_stage_device_arguments(p: argparse.ArgumentParser) -> None:
     """`--thinker-device` etc.: one device per stage, each defaulting to `--device`."""
     for stage in STAGE_NAMES:
         p.add_argument(
@@ -116,7 +119,7 @@ def add_stage_device_arguments(p) -> None:
         )
 
 
-def stage_devices(args) -> dict[str, str]:
+def stage_devices(args: argparse.Namespace) -> dict[str, str]:
     """Each stage's device from parsed `--device` and `--<stage>-device` flags."""
     return {stage: getattr(args, f"{stage}_device", None) or args.device for stage in STAGE_NAMES}
 
@@ -126,3 +129,7 @@ def stage_devices(args) -> dict[str, str]:
 # whole length. Lives here because this is the torch-free module the CLI, the services and the
 # pipeline all import.
 DEFAULT_PREFILL_CHUNK = 512
+
+# Requests a stage engine batches (KV slots, one step's rows) unless told otherwise: the one default
+# the engines, the family, the pipeline and `omnistream serve --max-batch` share.
+DEFAULT_MAX_BATCH = 16

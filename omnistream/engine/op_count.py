@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any
 
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -29,18 +30,24 @@ class OpCounts:
     def total(self) -> int:
         return self.inside + self.outside
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, int]:
         return {"total": self.total, "inside": self.inside, "outside": self.outside}
 
 
-class OpCounter(TorchDispatchMode):
+class OpCounter(TorchDispatchMode):  # type: ignore[no-untyped-call]  # torch's mode base is untyped
     """`with OpCounter() as counter:` counts every aten op dispatched in the block (`counter.counts`)."""
 
     def __init__(self) -> None:
-        super().__init__()
+        super().__init__()  # type: ignore[no-untyped-call]
         self.counts = OpCounts()
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
         if capture.inside():
             self.counts.inside += 1
         else:

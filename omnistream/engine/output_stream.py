@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Generic, TypeVar
 
 T = TypeVar("T")
@@ -24,7 +24,9 @@ class OutputStream(Generic[T]):
     blocking the engine thread. Items end with exactly one terminal item or an error.
     """
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, capacity: int, on_consume=None) -> None:
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, capacity: int, on_consume: Callable[[], None] | None = None
+    ) -> None:
         self._loop = loop
         self._capacity = capacity
         self._items: deque[T] = deque()
@@ -33,6 +35,11 @@ class OutputStream(Generic[T]):
         self._error: BaseException | None = None
         self._closed = False
         self._on_consume = on_consume
+
+    def queued(self) -> list[T]:
+        """The items put and not yet taken, oldest first (a snapshot; nothing is consumed)."""
+        with self._lock:
+            return list(self._items)
 
     def has_room(self) -> bool:
         with self._lock:

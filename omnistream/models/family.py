@@ -19,15 +19,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from omnistream.engine.engine import Engine
+    from omnistream.engine.api import StageEngine
     from omnistream.engine.load_options import LoadOptions
 
-from omnistream.request.stage_chain import STAGES  # noqa: F401  (re-exported: a family builds one engine per stage)
+# Re-exported: a family builds one engine per stage.
+from omnistream.request.stage_chain import STAGES as STAGES
 
 # The one place a family is registered: a module exposing `FAMILY`. Loaded on first use, so a
 # family nobody asks for costs nothing.
@@ -82,14 +83,14 @@ class ModelFamily(Protocol):
         model_dir: str | Path,
         options: LoadOptions,
         *,
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_requests: int | None = None,
         max_model_len: int = 4096,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         max_step_batch: int | None = None,
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-    ) -> Engine:
+    ) -> StageEngine:
         """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
         family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
         prefill prompts (thinker, talker) take per step, so running requests keep decoding.
@@ -99,11 +100,11 @@ class ModelFamily(Protocol):
         `first_audio_target` (seconds after arrival) is when a request's first audio is due."""
         ...
 
-    async def warm_up(self, stage: str, engine: Engine) -> None:
+    async def warm_up(self, stage: str, engine: StageEngine) -> None:
         """Run one tiny request through a started engine, so the first client pays no lazy setup."""
         ...
 
-    async def probe_speed(self, stage: str, engine: Engine) -> None:
+    async def probe_speed(self, stage: str, engine: StageEngine) -> None:
         """Run batches of a few sizes up to the engine's batch through a warmed engine (a stage
         without a probe returns at once): their steps seed the step-time model that the gateway
         admits audio by (omnistream/service/step_model.py)."""
@@ -145,7 +146,8 @@ def read_config(model_dir: str | Path) -> dict[str, Any]:
     """A checkpoint's config.json as a plain dict (no transformers involved)."""
     path = Path(model_dir) / "config.json"
     try:
-        return json.loads(path.read_text())
+        config: dict[str, Any] = json.loads(path.read_text())
+        return config
     except FileNotFoundError:
         raise InvalidRequest(f"{path} does not exist: not a checkpoint directory", field="model") from None
     except json.JSONDecodeError as exc:

@@ -25,7 +25,7 @@ class _Failure:
 
 async def relay(body: Callable[[Emit], Awaitable[None]], maxsize: int = 256) -> AsyncIterator[Any]:
     """Yield what `body(emit)` emits, in order; re-raise its error; cancel it if the consumer leaves."""
-    queue: asyncio.Queue = asyncio.Queue(maxsize)
+    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize)
 
     async def run() -> None:
         try:

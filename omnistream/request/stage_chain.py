@@ -128,7 +128,8 @@ class CodecFeed:
 
     @staticmethod
     def merge(held: Sequence[CodecFeed]) -> CodecFeed:
-        pieces = [f.codes for f in held if f.frames]
+        pieces = [f.codes for f in held if f.codes is not None and f.frames]
+        codes: Any | None
         if len(pieces) > 1:
             import torch  # only a stage process merges frames, and it has torch
 

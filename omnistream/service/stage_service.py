@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import grpc
 
-from omnistream.engine.engine import Engine
+from omnistream.engine.api import StageEngine
 from omnistream.engine.output_stream import OutputStream
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Unavailable
@@ -92,7 +92,7 @@ class StageServicer:
 
     def __init__(
         self,
-        engine: Engine,
+        engine: StageEngine,
         metrics: StageMetrics,
         model_id: str = DEFAULT_MODEL_ID,
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,

@@ -134,7 +134,7 @@ class SequenceChecker:
     __slots__ = ("_next", "request_id", "stage")
 
     def __init__(self, request_id: str, stage: Stage | str, first_index: int = 0) -> None:
-        expected = ChunkKey(request_id, stage, first_index)  # validates all three
+        expected = ChunkKey(request_id, stage, first_index)  # type: ignore[arg-type]  # validates all three
         self.request_id = expected.request_id
         self.stage = expected.stage
         self._next = first_index
@@ -146,18 +146,17 @@ class SequenceChecker:
 
     def expect(self, key: ChunkKey | ChunkKeyProto) -> ChunkKey:
         """Check `key` against the expected one and advance; returns the key as a ChunkKey."""
-        if not isinstance(key, ChunkKey):
-            key = ChunkKey.from_proto(key)
+        got: ChunkKey = key if isinstance(key, ChunkKey) else ChunkKey.from_proto(key)
         expected = self.expected
-        if key.request_id != self.request_id:
-            problem = f"belongs to request {key.request_id!r}, this stream is {self.request_id!r}"
-        elif key.stage != self.stage:
-            problem = f"comes from stage {key.stage.value}, this stream carries {self.stage.value}"
-        elif key.index > self._next:
-            problem = f"skips {key.index - self._next} chunk(s)"
-        elif key.index < self._next:
+        if got.request_id != self.request_id:
+            problem = f"belongs to request {got.request_id!r}, this stream is {self.request_id!r}"
+        elif got.stage != self.stage:
+            problem = f"comes from stage {got.stage.value}, this stream carries {self.stage.value}"
+        elif got.index > self._next:
+            problem = f"skips {got.index - self._next} chunk(s)"
+        elif got.index < self._next:
             problem = "is a duplicate or replay"
         else:
             self._next += 1
-            return key
-        raise SequenceError(f"chunk key {key} {problem} (expected {expected})", field="key")
+            return got
+        raise SequenceError(f"chunk key {got} {problem} (expected {expected})", field="key")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
@@ -63,9 +63,13 @@ SCHEDULE_TO_PROTO = {
     SCHEDULE_FIXED: stage_pb2.CHUNK_SCHEDULE_FIXED,
     SCHEDULE_GROW: stage_pb2.CHUNK_SCHEDULE_GROWING,
 }
-SCHEDULE_FROM_PROTO = {number: name for name, number in SCHEDULE_TO_PROTO.items()}
+SCHEDULE_FROM_PROTO: dict[int, str] = {number: name for name, number in SCHEDULE_TO_PROTO.items()}
 
 
+@overload
+def schedule_from_proto(value: int, unspecified: str, field: str = ...) -> str: ...
+@overload
+def schedule_from_proto(value: int, unspecified: None, field: str = ...) -> str | None: ...
 def schedule_from_proto(value: int, unspecified: str | None, field: str = "chunk_schedule") -> str | None:
     """A ChunkSchedule number as the plan's name; UNSPECIFIED is `unspecified` (which differs by API:
     a stage reads an older gateway's plan as fixed, the public API reads "not given")."""

@@ -49,7 +49,7 @@ def checked(message: Any) -> Any:
     return message
 
 
-async def parsed(requests: AsyncIterator) -> AsyncIterator:
+async def parsed(requests: AsyncIterator[Any]) -> AsyncIterator[Any]:
     """Iterate a request stream, raising InvalidRequest at the first malformed message."""
     async for message in requests:
         yield checked(message)
@@ -58,7 +58,7 @@ async def parsed(requests: AsyncIterator) -> AsyncIterator:
 @dataclass(frozen=True)
 class Method:
     name: str
-    behavior: Callable
+    behavior: Callable[..., Any]
     request_type: type[Message]
     response_type: type[Message]
     kind: str = "stream_stream"  # or "unary_stream", "unary_unary"

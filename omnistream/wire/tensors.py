@@ -14,7 +14,7 @@ import functools
 import math
 import sys
 from collections.abc import Collection
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import numpy as np
 
@@ -58,7 +58,7 @@ def _names_by_torch_dtype() -> dict[torch.dtype, str]:
     return {dtype: name for name, dtype in _torch_dtypes().items()}
 
 
-def _is_torch_tensor(t: object) -> bool:
+def _is_torch_tensor(t: object) -> TypeGuard[torch.Tensor]:
     torch = sys.modules.get("torch")  # a torch tensor exists only where torch is already loaded
     return torch is not None and isinstance(t, torch.Tensor)
 

@@ -138,7 +138,7 @@ def test_batching_actually_batches(pipeline):
 
         asyncio.run(run_all())
     finally:
-        pipeline.talker._step_listeners.remove(listener)
+        pipeline.talker.remove_step_listener(listener)
     assert max(seen) >= 2
 
 

@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.models.family import STAGES, ModelFamily, ModelInfo
 from omnistream.models.qwen3_omni.constants import (
@@ -28,7 +28,7 @@ from omnistream.models.qwen3_omni.constants import (
 )
 
 if TYPE_CHECKING:
-    from omnistream.engine.engine import Engine
+    from omnistream.engine.api import StageEngine
     from omnistream.engine.load_options import LoadOptions
 
 # The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
@@ -79,15 +79,14 @@ class Qwen3OmniFamily:
         model_dir: str | Path,
         options: LoadOptions,
         *,
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_requests: int | None = None,
         max_model_len: int = 4096,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         max_step_batch: int | None = None,
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-    ) -> Engine:
-        limits = {"max_batch": max_batch, "max_requests": max_requests}
+    ) -> StageEngine:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
         from omnistream.engine.load_options import is_accelerator
@@ -104,19 +103,25 @@ class Qwen3OmniFamily:
         if stage == "thinker" and options.backend == "vllm":
             from omnistream.models.qwen3_omni.thinker.vllm_engine import VllmThinkerEngine
 
-            return VllmThinkerEngine(  # type: ignore[return-value]  (the engine API, not the class)
+            return VllmThinkerEngine(
                 str(model_dir),
                 options,
                 max_model_len=max_model_len,
                 prefill_chunk=prefill_chunk,
                 vllm_load=options.vllm_load,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "thinker":
             from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 
             return ThinkerEngine(
-                str(model_dir), options, max_model_len=max_model_len, prefill_chunk=prefill_chunk, **limits
+                str(model_dir),
+                options,
+                max_model_len=max_model_len,
+                prefill_chunk=prefill_chunk,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "talker":
             from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
@@ -129,7 +134,8 @@ class Qwen3OmniFamily:
                 prefill_chunk=prefill_chunk,
                 max_step_batch=max_step_batch,
                 first_audio_target=first_audio_target,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         if stage == "code2wav":
             from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
@@ -139,16 +145,17 @@ class Qwen3OmniFamily:
                 options,
                 max_step_frames=max_step_frames,
                 first_audio_target=first_audio_target,
-                **limits,
+                max_batch=max_batch,
+                max_requests=max_requests,
             )
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
 
-    async def warm_up(self, stage: str, engine: Engine) -> None:
+    async def warm_up(self, stage: str, engine: StageEngine) -> None:
         from omnistream.models.qwen3_omni.warmup import WARMERS
 
         await WARMERS[stage](engine)
 
-    async def probe_speed(self, stage: str, engine: Engine) -> None:
+    async def probe_speed(self, stage: str, engine: StageEngine) -> None:
         from omnistream.models.qwen3_omni.warmup import PROBES
 
         probe = PROBES.get(stage)

@@ -14,14 +14,16 @@ one: the gateway admits audio streams by it.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import Any, cast
 
 import torch
 
-from omnistream.engine.engine import Engine
+from omnistream.engine.api import Code2WavStageEngine, StageEngine, TalkerStageEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 
 
-def talker_warmup_prompt(config) -> list[int]:
+def talker_warmup_prompt(config: Any) -> list[int]:
     """`<|im_start|>user X<|im_end|> X<|im_start|>assistant X`: the shortest prompt with a user turn
     and an assistant turn, built from the checkpoint's own special-token ids."""
     return [
@@ -36,32 +38,39 @@ def talker_warmup_prompt(config) -> list[int]:
     ]
 
 
-async def _drain(out) -> None:
+async def _drain(out: AsyncIterable[Any]) -> None:
     async for _ in out:
         pass
 
 
-async def warm_thinker(engine: Engine) -> None:
+async def warm_thinker(engine: StageEngine) -> None:
     from omnistream.models.qwen3_omni.thinker.engine import ThinkerParams
 
     await _drain(engine.add_request("warmup", [0, 1, 2], ThinkerParams(max_tokens=2, ignore_eos=True)))
 
 
-async def warm_talker(engine: Engine) -> None:
+async def warm_talker(stage_engine: StageEngine) -> None:
     from omnistream.models.qwen3_omni.talker.engine import TalkerParams
 
+    engine = cast(TalkerStageEngine, stage_engine)
     out = engine.add_request("warmup", TalkerParams(max_frames=2))
     engine.feed("warmup", [0], True, prompt_ids=talker_warmup_prompt(engine.config))
     await _drain(out)
 
 
-async def warm_code2wav(engine: Engine) -> None:
+async def warm_code2wav(stage_engine: StageEngine) -> None:
+    engine = cast(Code2WavStageEngine, stage_engine)
     out = engine.add_request("warmup", ChunkPlan(2, 25, 25))
     engine.feed("warmup", torch.zeros((engine.num_quantizers, 3), dtype=torch.long), True)
     await _drain(out)
 
 
-WARMERS = {"thinker": warm_thinker, "talker": warm_talker, "code2wav": warm_code2wav}
+# Each stage's warm-up: what the family's `warm_up(stage, engine)` runs.
+WARMERS: dict[str, Callable[[StageEngine], Awaitable[None]]] = {
+    "thinker": warm_thinker,
+    "talker": warm_talker,
+    "code2wav": warm_code2wav,
+}
 
 PROBE_TALKER_FRAMES = 6  # frames per request of a probe batch (its steps are the measure)
 PROBE_CODE2WAV_WINDOWS = 2  # windows per request: the second decodes with its left context, as serving does
@@ -73,9 +82,10 @@ def probe_sizes(max_batch: int) -> list[int]:
     return sorted({1, max(1, max_batch // 4), max(1, max_batch)})
 
 
-async def probe_talker(engine: Engine) -> None:
+async def probe_talker(stage_engine: StageEngine) -> None:
     from omnistream.models.qwen3_omni.talker.engine import TalkerParams
 
+    engine = cast(TalkerStageEngine, stage_engine)
     prompt = talker_warmup_prompt(engine.config)
     for size in probe_sizes(engine.max_step_batch):
         outs = []
@@ -88,7 +98,8 @@ async def probe_talker(engine: Engine) -> None:
         await asyncio.gather(*(_drain(out) for out in outs))
 
 
-async def probe_code2wav(engine: Engine) -> None:
+async def probe_code2wav(stage_engine: StageEngine) -> None:
+    engine = cast(Code2WavStageEngine, stage_engine)
     plan = ChunkPlan(25, 25, 25)
     frames = torch.zeros((engine.num_quantizers, plan.chunk * PROBE_CODE2WAV_WINDOWS), dtype=torch.long)
     for size in probe_sizes(min(engine.max_batch, MAX_PROBE_CODE2WAV_BATCH)):
@@ -101,4 +112,7 @@ async def probe_code2wav(engine: Engine) -> None:
 
 
 # The audio stages' speed probes (the thinker's speed is reported but admits nothing).
-PROBES = {"talker": probe_talker, "code2wav": probe_code2wav}
+PROBES: dict[str, Callable[[StageEngine], Awaitable[None]]] = {
+    "talker": probe_talker,
+    "code2wav": probe_code2wav,
+}

@@ -7,7 +7,6 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import torch
@@ -57,11 +56,7 @@ def test_own_counter_counts_only_inside_and_restores_the_methods():
 
 def test_step_until_done_stops_when_the_engine_has_no_work():
     class Idle:
-        def __init__(self) -> None:
-            self._cond = threading.Condition()
-            self._released: list = []
-
-        def _next_work(self):
+        def plan_step(self):
             return None
 
     assert step_until_done(Idle(), "cpu", _OwnSyncCounter()) == []

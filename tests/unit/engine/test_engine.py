@@ -68,7 +68,7 @@ class _Counter(Engine):
             state.sent = getattr(state, "sent", 0) + 1
             state.output.put(state.sent)
             if state.sent == 3:
-                self._finish(state)
+                self.finish(state)
 
 
 def test_a_failing_step_listener_does_not_end_the_engine_thread():
@@ -83,7 +83,7 @@ def test_a_failing_step_listener_does_not_end_the_engine_thread():
 
     async def run() -> list[int]:
         state = RequestState("r", engine.new_output())
-        engine._admit(state)
+        engine.admit(state)
         engine.start()
         return [item async for item in state.output]
 

@@ -30,11 +30,11 @@ class _Faulty(Engine):
             if state.request_id.startswith("bad"):
                 raise ValueError("this request's own problem")
             state.output.put(state.request_id)
-            self._finish(state)
+            self.finish(state)
 
     def add(self, rid: str):
         state = RequestState(request_id=rid, output=self.new_output())
-        self._admit(state)
+        self.admit(state)
         return state.output
 
 
@@ -56,7 +56,7 @@ def test_a_device_fault_fails_every_request_stops_the_engine_and_tells_the_liste
         with pytest.raises(Unavailable):
             engine.add("late")
         await asyncio.to_thread(engine.stop)
-        assert engine._thread is None and engine.num_requests == 0
+        assert not engine.running and engine.num_requests == 0
 
     asyncio.run(run())
 

@@ -81,7 +81,7 @@ class _Frames(Engine):
             self.stats.last_units += 1
             state.output.put(state.sent)
             if state.sent == 3:
-                self._finish(state)
+                self.finish(state)
 
 
 class _Servicer(StageServicer):
@@ -101,7 +101,7 @@ def test_the_info_rpc_reports_the_measured_speed_and_the_identity_stays_cached()
     async def run() -> None:
         states = [RequestState(f"r{i}", engine.new_output()) for i in range(2)]
         for state in states:
-            engine._admit(state)
+            engine.admit(state)
         engine.start()
         for state in states:
             assert [item async for item in state.output] == [1, 2, 3]

@@ -22,13 +22,14 @@ Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, w
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from omnistream.engine.engine import Engine, RequestState
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.engine import Engine, RequestState, present
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
@@ -69,14 +70,20 @@ class _Code2WavState(RequestState):
 DECODES = ("stream", "recompute")
 
 
-class Code2WavEngine(Engine):
+# One step's work: each request with how many frames it had and whether its input had ended then.
+Code2WavWork = list[tuple[_Code2WavState, int, bool]]
+
+
+class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
+    """The Code2Wav stage: windows of codec frames decoded to audio, most urgent first."""
+
     name = "code2wav"
 
     def __init__(
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_requests: int | None = None,
         output_capacity: int = 64,
         max_frames: int = 16384,
@@ -115,11 +122,11 @@ class Code2WavEngine(Engine):
         """Frames past a window end this decode needs before it can emit the window."""
         return 1 if self.decode == "recompute" else 0
 
-    def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream:
+    def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream[AudioOutput]:
         plan.validate()
         state = _Code2WavState(request_id=request_id, output=self.new_output(), plan=plan)
         state.playout = Playout(state.arrived, self.first_audio_target)
-        self._admit(state)
+        self.admit(state)
         return state.output
 
     def feed(self, request_id: str, codes: torch.Tensor | None, last: bool) -> None:
@@ -148,9 +155,9 @@ class Code2WavEngine(Engine):
             self._cond.notify_all()
 
     # --- engine thread ------------------------------------------------------------------------------
-    def _schedule(self, candidates):
+    def _schedule(self, candidates: list[_Code2WavState]) -> Code2WavWork | None:
         now = time.monotonic()
-        ready = []
+        ready: list[_Code2WavState] = []
         frames = self.max_step_frames  # what is left of the step's frame budget (None: no budget)
         deferred = 0
         longest: int | None = None  # the step's padded window length: the most urgent window's
@@ -186,7 +193,7 @@ class Code2WavEngine(Engine):
             state.slot = 0
         return [(s, s.available, s.done) for s in ready]
 
-    def _work_states(self, work):
+    def _work_states(self, work: Code2WavWork) -> list[_Code2WavState]:
         return [s for s, _, _ in work]
 
     def _window_frames(self, state: _Code2WavState) -> int:
@@ -203,13 +210,13 @@ class Code2WavEngine(Engine):
             return state.available > state.start
         return state.available >= state.plan.window_end(state.start)  # no lookahead frame needed
 
-    def _run(self, work) -> None:
+    def _run(self, work: Code2WavWork) -> None:
         if self.decode == "stream":
             self._run_stream(work)
         else:
             self._run_recompute(work)
 
-    def _needing_audio(self, work):
+    def _needing_audio(self, work: Code2WavWork) -> Iterator[tuple[_Code2WavState, int, bool]]:
         """The (state, available, done) that have frames to decode; a request whose input ended on
         a window boundary gets its (empty) final piece here instead."""
         for state, available, done in work:
@@ -219,11 +226,11 @@ class Code2WavEngine(Engine):
                 state.output.put(
                     AudioOutput(np.zeros(0, np.float32), state.samples, state.window, finished=True)
                 )
-                self._finish(state)
+                self.finish(state)
                 continue
             yield state, available, done
 
-    def _run_stream(self, work) -> None:
+    def _run_stream(self, work: Code2WavWork) -> None:
         """One batched streaming step: each ready request decodes its next window, once."""
         jobs = [
             (state, min(state.plan.window_end(state.start), available), available, done)
@@ -235,18 +242,18 @@ class Code2WavEngine(Engine):
         self.stats.last_units = sum(end - s.start for s, end, _, _ in jobs)  # frames decoded (speed.py)
         states = [s.stream if s.stream is not None else self.streamer.new_state() for s, _, _, _ in jobs]
         # Host codes go to the device in one copy, the step's audio comes back in one copy.
-        codes = [s.codes[:, s.start : end] for s, end, _, _ in jobs]
+        codes = [present(s.codes)[:, s.start : end] for s, end, _, _ in jobs]
         # States are immutable: if this raises, every request is as it was and can be retried alone.
         padded, lens, new_states = self.streamer.step_padded(states, codes)
         audio = padded.to(torch.float32).cpu().numpy()
         for (state, end, available, done), wav, n, new in zip(jobs, audio, lens, new_states, strict=True):
-            with self._row(state):
+            with self.row(state):
                 state.stream = new
                 piece = wav[:n].copy()  # its own buffer: the batch's may be large
                 self._hand_out(state, piece, end, final=done and end >= available)
 
-    def _run_recompute(self, work) -> None:
-        jobs = []
+    def _run_recompute(self, work: Code2WavWork) -> None:
+        jobs: list[tuple[_Code2WavState, int, int, int, bool, bool]] = []
         for state, available, done in self._needing_audio(work):
             begin, end, stop, lookahead = state.plan.span(state.start, available, done)
             jobs.append((state, begin, end, stop, lookahead, done))
@@ -257,10 +264,10 @@ class Code2WavEngine(Engine):
         longest = max(stop - begin for _, begin, _, stop, _, _ in jobs)
         batch = torch.zeros((len(jobs), self.num_quantizers, longest), dtype=torch.long, device=self.device)
         for row, (state, begin, _, stop, _, _) in enumerate(jobs):
-            batch[row, :, : stop - begin] = state.codes[:, begin:stop]
+            batch[row, :, : stop - begin] = present(state.codes)[:, begin:stop]
         wav = self.code2wav(batch)[:, 0]  # [B, samples]
         for row, (state, begin, end, stop, lookahead, done) in enumerate(jobs):
-            with self._row(state):
+            with self.row(state):
                 self._emit(state, wav[row], begin, end, stop, lookahead, done)
 
     def _emit(
@@ -294,7 +301,7 @@ class Code2WavEngine(Engine):
         state.window += 1
         state.start = end
         if final:
-            self._finish(state)
+            self.finish(state)
 
     @property
     def trailing_loss(self) -> int:

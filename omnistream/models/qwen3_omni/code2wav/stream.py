@@ -29,8 +29,9 @@ test_code2wav_stream.py` holds it to the module's own forward.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -203,7 +204,8 @@ class StreamingCode2Wav:
         hidden = self._pre_transformer(hidden, lens, rows)
         x = hidden.permute(0, 2, 1)
         stage = iter(stage_lens[1:])
-        for trans, convnext in m.upsample:
+        upsample: Any = m.upsample  # pairs of (transposed conv, ConvNeXt block)
+        for trans, convnext in upsample:
             x = self._trans_conv(trans, x, next(stage), rows)
             x = self._convnext(convnext, x, rows)
         for block in m.decoder:
@@ -267,7 +269,8 @@ class StreamingCode2Wav:
             hidden = residual + layer.self_attn_layer_scale(attn_out)
             residual = hidden
             hidden = residual + layer.mlp_layer_scale(layer.mlp(layer.post_attention_layernorm(hidden)))
-        return pt.norm(hidden)
+        normed: torch.Tensor = pt.norm(hidden)
+        return normed
 
     def _attention(
         self,
@@ -299,7 +302,8 @@ class StreamingCode2Wav:
         index_kv = keep.expand(-1, keys.shape[1], -1, keys.shape[3])
         rows.keys.append(keys.gather(2, index_kv))
         rows.values.append(values.gather(2, index_kv))
-        return attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        projected: torch.Tensor = attn.o_proj(out.transpose(1, 2).reshape(batch, length, -1))
+        return projected
 
     # --- convolutions -------------------------------------------------------------------------------
     def _conv(self, module: qom.Qwen3OmniMoeCausalConvNet, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
@@ -313,7 +317,8 @@ class StreamingCode2Wav:
         # Row b's new tail: its last `tail` inputs, full[b, :, n_b : n_b + tail].
         at = rows.tail_index(rows.trans, tail, full.shape[1], self._offsets[tail])
         rows.tails.append(full.gather(2, at))
-        return module.conv(full)
+        conv: torch.Tensor = module.conv(full)
+        return conv
 
     def _trans_conv(
         self, module: qom.Qwen3OmniMoeCausalTransConvNet, x: torch.Tensor, out_lens: list[int], rows: _Rows
@@ -354,7 +359,8 @@ class StreamingCode2Wav:
     def _convnext(self, block: qom.Qwen3OmniMoeConvNeXtBlock, x: torch.Tensor, rows: _Rows) -> torch.Tensor:
         h = self._conv(block.dwconv, x, rows).permute(0, 2, 1)
         h = block.pwconv2(block.act(block.pwconv1(block.norm(h))))
-        return x + (block.gamma * h).permute(0, 2, 1)
+        out: torch.Tensor = x + (block.gamma * h).permute(0, 2, 1)
+        return out
 
     def _residual(
         self, unit: qom.Qwen3OmniMoeCode2WavDecoderResidualUnit, x: torch.Tensor, rows: _Rows
@@ -362,12 +368,15 @@ class StreamingCode2Wav:
         h = self._conv(unit.conv1, unit.act1(x), rows)
         return x + self._conv(unit.conv2, unit.act2(h), rows)
 
-    def _decoder_part(self, part: torch.nn.Module, x: torch.Tensor, stage, rows: _Rows) -> torch.Tensor:
+    def _decoder_part(
+        self, part: torch.nn.Module, x: torch.Tensor, stage: Iterator[Any], rows: _Rows
+    ) -> torch.Tensor:
         """One decoder part; `stage` yields the rows' lengths after each transposed conv in turn."""
         if isinstance(part, qom.Qwen3OmniMoeCausalConvNet):
             return self._conv(part, x, rows)
         if isinstance(part, qom.Qwen3OmniMoeSnakeBeta):
-            return part(x)  # pointwise: padding stays beyond each row's length
+            snake: torch.Tensor = part(x)  # pointwise: padding stays beyond each row's length
+            return snake
         if isinstance(part, qom.Qwen3OmniMoeCausalTransConvNet):
             return self._trans_conv(part, x, next(stage), rows)
         if isinstance(part, qom.Qwen3OmniMoeCode2WavDecoderResidualUnit):

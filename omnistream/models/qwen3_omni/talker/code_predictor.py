@@ -78,7 +78,14 @@ class StaticStepCache:
         self.start = start
         self.end = start + q_len
 
-    def update(self, key_states, value_states, layer_idx: int, kwargs=None, **_):
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        kwargs: Any = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.keys[layer_idx], self.values[layer_idx]
         keys[:, :, self.start : self.end].copy_(key_states)
         values[:, :, self.start : self.end].copy_(value_states)
@@ -103,7 +110,7 @@ class CodePredictorRunner:
 
     def __init__(
         self,
-        code_predictor: torch.nn.Module,
+        code_predictor: Any,  # transformers' code predictor module (its config and submodules untyped)
         max_batch: int,
         dtype: torch.dtype,
         device: str | torch.device,
@@ -117,7 +124,7 @@ class CodePredictorRunner:
         self.model = code_predictor.model
         self.layers = list(self.model.layers[: cfg.num_hidden_layers])
         self.heads = code_predictor.lm_head
-        self.num_steps = cfg.num_code_groups - 1  # forwards per frame
+        self.num_steps: int = cfg.num_code_groups - 1  # forwards per frame
         self.positions = self.num_steps + 1  # 2 prompt rows + (num_steps - 1) generated codes
         if buckets is None:
             buckets = batch_buckets(max_batch) if cuda_graphs else tuple(range(1, max_batch + 1))
@@ -198,7 +205,8 @@ class CodePredictorRunner:
                 position_embeddings=step.rope,
             )
         hidden = self.model.norm(hidden)
-        return self.heads[group](hidden[:, -1])
+        logits: torch.Tensor = self.heads[group](hidden[:, -1])
+        return logits
 
     def run(self, group: int, embeds: torch.Tensor) -> torch.Tensor:
         """One step for a real batch [B, rows(group), hidden]: copied into its bucket's static input,
@@ -226,13 +234,13 @@ class CodePredictorRunner:
         with self._current_device():
             self._capture()
 
-    def _current_device(self) -> contextlib.AbstractContextManager:
+    def _current_device(self) -> contextlib.AbstractContextManager[Any]:
         on_cuda = torch.device(self.device).type == "cuda"
         return torch.cuda.device(self.device) if on_cuda else contextlib.nullcontext()
 
     def _capture(self) -> None:
         pool = torch.cuda.graph_pool_handle()
-        side = torch.cuda.Stream(device=self.device)
+        side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
         with torch.inference_mode():
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):

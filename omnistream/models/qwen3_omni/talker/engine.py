@@ -22,21 +22,23 @@ codebooks, then the talker's decode, each with its sampling), captured as CUDA g
 `--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
 
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
-Its parts: the per-request state (`state.py`), deadline scheduling and the prefill budget
-(`schedule.py`), one frame's steps, eager and static (`frame_steps.py`); admission, the inputs and
-each prompt's prefill stay here.
+Its parts, objects it builds and holds: deadline scheduling and the prefill budget (`schedule`,
+`schedule.py`'s `DeadlineSchedule`), one frame's steps, eager and static (`frames`, `frame_steps.py`'s
+`FrameSteps`); the per-request state is `state.py`'s. Admission, the inputs and each prompt's prefill
+stay here.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler
-from omnistream.engine.engine import Engine
+from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
     DEFAULT_FIRST_AUDIO_TARGET_S,
@@ -58,23 +60,23 @@ from omnistream.models.qwen3_omni.talker.prompt import (
     user_positions,
 )
 from omnistream.models.qwen3_omni.talker.rope import talker_rope
-from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule
-from omnistream.models.qwen3_omni.talker.state import _TalkerState
+from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule, TalkerStep
+from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
 
-PREFILL_COST_WEIGHT = 0.2  # weight of the newest piece in the prefill's seconds-per-row average
 
+class TalkerEngine(Engine[_TalkerState, TalkerStep]):
+    """The talker stage: the engine thread, admission and inputs here; its schedule and frames as parts."""
 
-class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
     name = "talker"
 
     def __init__(
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int = 8192,
         max_requests: int | None = None,
         output_capacity: int = 512,
@@ -90,11 +92,6 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         check_step_budget("max_step_batch", max_step_batch)
         if max_step_batch is not None and max_step_batch > max_batch:
             raise ValueError(f"max_step_batch ({max_step_batch}) cannot exceed max_batch ({max_batch})")
-        # Prompt rows prefilled per step, all requests together (at least one piece a step).
-        self.prefill_chunk = prefill_chunk
-        # Requests that take a frame step per step, most urgent first (the rest wait a step).
-        self.max_step_batch = max_step_batch or max_batch
-        self.prefill_row_seconds: float | None = None  # measured (schedule.py's prefill budget)
         self.first_audio_target = first_audio_target
         holder = load_stage("talker", model_dir, options)
         self.config = holder.config
@@ -156,9 +153,57 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                 graph_buckets=graph_buckets,
                 cuda_graphs=options.graphs,
             )
+        # Which requests step (prompt rows `prefill_chunk` a step; frame rows `max_step_batch`, the
+        # most urgent first) and one frame's steps.
+        step_batch = max_step_batch or max_batch
+        self.schedule = DeadlineSchedule(self.cache, self.eos_mask, prefill_chunk, step_batch)
+        self.frames = FrameSteps(
+            requests=self,
+            talker=self.talker,
+            cp_embeddings=self.cp.model.get_input_embeddings(),
+            code_predictor=self.code_predictor,
+            frame=self.frame,
+            prompts=self.prompts,
+            cache=self.cache,
+            sampler=self.sampler,
+            cp_sampler=self.cp_sampler,
+            eos_mask=self.eos_mask,
+            device=self.device,
+            codec_eos=self.codec_eos,
+            num_groups=self.num_groups,
+            frame_seconds=self.frame_seconds,
+        )
+
+    # --- the schedule's budgets, read by it each step (settable between requests) ------------------
+    @property
+    def prefill_chunk(self) -> int:
+        """Prompt rows prefilled per step, all requests together."""
+        return self.schedule.prefill_chunk
+
+    @prefill_chunk.setter
+    def prefill_chunk(self, rows: int) -> None:
+        self.schedule.prefill_chunk = rows
+
+    @property
+    def max_step_batch(self) -> int:
+        """Requests that take a frame step per step, most urgent first."""
+        return self.schedule.max_step_batch
+
+    @max_step_batch.setter
+    def max_step_batch(self, rows: int) -> None:
+        self.schedule.max_step_batch = rows
+
+    @property
+    def prefill_row_seconds(self) -> float | None:
+        """Measured seconds of prefill per prompt row (None: none measured yet)."""
+        return self.schedule.prefill_row_seconds
+
+    @prefill_row_seconds.setter
+    def prefill_row_seconds(self, seconds: float | None) -> None:
+        self.schedule.prefill_row_seconds = seconds
 
     # --- public API ---------------------------------------------------------------------------------
-    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream:
+    def add_request(self, request_id: str, params: TalkerParams) -> OutputStream[TalkerOutput]:
         speaker_id = self.speakers.get(params.speaker.lower())
         if speaker_id is None:
             raise InvalidRequest(
@@ -179,7 +224,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         state.playout = Playout(state.arrived, self.first_audio_target)
         if state.cp_generator is not None and params.sampling.seed is not None:
             state.cp_generator.manual_seed(params.sampling.seed + 1)
-        self._admit(state)
+        self.admit(state)
         return state.output
 
     def feed_piece(self, request_id: str, piece: TalkerFeed) -> None:
@@ -291,12 +336,19 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
             self.cache.release(state.slot)
             state.slot = None
 
-    def _work_states(self, work):
-        _, predict, decode = work  # not the prefills: each runs alone and answers for itself
-        return predict + decode
+    def _schedule(self, candidates: Sequence[_TalkerState]) -> TalkerStep | None:
+        step = self.schedule.pick(candidates)
+        if step is not None:
+            self._deferred(step.deferred)
+            self.stats.last_buffered = step.buffered
+        return step
 
-    def _run(self, work) -> None:
-        prefill, predict, decode = work
+    def _work_states(self, work: TalkerStep) -> list[_TalkerState]:
+        return work.predict + work.decode  # not the prefills: each runs alone and answers for itself
+
+    def _run(self, work: TalkerStep) -> None:
+        prefill, predict, decode = work.prefill, work.predict, work.decode
+        frames = self.frames
         for state, take in prefill:
             if state.finished:  # aborted meanwhile
                 continue
@@ -305,39 +357,32 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
                 started = time.perf_counter()
                 before = state.prefilled
                 hidden = self._prefill_piece(state, take)
-                self._measure_prefill(state.prefilled - before, time.perf_counter() - started)
+                self.schedule.measure_prefill(state.prefilled - before, time.perf_counter() - started)
                 if hidden is not None:
-                    self._take_code0([state], hidden, first=True)
+                    frames.take_code0([state], hidden, first=True)
             except Exception as exc:  # one request's forward: the failure is that request's alone
                 self._states_failed([state], exc)
         predict = [s for s in predict if not s.finished]
         if predict:
             if self.frame is not None:
-                self._predict_static(predict)
+                frames.predict_static(predict)
             else:
-                self._predict_residuals(predict)
+                frames.predict_residuals(predict)
             # One step per frame: whoever has its next text row goes straight on to the talker forward.
             with self._cond:
                 decode += [
-                    s for s in predict if not s.finished and s.output.has_room() and self._text_row_ready(s)
+                    s
+                    for s in predict
+                    if not s.finished and s.output.has_room() and self.schedule.text_row_ready(s)
                 ]
         decode = [s for s in decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
             if self.frame is not None:
-                self._decode_static(decode)
+                frames.decode_static(decode)
                 return
-            hidden = self._talker_forward(decode, self._next_inputs(decode), commit=False)
-            self._take_code0(decode, hidden, commit=True)
-
-    def _measure_prefill(self, rows: int, seconds: float) -> None:
-        """Seconds per prompt row of prefill, a moving average over pieces (the schedule's prefill
-        budget while a listener is near running dry)."""
-        if rows <= 0:
-            return
-        sample = seconds / rows
-        last = self.prefill_row_seconds
-        self.prefill_row_seconds = sample if last is None else last + PREFILL_COST_WEIGHT * (sample - last)
+            hidden = frames.talker_forward(decode, frames.next_inputs(decode), commit=False)
+            frames.take_code0(decode, hidden, commit=True)
 
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
         """The next `take` prompt rows into the KV cache (the rows are built on the first piece).
@@ -345,10 +390,11 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         it); before it, None. `prefilled` advances only once the piece's forward has run."""
         if state.prompt_rows is None:
             head = state.stream[:ASSISTANT_PROMPT_TOKENS]
-            rows = self.prompts.prompt(state.prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+            prompt_ids = present(state.prompt_ids)  # the schedule prefills only prompts that came
+            rows = self.prompts.prompt(prompt_ids, head, state.speaker_id, state.multimodal_hidden)
             cfg = self.config
-            users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-            rope = talker_rope(self.talker, cfg, [state.prompt_ids[p] for p in users], state.media_layout)
+            users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+            rope = talker_rope(self.talker, cfg, [prompt_ids[p] for p in users], state.media_layout)
             if rope is not None:
                 state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
                 state.rope_delta = rope[1]
@@ -359,7 +405,7 @@ class TalkerEngine(DeadlineSchedule, FrameSteps, Engine):
         positions = None
         if state.prompt_positions is not None:
             positions = state.prompt_positions[:, :, start:end]
-        hidden = self._talker_forward([state], state.prompt_rows[:, start:end], positions)
+        hidden = self.frames.talker_forward([state], state.prompt_rows[:, start:end], positions)
         state.prefilled = end
         if end < total:
             return None

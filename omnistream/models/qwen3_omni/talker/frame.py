@@ -86,7 +86,14 @@ class FixedKVStep:
         self.positions = positions  # [B, 1] long, device
         self.width = width
 
-    def update(self, key_states, value_states, layer_idx: int, kwargs=None, **_):
+    def update(
+        self,
+        key_states: torch.Tensor,
+        value_states: torch.Tensor,
+        layer_idx: int,
+        kwargs: Any = None,
+        **_: Any,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         keys, values = self.cache.keys[layer_idx], self.cache.values[layer_idx]
         rows = self.slots.view(-1, 1)
         keys[rows, :, self.positions] = key_states.transpose(1, 2)
@@ -102,7 +109,7 @@ class StaticTalkerFrame:
 
     def __init__(
         self,
-        talker: torch.nn.Module,
+        talker: Any,  # transformers' talker module (its submodules untyped)
         code_predictor: CodePredictorRunner,
         prompts: TalkerPromptBuilder,
         cache: SlotKVCache,
@@ -138,7 +145,7 @@ class StaticTalkerFrame:
         self.buckets = code_predictor.buckets  # the code predictor's batch buckets, padded alike
         # With CUDA graphs: per (step, bucket[, KV width], sampling variant) a captured graph and
         # its output, captured on first use; per (step, bucket) the static inputs they read.
-        self.graphs: dict[tuple, tuple[Any, torch.Tensor]] = {}
+        self.graphs: dict[tuple[Any, ...], tuple[Any, torch.Tensor]] = {}
         self.static: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
         self._pool: Any = None
 
@@ -290,7 +297,7 @@ class StaticTalkerFrame:
         return rows.unsqueeze(1)
 
     # --- CUDA graphs -------------------------------------------------------------------------------
-    def _replayed(self, key: tuple, step: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def _replayed(self, key: tuple[Any, ...], step: Callable[[], torch.Tensor]) -> torch.Tensor:
         """`step()` eagerly, or (CUDA graphs) the replay of its graph for `key`, captured on first
         use. Capture and warm-up run the step on the real inputs: it is idempotent (the same K/V,
         hidden states and presence bits written again), so a replay after them gives the step's
@@ -312,7 +319,9 @@ class StaticTalkerFrame:
             graph.replay()
         return out
 
-    def _checked_record(self, key: tuple, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
+    def _checked_record(
+        self, key: tuple[Any, ...], step: Callable[[], torch.Tensor]
+    ) -> tuple[Any, torch.Tensor]:
         """A graph of `step` whose first replay equals the eager step, else (None, _): eager."""
         # The step is idempotent but for the penalty's presence masks: it reads them, then marks its
         # own choice, so a second run on the same inputs sees that choice (and may choose otherwise
@@ -349,7 +358,7 @@ class StaticTalkerFrame:
         with self._current_device():
             if self._pool is None:
                 self._pool = torch.cuda.graph_pool_handle()
-            side = torch.cuda.Stream(device=self.device)
+            side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
             side.wait_stream(torch.cuda.current_stream(self.device))
             with torch.cuda.stream(side):
                 for _ in range(CAPTURE_WARMUP_RUNS):
@@ -361,10 +370,10 @@ class StaticTalkerFrame:
         log.info("talker frame: captured a CUDA graph (%d so far)", len(self.graphs) + 1)
         return graph, out
 
-    def _current_device(self) -> contextlib.AbstractContextManager:
+    def _current_device(self) -> contextlib.AbstractContextManager[Any]:
         return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
 
-def _variant(knobs: StepKnobs, noise: torch.Tensor | None) -> tuple:
+def _variant(knobs: StepKnobs, noise: torch.Tensor | None) -> tuple[Any, ...]:
     """What, besides the shapes, changes the ops a step's sampling dispatches."""
     return (knobs.knobs is not None, knobs.penalized, noise is not None, knobs.max_top_k, knobs.top_p)

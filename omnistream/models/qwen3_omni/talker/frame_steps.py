@@ -1,20 +1,33 @@
 """One talker frame: the talker forward and codebook 0, then the code predictor's codebooks 1..15.
 
-A mixin of `TalkerEngine`. Two paths give the same codes: the eager one (`_talker_forward`,
-`_take_code0`, `_predict_residuals`) and, with static frames, two fixed-shape capturable steps
-(`_predict_static`, `_decode_static`, through `frame.StaticTalkerFrame`).
+`FrameSteps` is a part `TalkerEngine` holds. Two paths give the same codes: the eager one
+(`talker_forward`, `take_code0`, `predict_residuals`) and, with static frames, two fixed-shape
+capturable steps (`predict_static`, `decode_static`, through `frame.StaticTalkerFrame`). Its inputs
+are the modules, cache and samplers it runs, and the engine's request bookkeeping (`RequestBook`:
+a row's failure is that request's, a finished request leaves), each named in the constructor.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 
-from omnistream.engine.batch_sampler import RowSampling
+from omnistream.engine.batch_sampler import BatchSampler, RowSampling
+from omnistream.engine.engine import EngineStats, present
+from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.sampling import SamplingParams
-from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, trailing_pick
+from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner
+from omnistream.models.qwen3_omni.talker.eos import EosMask
+from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
+from omnistream.models.qwen3_omni.talker.prompt import (
+    ASSISTANT_PROMPT_TOKENS,
+    TalkerPromptBuilder,
+    trailing_pick,
+)
 from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
 
 # The reference's code predictor samples with these whenever the talker samples.
@@ -25,24 +38,66 @@ CODE_PREDICTOR_SAMPLING = SamplingParams(
 )
 
 
+class RequestBook(Protocol):
+    """What the frame steps need of the engine's request bookkeeping (`Engine` offers it)."""
+
+    stats: EngineStats
+
+    def row(self, state: _TalkerState) -> AbstractContextManager[None]:
+        """Per-request work after a batched forward: a failure there fails that request alone."""
+        ...
+
+    def finish(self, state: _TalkerState) -> None:
+        """The request's terminal output is queued: it leaves the engine."""
+        ...
+
+
+class TalkerModel(Protocol):
+    """The parts of the talker module a frame calls (transformers' Qwen3-Omni talker)."""
+
+    model: Callable[..., Any]  # the decoder stack: returns an output with `last_hidden_state`
+    codec_head: Callable[[torch.Tensor], torch.Tensor]
+
+    def get_input_embeddings(self) -> Callable[[torch.Tensor], torch.Tensor]: ...
+
+
 class FrameSteps:
-    """The frame half of `TalkerEngine`."""
+    """The frame steps of the talker: each takes the requests of one step and emits or finishes them."""
 
-    talker: Any
-    cp: Any  # the talker's code predictor module
-    code_predictor: Any  # CodePredictorRunner
-    frame: Any  # StaticTalkerFrame | None
-    prompts: Any  # TalkerPromptBuilder
-    cache: Any  # SlotKVCache
-    sampler: Any  # BatchSampler
-    cp_sampler: Any
-    stats: Any  # EngineStats
-    device: Any
-    codec_eos: int
-    num_groups: int
-    frame_seconds: float
+    def __init__(
+        self,
+        *,
+        requests: RequestBook,
+        talker: TalkerModel,
+        cp_embeddings: Sequence[Callable[[torch.Tensor], torch.Tensor]],
+        code_predictor: CodePredictorRunner,
+        frame: StaticTalkerFrame | None,
+        prompts: TalkerPromptBuilder,
+        cache: SlotKVCache,
+        sampler: BatchSampler,
+        cp_sampler: BatchSampler,
+        eos_mask: EosMask,
+        device: str | torch.device,
+        codec_eos: int,
+        num_groups: int,
+        frame_seconds: float,
+    ) -> None:
+        self.requests = requests
+        self.talker = talker
+        self.cp_embeddings = cp_embeddings  # the code predictor's input embeddings, one per group
+        self.code_predictor = code_predictor
+        self.frame = frame  # static frames (two capturable steps), or None for the eager frame
+        self.prompts = prompts
+        self.cache = cache
+        self.sampler = sampler
+        self.cp_sampler = cp_sampler
+        self.eos_mask = eos_mask
+        self.device = device
+        self.codec_eos = codec_eos
+        self.num_groups = num_groups
+        self.frame_seconds = frame_seconds  # audio seconds one codec frame holds: the playout's unit
 
-    def _talker_forward(
+    def talker_forward(
         self,
         states: list[_TalkerState],
         embeds: torch.Tensor,
@@ -52,7 +107,7 @@ class FrameSteps:
         """Talker model on [B, q, H] rows; returns the last position's normed hidden [B, 1, H].
         `commit=False`: the caller advances the lengths once codebook 0 is chosen (a batched step
         retried alone after a failed choice must find the lengths as they were)."""
-        self.cache.plan([s.slot for s in states], embeds.shape[1])
+        self.cache.plan([s.held_slot for s in states], embeds.shape[1])
         if positions is None:
             positions = self.cache.positions()
             deltas = [s.rope_delta for s in states]
@@ -69,9 +124,10 @@ class FrameSteps:
         )
         if commit:
             self.cache.commit()
-        return out.last_hidden_state[:, -1:]
+        hidden: torch.Tensor = out.last_hidden_state[:, -1:]
+        return hidden
 
-    def _take_code0(
+    def take_code0(
         self, states: list[_TalkerState], hidden: torch.Tensor, first: bool = False, commit: bool = False
     ) -> None:
         """Codebook 0 of every row of the last talker forward, chosen in one batch (one copy of the
@@ -81,29 +137,29 @@ class FrameSteps:
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.slot)
+                    self.sampler.reset(state.held_slot)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
         if commit:  # the forward's lengths advance only once its codes are chosen
             self.cache.commit()
         for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
             if not state.finished:
-                with self._row(state):
-                    self._accept_code0(state, code0, hidden[row : row + 1])
+                with self.requests.row(state):
+                    self.accept_code0(state, code0, hidden[row : row + 1])
 
-    def _accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor | None) -> None:
+    def accept_code0(self, state: _TalkerState, code0: int, hidden: torch.Tensor | None) -> None:
         if code0 == self.codec_eos:
             state.output.put(TalkerOutput(None, state.frames, finished=True, finish_reason="stop"))
-            self._finish(state)
+            self.requests.finish(state)
             return
         state.pending_code0 = code0
         if self.frame is not None:  # static frames: the slot's buffer, where the next step reads it
             if hidden is not None:
-                self.frame.store_hidden(state.slot, hidden)
+                self.frame.store_hidden(state.held_slot, hidden)
         else:
             state.past_hidden = hidden
 
-    def _next_picks(self, states: list[_TalkerState]) -> list[int]:
+    def next_picks(self, states: list[_TalkerState]) -> list[int]:
         """Each row's next trailing text id: its assistant-stream token, or tts_eos / tts_pad (the
         thinker's last token is tts_eos's place: omnistream/models/qwen3_omni/talker/prompt.py)."""
         picks = []
@@ -114,7 +170,7 @@ class FrameSteps:
             picks.append(pick)
         return picks
 
-    def _cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
+    def cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
         # The reference's code predictor samples with fixed knobs whenever the talker samples.
         return [
             RowSampling(
@@ -123,45 +179,46 @@ class FrameSteps:
             for s in states
         ]
 
-    def _predict_static(self, states: list[_TalkerState]) -> None:
-        """`_predict_residuals` as one capturable step (static frames)."""
+    def predict_static(self, states: list[_TalkerState]) -> None:
+        """`predict_residuals` as one capturable step (static frames)."""
         assert self.frame is not None
-        slots = [s.slot for s in states]
-        frames = self.frame.predict(slots, [s.pending_code0 for s in states], self._cp_rows(states))
+        slots = [s.held_slot for s in states]
+        code0 = [present(s.pending_code0) for s in states]
+        frames = self.frame.predict(slots, code0, self.cp_rows(states))
         for state, frame in zip(states, frames, strict=True):
-            with self._row(state):
-                self._emit_frame(state, frame, None)
+            with self.requests.row(state):
+                self.emit_frame(state, frame, None)
 
-    def _decode_static(self, states: list[_TalkerState]) -> None:
+    def decode_static(self, states: list[_TalkerState]) -> None:
         """The talker forward and codebook 0 as one capturable step (static frames)."""
         assert self.frame is not None
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.frame.decode(
-            [s.slot for s in states], self._next_picks(states), [s.rope_delta for s in states], rows
+            [s.held_slot for s in states], self.next_picks(states), [s.rope_delta for s in states], rows
         )
         for state, code0 in zip(states, codes, strict=True):
             if not state.finished:
-                with self._row(state):
-                    self._accept_code0(state, code0, None)
+                with self.requests.row(state):
+                    self.accept_code0(state, code0, None)
 
-    def _next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
+    def next_inputs(self, states: list[_TalkerState]) -> torch.Tensor:
         """[B, 1, H]: each row's codec sum of its last frame + its next trailing text row (or
         tts_eos / tts_pad), the text rows of the whole step in one embed + projection."""
-        codec = torch.cat([s.next_codec_sum for s in states], dim=0)
-        return codec + self.prompts.trailing_rows(self._next_picks(states))
+        codec = torch.cat([present(s.next_codec_sum) for s in states], dim=0)
+        return codec + self.prompts.trailing_rows(self.next_picks(states))
 
-    def _predict_residuals(self, states: list[_TalkerState]) -> None:
+    def predict_residuals(self, states: list[_TalkerState]) -> None:
         """Codebooks 1..15 for each state's pending codebook 0, batched; emits the frames."""
         device = self.device
         code0 = torch.tensor([[s.pending_code0] for s in states], dtype=torch.long, device=device)
         code0_embed = self.talker.get_input_embeddings()(code0)  # [B, 1, H]
-        past = torch.cat([s.past_hidden for s in states], dim=0)
+        past = torch.cat([present(s.past_hidden) for s in states], dim=0)
         embeds = torch.cat((past, code0_embed), dim=1)
         codes = [code0[:, 0]]
         hiddens = [code0_embed]
-        embedding = self.cp.model.get_input_embeddings()
+        embedding = self.cp_embeddings
         # The ids stay on the device until the frame is done (one copy to the host per frame).
-        knobs = self.cp_sampler.prepare(self._cp_rows(states))
+        knobs = self.cp_sampler.prepare(self.cp_rows(states))
         for group in range(self.num_groups - 1):
             logits = self.code_predictor.run(group, embeds)
             ids = self.cp_sampler.sample(logits, knobs)
@@ -171,19 +228,20 @@ class FrameSteps:
         codec_sum = torch.cat(hiddens, dim=1).sum(1, keepdim=True)
         frames = torch.stack(codes, dim=1).tolist()  # [B, 16]
         for row, state in enumerate(states):
-            with self._row(state):
-                self._emit_frame(state, frames[row], codec_sum[row : row + 1])
+            with self.requests.row(state):
+                self.emit_frame(state, frames[row], codec_sum[row : row + 1])
 
-    def _emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor | None) -> None:
+    def emit_frame(self, state: _TalkerState, frame: list[int], codec_sum: torch.Tensor | None) -> None:
         state.pending_code0 = None
         state.past_hidden = None
         state.next_codec_sum = codec_sum
         state.frames += 1
         state.playout.emitted(self.frame_seconds, time.monotonic())
-        self.stats.last_units += 1  # the stage's measured speed counts frames (omnistream/service/speed.py)
+        # The stage's measured speed counts frames (omnistream/service/speed.py).
+        self.requests.stats.last_units += 1
         done = state.frames >= state.params.max_frames
         state.output.put(
             TalkerOutput(frame, state.frames - 1, finished=done, finish_reason="length" if done else None)
         )
         if done:
-            self._finish(state)
+            self.requests.finish(state)

@@ -23,6 +23,8 @@ token becomes a row only once a later token or the end of the input has arrived
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 ASSISTANT_PROMPT_TOKENS = 4  # im_start, "assistant", "\n", first content token
@@ -76,7 +78,7 @@ def assistant_start(prompt_ids: list[int], im_start_id: int, assistant_id: int) 
 class TalkerPromptBuilder:
     """Turns thinker ids (and deep hidden rows at multimodal positions) into talker input rows."""
 
-    def __init__(self, config, talker, thinker_embed: torch.nn.Embedding) -> None:
+    def __init__(self, config: Any, talker: Any, thinker_embed: torch.nn.Embedding) -> None:
         self.config = config
         self.tc = config.talker_config
         self.talker = talker
@@ -96,7 +98,8 @@ class TalkerPromptBuilder:
     def text_rows(self, token_ids: list[int]) -> torch.Tensor:
         """[1, n, H] talker text rows for thinker tokens."""
         ids = torch.tensor([token_ids], dtype=torch.long, device=self.thinker_embed.weight.device)
-        return self.talker.text_projection(self.thinker_embed(ids))
+        rows: torch.Tensor = self.talker.text_projection(self.thinker_embed(ids))
+        return rows
 
     def trailing_rows(self, picks: list[int]) -> torch.Tensor:
         """[B, 1, H]: one trailing text row per pick (a thinker id, `TTS_EOS` or `TTS_PAD`) with a

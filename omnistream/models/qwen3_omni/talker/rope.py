@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import copy
 import itertools
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -28,17 +30,17 @@ ASSISTANT_ROWS = 9  # the talker prompt's assistant part (see talker_prompt.Talk
 class _WithAudioConfig:
     """The talker model, seen with `config.audio_config` set (see the module docstring)."""
 
-    def __init__(self, talker, audio_config) -> None:
+    def __init__(self, talker: Any, audio_config: Any) -> None:
         self._talker = talker
         self.config = copy.copy(talker.config)
         self.config.audio_config = audio_config
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self._talker, name)
 
 
 def talker_rope(
-    talker, config, user_ids: list[int], layout: MediaLayout | None
+    talker: Any, config: Any, user_ids: list[int], layout: MediaLayout | None
 ) -> tuple[torch.Tensor, float] | None:
     """([3, len(user_ids) + 9] positions, decode delta) for a prompt with vision; None otherwise."""
     if layout is None or not layout.has_vision:
@@ -53,7 +55,10 @@ def talker_rope(
     if layout.audio_feature_lengths:
         owner = _WithAudioConfig(talker, config.thinker_config.audio_config)
         lengths = torch.tensor(layout.audio_feature_lengths, dtype=torch.long)
-    grid = lambda rows: torch.tensor(rows, dtype=torch.long) if rows else None  # noqa: E731
+
+    def grid(rows: Sequence[Sequence[int]] | None) -> torch.Tensor | None:
+        return torch.tensor(rows, dtype=torch.long) if rows else None
+
     seconds = torch.tensor(layout.video_second_per_grid) if layout.video_second_per_grid else None
     positions, delta = type(talker).get_rope_index(
         owner,

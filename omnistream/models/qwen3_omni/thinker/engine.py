@@ -1,9 +1,10 @@
 """Thinker engine: prefill + batched decode of the Qwen3-Omni text model.
 
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
-Its parts: the per-request state (`state.py`), a prompt's prefill pieces (`prefill.py`), given
-answers streamed without generation (`given_answers.py`); scheduling, the batched forward and the
-batched choice stay here.
+Its parts: the per-request state (`state.py`), a prompt's prefill pieces (`prefill`, an object of
+`prefill.py`'s `PromptPrefill`, that runs them through this engine's `forward`), given answers
+streamed without generation (`given_answers.py`'s `speak_next`); scheduling, the batched forward
+and the batched choice stay here.
 
 Per step it emits the new token id and its text delta. The talker needs nothing else for text
 prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
@@ -24,23 +25,25 @@ sequence position + its rope delta, batched with everyone else.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.detokenizer import IncrementalDetokenizer
-from omnistream.engine.engine import Engine
+from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
-from omnistream.models.qwen3_omni.thinker.given_answers import GivenAnswers
+from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
-from omnistream.models.qwen3_omni.thinker.state import ThinkerOutput, _Step, _ThinkerState
-from omnistream.models.qwen3_omni.thinker.text import ThinkerText
+from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
+from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
+    PromptEmbedding,
     Slice,
     check_media_prompt,
     encode_slices,
@@ -50,14 +53,17 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
 
 
-class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
+class ThinkerEngine(Engine[_ThinkerState, _Step]):
+    """The thinker stage: the engine thread, admission, scheduling and the batched forward and choice;
+    a prompt's prefill pieces are its `prefill` part's."""
+
     name = "thinker"
 
     def __init__(
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int = 4096,
         max_requests: int | None = None,
         output_capacity: int = 512,
@@ -84,7 +90,6 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
-        self.accept_layer = self.config.talker_config.accept_hidden_layer
         # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
         # is at most this much, so decode steps wait for at most one slice. Audio slices are whole
         # attention windows (`n_window_infer` frames).
@@ -100,11 +105,34 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         )
         # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
         self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
+        self.prefill = PromptPrefill(
+            model=self,
+            thinker_model=self.thinker.model,
+            language_model=self.lm,
+            config=self.config,
+            device=self.device,
+            accept_layer=self.config.talker_config.accept_hidden_layer,
+            multimodal_ids=self.multimodal_ids,
+        )
+
+    @property
+    def accept_layer(self) -> int:
+        """The layer whose hidden rows at a media prompt's multimodal positions go to the talker
+        (the prefill's; settable, as a test of another layer does)."""
+        return self.prefill.accept_layer
+
+    @accept_layer.setter
+    def accept_layer(self, layer: int) -> None:
+        self.prefill.accept_layer = layer
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
         """See `ThinkerText.encode_chat` (slow for long prompts: call it off the event loop)."""
         return self.text.encode_chat(messages)
+
+    def encode_assistant_text(self, text: str) -> list[int]:
+        """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
+        return self.text.encode_assistant_text(text)
 
     def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
@@ -118,7 +146,7 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         params: ThinkerParams,
         media: MediaPrompt | None = None,
         spoken: list[int] | None = None,
-    ) -> OutputStream:
+    ) -> OutputStream[ThinkerOutput]:
         """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
         off the event loop (else it runs here)."""
         self.text.check_ids(prompt_ids, has_media=media is not None)
@@ -142,7 +170,7 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
             merge = self.config.thinker_config.vision_config.spatial_merge_size
             state.slices = plan_slices(media, self.audio_window, self.encode_budget, merge)
             state.rope_delta = media.rope_delta
-        self._admit(state)
+        self.admit(state)
         return state.output
 
     # --- engine thread ------------------------------------------------------------------------------
@@ -151,13 +179,13 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
             self.cache.release(state.slot)
             state.slot = None
 
-    def _schedule(self, candidates):
+    def _schedule(self, candidates: list[_ThinkerState]) -> _Step | None:
         encode: list[tuple[_ThinkerState, Slice]] = []
         budget = self.encode_budget
         prefill: list[tuple[_ThinkerState, int]] = []
         positions = self.prefill_chunk  # prefill budget of this step
         free = self.cache.free_slots
-        decode = []
+        decode: list[_ThinkerState] = []
         spoken: list[_ThinkerState] = []
         for state in candidates:
             if state.finished or not state.output.has_room():
@@ -188,7 +216,7 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
             return None
         return _Step(encode, prefill, decode, spoken)
 
-    def _work_states(self, work: _Step):
+    def _work_states(self, work: _Step) -> list[_ThinkerState]:
         # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
         # not run because the encode raised first takes that piece again next step.
         seen = {id(s): s for s, _ in work.encode}
@@ -202,11 +230,11 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
                 state.slices.insert(0, piece)
         super()._step_failed(work, error)
 
-    def _forward(
+    def forward(
         self,
-        states: list[_ThinkerState],
+        states: Sequence[_ThinkerState],
         ids: torch.Tensor | None,
-        embedding: Any = None,
+        embedding: PromptEmbedding | None = None,
         positions: torch.Tensor | None = None,
         commit: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,8 +242,8 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         return last-position logits and the last hidden states. `commit=False`: the caller advances
         the lengths once the step's tokens are chosen (a batched step retried alone after a failed
         choice must find the lengths as they were)."""
-        q = ids.shape[1] if ids is not None else embedding.embeds.shape[1]
-        self.cache.plan([s.slot for s in states], q)
+        q = ids.shape[1] if ids is not None else present(embedding).embeds.shape[1]
+        self.cache.plan([s.held_slot for s in states], q)
         if positions is None:
             positions = self.cache.positions()
             deltas = [s.rope_delta for s in states]
@@ -223,7 +251,7 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
                 offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
                 positions = positions.float() + offset
             positions = positions.unsqueeze(0).expand(3, -1, -1)
-        extra = {}
+        extra: dict[str, Any] = {}
         if embedding is not None:
             inputs = embedding.embeds
             if embedding.deepstack is not None:
@@ -249,8 +277,9 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
     def _run(self, work: _Step) -> None:
         device = self.device
         for state in work.spoken:
-            with self._row(state):
-                self._speak(state)
+            with self.row(state):
+                if speak_next(state):
+                    self.finish(state)
         if work.encode:
             results = encode_slices(self.thinker.model, [piece for _, piece in work.encode])
             for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
@@ -261,34 +290,34 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
                 continue
             self.stats.last_prefill_rows += take
             try:
-                done = self._prefill_piece(state, take)
-                token = None if done is None else self._choose([state], done[0], first=True)[0]
+                done = self.prefill.piece(state, take)
+                token = None if done is None else self.choose([state], done[0], first=True)[0]
             except Exception as exc:  # one request's forward: the failure is that request's alone
                 self._states_failed([state], exc)
                 continue
             if done is not None:
-                with self._row(state):
-                    self._accept(state, token, first=True, hidden=done[1])
+                with self.row(state):
+                    self._accept(state, present(token), first=True, hidden=done[1])
         decode = [s for s in work.decode if not s.finished]
         if decode:
             self.stats.last_batch_size = len(decode)
             self.stats.last_units = len(decode)  # one token each (omnistream/service/speed.py)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
-            logits, _ = self._forward(decode, ids, commit=False)
-            tokens = self._choose(decode, logits, first=False)
+            logits, _ = self.forward(decode, ids, commit=False)
+            tokens = self.choose(decode, logits, first=False)
             self.cache.commit()
             for state, token in zip(decode, tokens, strict=True):
-                with self._row(state):
+                with self.row(state):
                     self._accept(state, token, first=False)
 
-    def _choose(self, states: list[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
+    def choose(self, states: Sequence[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
         """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
         ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
         request's presence mask starts from its prompt on its first token."""
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.slot, state.prompt_ids)
+                    self.sampler.reset(state.held_slot, state.prompt_ids)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
@@ -301,9 +330,10 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
         is_eos = token in self.eos_ids and not state.params.ignore_eos
         done_length = len(state.generated) >= state.params.max_tokens
         finished = is_eos or done_length
-        delta = state.detok.add(token)
+        detok = present(state.detok)
+        delta = detok.add(token)
         if finished:
-            delta += state.detok.flush()
+            delta += detok.flush()
         state.next_token = token
         positions = layout = None
         if hidden is not None:  # the deep rows of the multimodal positions, in order
@@ -325,4 +355,4 @@ class ThinkerEngine(PromptPrefill, GivenAnswers, Engine):
             )
         )
         if finished:
-            self._finish(state)
+            self.finish(state)

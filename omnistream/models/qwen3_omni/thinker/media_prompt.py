@@ -51,9 +51,9 @@ def load_processor(model_dir: str | Path, tokenizer: Any) -> Any:
         def check_argument_for_proper_class(self, argument_name: str, argument: Any) -> Any:
             if argument_name == "video_processor" and isinstance(argument, FrameVideoProcessor):
                 return FrameVideoProcessor
-            return super().check_argument_for_proper_class(argument_name, argument)
+            return super().check_argument_for_proper_class(argument_name, argument)  # type: ignore[no-untyped-call]
 
-    return Processor(
+    return Processor(  # type: ignore[no-untyped-call]
         image_processor=Qwen2VLImageProcessorPil.from_pretrained(str(model_dir)),
         video_processor=FrameVideoProcessor.from_pretrained(model_dir),
         feature_extractor=WhisperFeatureExtractor.from_pretrained(str(model_dir)),

@@ -1,14 +1,17 @@
 """A thinker prompt's prefill, one piece a step: plain ids, or media rows at M-RoPE positions.
 
-A mixin of `ThinkerEngine`: the scheduler (`_schedule`) decides how many positions a request takes
-this step; these methods run that piece through the engine's `_forward`, and `prefilled` advances
-only once the forward has run (a failed piece leaves nothing behind).
+`PromptPrefill` is a part `ThinkerEngine` holds: the engine's scheduler decides how many positions a
+request takes this step; `piece` runs that piece through the forward it was given (the engine's
+`forward`, through `ThinkerForward`), and `prefilled` advances only once the forward has run (a failed
+piece leaves nothing behind). Its inputs are named in the constructor: the forward, the modules a
+media prompt's embedding and deep rows come from, and the model's facts.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 import torch
 
@@ -21,19 +24,44 @@ from omnistream.models.qwen3_omni.thinker.thinker_media import (
 )
 
 
+class ThinkerForward(Protocol):
+    """The batched text-model forward the prefill runs its pieces through (`ThinkerEngine.forward`)."""
+
+    def forward(
+        self,
+        states: Sequence[_ThinkerState],
+        ids: torch.Tensor | None,
+        embedding: PromptEmbedding | None = None,
+        positions: torch.Tensor | None = None,
+        commit: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+
 class PromptPrefill:
-    """The prefill half of `ThinkerEngine`."""
+    """A prompt's prefill pieces: plain ids, or media rows at their M-RoPE positions."""
 
-    thinker: Any
-    lm: Any
-    config: Any
-    device: Any
-    accept_layer: int
-    multimodal_ids: set[int]
+    def __init__(
+        self,
+        *,
+        model: ThinkerForward,
+        thinker_model: Any,
+        language_model: Any,
+        config: Any,
+        device: str | torch.device,
+        accept_layer: int,
+        multimodal_ids: set[int],
+    ) -> None:
+        self.model = model
+        # transformers modules (untyped): the multimodal model a media prompt is embedded with, and its
+        # language model, whose layer `accept_layer` gives the deep rows the talker reads.
+        self.thinker_model = thinker_model
+        self.language_model = language_model
+        self.config = config  # the checkpoint's configuration (vision and audio token ids)
+        self.device = device
+        self.accept_layer = accept_layer
+        self.multimodal_ids = multimodal_ids
 
-    def _prefill_piece(
-        self, state: _ThinkerState, take: int
-    ) -> tuple[torch.Tensor, torch.Tensor | None] | None:
+    def piece(self, state: _ThinkerState, take: int) -> tuple[torch.Tensor, torch.Tensor | None] | None:
         """The next `take` positions of a prompt into the KV cache. After the last piece: (logits
         [1, V] of the last position, deep rows [multimodal positions, H] for a prompt with media, else None);
         before it, None. `prefilled` advances only once the piece's forward has run."""
@@ -41,12 +69,12 @@ class PromptPrefill:
         end = min(len(state.prompt_ids), start + take)
         if state.media is None:
             ids = torch.tensor([state.prompt_ids[start:end]], dtype=torch.long, device=self.device)
-            logits, _ = self._forward([state], ids)
+            logits, _ = self.model.forward([state], ids)
             state.prefilled = end
             return (logits, None) if end == len(state.prompt_ids) else None
-        return self._prefill_media_chunk(state, start, end)
+        return self.media_chunk(state, start, end)
 
-    def _prefill_media_chunk(
+    def media_chunk(
         self, state: _ThinkerState, start: int, end: int
     ) -> tuple[torch.Tensor, torch.Tensor] | None:
         """Positions [start, end) of a prompt with media (its encoder rows in, at its M-RoPE
@@ -55,7 +83,7 @@ class PromptPrefill:
         assert state.media is not None
         if state.embedding is None:
             ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=self.device)
-            state.embedding = embed_prompt(self.thinker.model, ids, self.config, state.encoded)
+            state.embedding = embed_prompt(self.thinker_model, ids, self.config, state.encoded)
             state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
             state.media = dataclasses.replace(
                 state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
@@ -69,8 +97,8 @@ class PromptPrefill:
                 rows = [layer[before : before + count] for layer in whole.deepstack]
                 chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, start:end], rows)
         positions = state.media.positions[:, start:end].to(self.device).unsqueeze(1)  # [3, 1, q]
-        with LayerTap(self.lm, self.accept_layer) as tap:
-            logits, last = self._forward([state], None, chunk, positions)
+        with LayerTap(self.language_model, self.accept_layer) as tap:
+            logits, last = self.model.forward([state], None, chunk, positions)
         hidden = tap.take(chunk.embeds, last)[0]
         mm = [i for i in range(start, end) if state.prompt_ids[i] in self.multimodal_ids]
         state.deep_rows.append(hidden[[i - start for i in mm]].detach().clone())

@@ -16,9 +16,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
+from omnistream.engine.engine import present
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
 from omnistream.request.errors import InvalidRequest
 
@@ -57,7 +59,7 @@ def plan_slices(media: MediaPrompt, audio_window: int, vision_budget: int, merge
     offset = 0
     for i, grid in enumerate(_grids(media.image_grid_thw)):
         n = grid[0] * grid[1] * grid[2]
-        slices.append(Slice(IMAGE, i, media.pixel_values[offset : offset + n], grid))
+        slices.append(Slice(IMAGE, i, present(media.pixel_values)[offset : offset + n], grid))
         offset += n
     offset = 0
     for i, (t, h, w) in enumerate(_grids(media.video_grid_thw)):
@@ -65,7 +67,7 @@ def plan_slices(media: MediaPrompt, audio_window: int, vision_budget: int, merge
         step = max(1, vision_budget // per_t)
         for t0 in range(0, t, step):
             t1 = min(t, t0 + step)
-            rows = media.pixel_values_videos[offset + t0 * per_t : offset + t1 * per_t]
+            rows = present(media.pixel_values_videos)[offset + t0 * per_t : offset + t1 * per_t]
             slices.append(Slice(VIDEO, i, rows, [t1 - t0, h, w]))
         offset += t * per_t
     return slices
@@ -75,7 +77,7 @@ def _grids(grid: torch.Tensor | None) -> list[list[int]]:
     return [] if grid is None else [list(map(int, g)) for g in grid]
 
 
-def check_media_prompt(media: MediaPrompt, ids: Sequence[int], config) -> None:
+def check_media_prompt(media: MediaPrompt, ids: Sequence[int], config: Any) -> None:
     """Placeholder counts agree with the encoder inputs (before the request joins any batch)."""
     tc = config.thinker_config
     vision = tc.vision_config
@@ -131,7 +133,9 @@ class Encoded:
         return rows, deep
 
 
-def encode_slices(model, slices: Sequence[Slice]) -> list[tuple[torch.Tensor, list[torch.Tensor] | None]]:
+def encode_slices(
+    model: Any, slices: Sequence[Slice]
+) -> list[tuple[torch.Tensor, list[torch.Tensor] | None]]:
     """Run the audio and vision encoders once each over `slices` (of any requests); rows per slice."""
     out: list[tuple[torch.Tensor, list[torch.Tensor] | None] | None] = [None] * len(slices)
     audio = [i for i, s in enumerate(slices) if s.kind == AUDIO]
@@ -167,7 +171,7 @@ class PromptEmbedding:
     deepstack: list[torch.Tensor] | None  # per deepstack layer: [visual positions, H]
 
 
-def embed_prompt(model, ids: torch.Tensor, config, encoded: Encoded) -> PromptEmbedding:
+def embed_prompt(model: Any, ids: torch.Tensor, config: Any, encoded: Encoded) -> PromptEmbedding:
     """The reference's merge (`Qwen3OmniMoeThinkerModel.forward`): encoder rows replace their
     placeholders' embeddings in order; image and video deepstack rows join in position order."""
     tc = config.thinker_config
@@ -201,22 +205,22 @@ class LayerTap:
     input embedding, k = num_layers the final (normed) output, else the output of decoder layer
     k - 1 as recorded (before any deepstack addition)."""
 
-    def __init__(self, lm, k: int) -> None:
+    def __init__(self, lm: Any, k: int) -> None:
         self.lm = lm
         self.k = k
         self.rows: torch.Tensor | None = None
-        self._handle = None
+        self._handle: Any = None
 
     def __enter__(self) -> LayerTap:
         if 0 < self.k < len(self.lm.layers):
 
-            def hook(_module, _inputs, output):
+            def hook(_module: Any, _inputs: Any, output: Any) -> None:
                 self.rows = output[0] if isinstance(output, tuple) else output
 
             self._handle = self.lm.layers[self.k - 1].register_forward_hook(hook)
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         if self._handle is not None:
             self._handle.remove()
 

@@ -32,11 +32,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.engine import EngineStats
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
@@ -55,11 +57,11 @@ TEXT_ONLY = (
 @dataclass
 class _Request:
     request_id: str
-    output: OutputStream
+    output: OutputStream[Any]
     prompt_ids: list[int]
     params: ThinkerParams
     spoken: list[int] | None
-    task: asyncio.Task | None = None
+    task: asyncio.Task[None] | None = None
     started: bool = False  # vLLM (or the given answer) produced its first output
     generated: list[int] = field(default_factory=list)
     room: asyncio.Event = field(default_factory=asyncio.Event)
@@ -77,7 +79,7 @@ class VllmThinkerEngine:
         self,
         model_dir: str,
         options: LoadOptions = LoadOptions(),
-        max_batch: int = 16,
+        max_batch: int = DEFAULT_MAX_BATCH,
         max_model_len: int = 4096,
         max_requests: int | None = None,
         output_capacity: int = 512,
@@ -97,8 +99,8 @@ class VllmThinkerEngine:
         self.stats = EngineStats()
         self.poisoned: BaseException | None = None
         self._requests: dict[str, _Request] = {}
-        self._step_listeners: list[Any] = []
-        self._fatal_listeners: list[Any] = []
+        self._step_listeners: list[StepListener] = []
+        self._fatal_listeners: list[FatalListener] = []
         self._stopping = False
         self._last_record: float | None = None  # end of the last step, or when work arrived
         # vLLM's own view, from its scheduler's stats each engine step (tests and metrics read it).
@@ -135,7 +137,7 @@ class VllmThinkerEngine:
         """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
         return self.text.encode_assistant_text(text)
 
-    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False):
+    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> Any:
         raise InvalidRequest(TEXT_ONLY, field="messages")
 
     def add_request(
@@ -145,7 +147,7 @@ class VllmThinkerEngine:
         params: ThinkerParams,
         media: Any = None,
         spoken: list[int] | None = None,
-    ) -> OutputStream:
+    ) -> OutputStream[Any]:
         """Checked as the transformers thinker checks (same errors), admitted under `max_requests`,
         then run as one asyncio task; the returned stream ends with the request."""
         if media is not None:
@@ -173,7 +175,7 @@ class VllmThinkerEngine:
         request.task = asyncio.get_running_loop().create_task(run, name=f"thinker-{request_id}")
         return request.output
 
-    def abort(self, request_id: str, output: OutputStream | None = None) -> bool:
+    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now and cancel its task: inside `AsyncLLM.generate` the cancellation
         aborts the request in vLLM's scheduler. With `output`, only the request owning it."""
         request = self._requests.get(request_id)
@@ -207,13 +209,14 @@ class VllmThinkerEngine:
 
     def num_unfinished_in_vllm(self) -> int:
         """Requests vLLM's output processor still tracks (0 once every one ended or was aborted)."""
-        return self.llm.get_num_unfinished_requests()
+        unfinished: int = self.llm.get_num_unfinished_requests()
+        return unfinished
 
-    def add_step_listener(self, listener) -> None:
+    def add_step_listener(self, listener: StepListener) -> None:
         """`listener(engine, seconds)` after each vLLM engine step (on the event loop)."""
         self._step_listeners.append(listener)
 
-    def add_fatal_listener(self, listener) -> None:
+    def add_fatal_listener(self, listener: FatalListener) -> None:
         """`listener(error)` once, when vLLM's engine dies."""
         self._fatal_listeners.append(listener)
 
@@ -223,7 +226,7 @@ class VllmThinkerEngine:
         from prometheus_client import REGISTRY
 
         class VllmMetrics:
-            def collect(self):
+            def collect(self) -> Iterator[Any]:
                 for family in REGISTRY.collect():
                     if family.name.startswith("vllm:"):
                         yield family
@@ -244,7 +247,7 @@ class VllmThinkerEngine:
         self.llm.shutdown()
 
     # --- per request ----------------------------------------------------------------------------------
-    def _sampling(self, request: _Request):
+    def _sampling(self, request: _Request) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
         s = request.params.sampling
@@ -358,7 +361,7 @@ class VllmThinkerEngine:
                 log.exception("thinker: a fatal listener failed")
 
     # --- vLLM's steps ---------------------------------------------------------------------------------
-    def _on_vllm_step(self, scheduler_stats, iteration_stats) -> None:
+    def _on_vllm_step(self, scheduler_stats: Any, iteration_stats: Any) -> None:
         """One engine step's stats (on the event loop, from vLLM's output handler): the step's
         time is the time since the previous report, or since the first request while it was idle."""
         now = time.perf_counter()

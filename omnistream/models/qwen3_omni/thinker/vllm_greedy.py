@@ -23,7 +23,9 @@ from omnistream.models.qwen3_omni.thinker.vllm_launch import CPU_KVCACHE_GIB
 MARK = "vllm-greedy: "  # the result line's prefix (vLLM logs to stdout too)
 
 
-def greedy(model: str, batches: list[list[list[int]]], max_tokens: int, max_model_len: int) -> list:
+def greedy(
+    model: str, batches: list[list[list[int]]], max_tokens: int, max_model_len: int
+) -> list[list[list[int]]]:
     from vllm import LLM, SamplingParams
 
     from omnistream.models.qwen3_omni.thinker.vllm_checkpoint import ensure_converted
@@ -40,7 +42,7 @@ def greedy(model: str, batches: list[list[list[int]]], max_tokens: int, max_mode
         seed=0,
     )
     params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True, detokenize=False)
-    out = []
+    out: list[list[list[int]]] = []
     for batch in batches:
         results = llm.generate([{"prompt_token_ids": p} for p in batch], params, use_tqdm=False)
         out.append([list(r.outputs[0].token_ids) for r in results])

@@ -38,7 +38,7 @@ def start_async_llm(
     *,
     native: bool,
     on_step: Callable[[Any, Any], None],
-):
+) -> Any:
     """vLLM's AsyncLLM over `model` (a converted text directory, or with `native` the checkpoint
     itself), `on_step(scheduler_stats, iteration_stats)` called for every engine step it reports."""
     from vllm.engine.arg_utils import AsyncEngineArgs
@@ -74,18 +74,24 @@ def start_async_llm(
     return AsyncLLM.from_engine_args(args, stat_loggers=[_step_recorder(on_step)])
 
 
-def _step_recorder(on_step: Callable[[Any, Any], None]):
+def _step_recorder(on_step: Callable[[Any, Any], None]) -> type[Any]:
     """vLLM's stat logger class that hands every step's stats to `on_step`."""
     from vllm.v1.metrics.loggers import StatLoggerBase
 
-    class StepRecorder(StatLoggerBase):
+    class StepRecorder(StatLoggerBase):  # type: ignore[misc]  # vllm is untyped here (or absent)
         """Each engine step vLLM reports, to the engine's `_on_vllm_step` (our step listeners:
         speed meter, stage metrics; vLLM's running/waiting counts)."""
 
-        def __init__(self, vllm_config, engine_index: int = 0) -> None:
+        def __init__(self, vllm_config: Any, engine_index: int = 0) -> None:
             pass
 
-        def record(self, scheduler_stats, iteration_stats, mm_cache_stats=None, engine_idx=0):
+        def record(
+            self,
+            scheduler_stats: Any,
+            iteration_stats: Any,
+            mm_cache_stats: Any = None,
+            engine_idx: int = 0,
+        ) -> None:
             on_step(scheduler_stats, iteration_stats)
 
         def log_engine_initialized(self) -> None:

@@ -6,7 +6,7 @@ so the test counts the calls themselves: it wraps those methods (wherever called
 factories (when our code calls them), counts the calls made while one engine step runs, and
 requires the same small count for batch 1 and batch 4 and for the 2-layer and a deeper tiny
 checkpoint (per-layer or per-row syncs would grow). The engines are stepped by hand on the test
-thread (`_next_work` + `_run`), as their thread does.
+thread (`plan_step` + `run_step`), as their thread does.
 """
 
 from __future__ import annotations
@@ -95,11 +95,10 @@ def deep_model_dir(tiny_model_dir) -> str:
 
 def _step(engine, counter: SyncCounter) -> Counter[str]:
     """One engine step on this thread, counting its calls."""
-    with engine._cond:
-        work = engine._next_work()
+    work = engine.plan_step()
     assert work is not None, "the engine has no work"
     with torch.inference_mode(), counter.counting() as counts:
-        engine._run(work)
+        engine.run_step(work)
     return Counter(counts)
 
 
@@ -119,7 +118,7 @@ def thinker_decode_counts(model_dir: str, batch: int, counter: SyncCounter) -> C
             )
         for _ in range(batch):  # one prefill per step
             _step(engine, counter)
-        assert all(s.next_token is not None for s in engine._requests.values())
+        assert all(s.next_token is not None for s in engine.states())
         return _step(engine, counter)  # a pure decode step of the whole batch
 
     return asyncio.run(run())
@@ -139,7 +138,7 @@ def talker_frame_counts(
             engine.feed(f"r{row}", list(range(5, 45)), last=False, prompt_ids=prompt)
         for _ in range(batch):  # one prefill per step
             _step(engine, counter)
-        states = list(engine._requests.values())
+        states = list(engine.states())
         assert len(states) == batch and all(s.pending_code0 is not None for s in states)
         return _step(engine, counter)  # code predictor (16 codes) + talker forward, whole batch
 

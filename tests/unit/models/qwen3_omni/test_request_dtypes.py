@@ -40,7 +40,7 @@ def test_media_features_are_cast_at_admission_and_the_request_runs(thinker):
 
     async def run():
         out = thinker.add_request("m", media.prompt_ids, ThinkerParams(max_tokens=3), media=media)
-        admitted = thinker._requests["m"].media
+        admitted = thinker.state("m").media
         assert admitted is not None and all(f.dtype == torch.bfloat16 for f in admitted.audio_features)
         thinker.start()
         return [s async for s in out]
@@ -63,7 +63,7 @@ def test_hidden_rows_of_any_float_dtype_are_cast_and_the_talker_speaks(thinker, 
         out = talker.add_request(rid, TalkerParams(max_frames=4))
         # The prompt alone: the assistant turn has no content token yet, so it cannot prefill.
         talker.feed(rid, [], last=False, prompt_ids=ids, multimodal_hidden=rows)
-        hidden = talker._requests[rid].multimodal_hidden
+        hidden = talker.state(rid).multimodal_hidden
         assert hidden is not None and all(r.dtype == torch.bfloat16 for r in hidden.values())
         talker.feed(rid, [5, 6, 7, 8], last=True)
         return [s async for s in out]
@@ -78,7 +78,7 @@ def test_code2wav_keeps_codes_on_its_device_as_int64(tiny_model_dir):
     async def run():
         engine.add_request("c", ChunkPlan(4, 4, 0))
         engine.feed("c", torch.zeros((engine.num_quantizers, 3), dtype=torch.int32), last=False)
-        frames = engine._requests["c"].frames
+        frames = engine.state("c").frames
         assert frames[0].dtype == torch.int64 and frames[0].device == torch.device("cpu")
 
     asyncio.run(run())

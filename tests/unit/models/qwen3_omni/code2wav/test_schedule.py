@@ -1,7 +1,7 @@
 """Code2Wav's step under its budgets (max_batch windows, max_step_frames frames): the windows of the
 requests with the least buffered audio go first, the most urgent at the head of the batch.
 
-The engine is not started: each test steps it by hand (`_next_work` + `_run`, as its thread does)
+The engine is not started: each test steps it by hand (`plan_step` + `run_step`, as its thread does)
 and sets the requests' playout clocks itself, so every expected order is exact.
 """
 
@@ -34,8 +34,7 @@ def c2w(engine):
     engine.max_step_frames = None
     for rid in engine.request_ids():
         engine.abort(rid)
-    with engine._cond:
-        engine._released.clear()
+    engine.release_ended()
 
 
 def _open(engine: Code2WavEngine, *rids: str, frames: int = 80) -> None:
@@ -49,17 +48,16 @@ def _set_buffered(engine: Code2WavEngine, seconds: dict[str, float]) -> None:
     """Clocks that started long ago, with `seconds` of audio out: the order is theirs alone."""
     start = time.monotonic() - 1000.0
     for rid, out in seconds.items():
-        state = engine._requests[rid]
+        state = engine.state(rid)
         state.playout = Playout(state.arrived, first_output=start, seconds_out=out)
 
 
 def _step(engine: Code2WavEngine) -> list[str]:
     """One step; the requests its batch decodes, in batch order."""
-    with engine._cond:
-        work = engine._next_work()
+    work = engine.plan_step()
     assert work is not None, "code2wav has no work"
     with torch.inference_mode():
-        engine._run(work)
+        engine.run_step(work)
     return [state.request_id for state, _, _ in work]
 
 
@@ -125,7 +123,7 @@ def test_a_frame_budget_takes_the_most_urgent_window_however_long_then_what_fits
 def test_the_clock_starts_at_the_first_audio_and_counts_samples(c2w):
     async def run():
         _open(c2w, "fresh")
-        state = c2w._requests["fresh"]
+        state = c2w.state("fresh")
         assert state.playout.first_output is None
         assert state.playout.deadline() == pytest.approx(state.arrived + 0.5)  # the default target
         _step(c2w)

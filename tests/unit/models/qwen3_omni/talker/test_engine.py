@@ -127,11 +127,9 @@ def test_running_request_gets_frames_between_the_pieces_of_a_long_prefill(engine
         out = talker.add_request("running", running_params)
         talker.feed("running", STREAM, True, prompt_ids=short)
         codes = [(await out.get()).codes]
-        with talker._cond:
-            running = talker._requests["running"]
+        running = talker.state("running")
         long_out = talker.add_request("long", TalkerParams(max_frames=1))
-        with talker._cond:
-            long = talker._requests["long"]
+        long = talker.state("long")
 
         def listener(_engine, _seconds):
             steps.append((long.prefilled, running.frames))
@@ -145,7 +143,7 @@ def test_running_request_gets_frames_between_the_pieces_of_a_long_prefill(engine
                     codes.append(step.codes)
             await first
         finally:
-            talker._step_listeners.remove(listener)
+            talker.remove_step_listener(listener)
         return codes
 
     with prefill_chunk(talker, chunk):
@@ -171,7 +169,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
     try:
         solo_short = asyncio.run(_codes(talker, "solo-short", short, running_params))
         solo_long = asyncio.run(_codes(talker, "solo-long", prompt, params))
-        forward = talker._talker_forward
+        forward = talker.frames.talker_forward
         at_failure: list[tuple[int, int]] = []
 
         def faulty_forward(states, embeds, positions=None, **kwargs):
@@ -181,7 +179,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
                 raise RuntimeError("injected fault")
             return forward(states, embeds, positions, **kwargs)
 
-        talker._talker_forward = faulty_forward
+        talker.frames.talker_forward = faulty_forward
 
         async def together():
             async def run(rid, ids, p):
@@ -248,7 +246,7 @@ def test_static_code_predictor_gives_the_dynamic_cache_codes(engines, tiny_model
     options = LoadOptions(dtype="float32")
     static = _talk(TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512), prompt)
     before = TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512)
-    before.code_predictor = _DynamicCachePredictor(before.cp)
+    before.frames.code_predictor = _DynamicCachePredictor(before.cp)  # what its frame steps run
     dynamic = _talk(before, prompt)
     assert [len(frames) for frames in static] == [len(frames) for frames in dynamic]
     assert sum(len(frames) for frames in static) > 4  # codes were produced, not only end markers

@@ -1,7 +1,7 @@
 """Static talker frames: the capturable steps give the eager engine's codes, keep their shapes, and
 leave a small constant of host ops per frame outside the capturable regions.
 
-The engines are stepped by hand on the test thread (`_next_work` + `_run`) where ops are counted,
+The engines are stepped by hand on the test thread (`plan_step` + `run_step`) where ops are counted,
 as tests/unit/models/qwen3_omni/test_host_syncs.py does; whole runs go through the engine's own thread.
 """
 
@@ -149,22 +149,21 @@ def test_regions_have_fixed_shapes_and_no_host_sync(tiny_model_dir):
     )
 
     def step(log: _RegionLog | None = None) -> None:
-        with engine._cond:
-            work = engine._next_work()
+        work = engine.plan_step()
         assert work is not None
         with torch.inference_mode():
             if log is None:
-                engine._run(work)
+                engine.run_step(work)
             else:
                 with log:
-                    engine._run(work)
+                    engine.run_step(work)
 
     async def run():
         for row in range(2):
             params = SamplingParams(temperature=0.9, top_k=40, top_p=0.9, seed=row)
             engine.add_request(f"r{row}", TalkerParams(max_frames=32, sampling=params))
             engine.feed(f"r{row}", list(range(5, 45)), last=False, prompt_ids=prompt)
-        while not all(s.pending_code0 is not None for s in engine._requests.values()):
+        while not all(s.pending_code0 is not None for s in engine.states()):
             step()
         logs = [_RegionLog(), _RegionLog()]
         for log in logs:
@@ -271,24 +270,23 @@ def test_rows_decoding_at_a_rope_delta_give_the_eager_codes(tiny_model_dir):
         )
 
         def step() -> None:
-            with engine._cond:
-                work = engine._next_work()
+            work = engine.plan_step()
             assert work is not None
             with torch.inference_mode():
-                engine._run(work)
+                engine.run_step(work)
 
         async def run():
             outputs = []
             for row in range(2):
                 outputs.append(engine.add_request(f"r{row}", TalkerParams(max_frames=32)))
                 engine.feed(f"r{row}", list(range(5, 45)), last=False, prompt_ids=prompt)
-            states = list(engine._requests.values())
+            states = list(engine.states())
             while not all(s.pending_code0 is not None for s in states):
                 step()
             states[0].rope_delta = 2.5  # as talker_rope would set for an image prompt
             for _ in range(8):
                 step()
-            return [list(out._items) for out in outputs]
+            return [out.queued() for out in outputs]
 
         return [[item.codes for item in items] for items in asyncio.run(run())]
 

@@ -1,6 +1,6 @@
 """The talker's step under a row cap: the request with the least buffered audio takes the step.
 
-The engine is not started: each test steps it by hand (`_next_work` + `_run`, as its thread does),
+The engine is not started: each test steps it by hand (`plan_step` + `run_step`, as its thread does),
 and sets the requests' playout clocks itself where the order must not depend on how fast this
 machine runs, so every expected order is exact.
 """
@@ -36,10 +36,7 @@ def talker(engine):
     engine.max_step_batch = 1
     for rid in engine.request_ids():
         engine.abort(rid)
-    with engine._cond:
-        for state in engine._released:
-            engine._release(state)
-        engine._released.clear()
+    engine.release_ended()
 
 
 @pytest.fixture(scope="module")
@@ -49,13 +46,12 @@ def prompt(tiny_model_dir) -> list[int]:
 
 def _step(engine: TalkerEngine) -> list[str]:
     """One step; the ids of the requests that got a frame in it."""
-    before = {rid: s.frames for rid, s in engine._requests.items()}
-    with engine._cond:
-        work = engine._next_work()
+    before = {s.request_id: s.frames for s in engine.states()}
+    work = engine.plan_step()
     assert work is not None, "the talker has no work"
     with torch.inference_mode():
-        engine._run(work)
-    return [rid for rid, s in engine._requests.items() if s.frames > before[rid]]
+        engine.run_step(work)
+    return [s.request_id for s in engine.states() if s.frames > before[s.request_id]]
 
 
 def _open(engine: TalkerEngine, prompt: list[int], *rids: str, frames: int = 60) -> None:
@@ -66,7 +62,7 @@ def _open(engine: TalkerEngine, prompt: list[int], *rids: str, frames: int = 60)
 
 def _prefill_all(engine: TalkerEngine) -> None:
     """Step until every request's prompt is in (beside frame steps of those already in)."""
-    while not all(s.prefill_done for s in engine._requests.values()):
+    while not all(s.prefill_done for s in engine.states()):
         _step(engine)
 
 
@@ -77,7 +73,7 @@ def test_the_frame_step_goes_to_the_least_buffered_and_the_one_ahead_waits(talke
     async def run():
         _open(talker, prompt, "r0", "r1", "r2")
         _prefill_all(talker)
-        states = [talker._requests[rid] for rid in ("r0", "r1", "r2")]
+        states = [talker.state(rid) for rid in ("r0", "r1", "r2")]
         start = time.monotonic() - 1000.0  # their first audio, long ago: the clocks are set here
         for state in states:
             state.playout = Playout(state.arrived, first_output=start)
@@ -100,13 +96,13 @@ def test_a_new_request_goes_before_one_far_ahead_and_its_clock_starts_at_its_fir
     async def run():
         _open(talker, prompt, "ahead")
         _step(talker)  # its prefill
-        ahead = talker._requests["ahead"]
+        ahead = talker.state("ahead")
         ahead.playout.emitted(1000.0, time.monotonic())  # a listener with 1000 s of audio buffered
         _open(talker, prompt, "new")
         order = []
         for _ in range(4):  # the first is the new one's prefill, beside the other's frame
             order.append(_step(talker))
-        new = talker._requests["new"]
+        new = talker.state("new")
         clock = new.playout
         assert clock.first_output is not None and clock.first_output >= new.arrived
         assert clock.seconds_out == pytest.approx(new.frames * 0.08)
@@ -150,9 +146,9 @@ def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_piece
         talker.max_step_batch = 3
         _open(talker, prompt, "playing")
         _prefill_all(talker)
-        state = talker._requests["playing"]
+        state = talker.state("playing")
         _open(talker, long_prompt, "new")
-        new = talker._requests["new"]
+        new = talker.state("new")
         # Its listener has little left and a prompt row costs 4 ms: the new prompt gets a small
         # piece this step (half of 0.1 s is 12 rows; never fewer than URGENT_PREFILL_ROWS).
         state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=0.1)
@@ -181,11 +177,11 @@ def test_a_near_dry_listener_lets_in_as_many_prompt_rows_as_a_share_of_its_slack
         talker.max_step_batch = 3
         _open(talker, prompt, "playing")
         _prefill_all(talker)
-        state = talker._requests["playing"]
+        state = talker.state("playing")
         _open(talker, prompt, "n1", "n2")  # the KV slots left
         state.playout = Playout(state.arrived, first_output=time.monotonic(), seconds_out=NEAR_DRY_S / 2)
         talker.prefill_row_seconds = 1e-6  # measured cost: a microsecond a row
         _step(talker)
-        return [talker._requests[r].prefill_done for r in ("n1", "n2")]
+        return [talker.state(r).prefill_done for r in ("n1", "n2")]
 
     assert asyncio.run(run()) == [True, True]

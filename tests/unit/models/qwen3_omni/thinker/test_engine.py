@@ -129,7 +129,7 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
     engine.start()
     try:
         solo = asyncio.run(_run(engine, "solo", params))
-        forward = engine._forward
+        forward = engine.forward
         batch_sizes_failed: list[int] = []
 
         def faulty_forward(states, ids, **kwargs):
@@ -139,7 +139,7 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
                 raise RuntimeError("injected fault")
             return forward(states, ids, **kwargs)
 
-        engine._forward = faulty_forward
+        engine.forward = faulty_forward
 
         async def together():
             rids = ("a", "b", "poison", "c", "d")
@@ -164,14 +164,14 @@ def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny
     engine.start()
     try:
         solo = asyncio.run(_run(engine, "solo", params))
-        choose = engine._choose
+        choose = engine.choose
 
         def faulty_choose(states, logits, first):
             if not first and any(s.request_id == "poison" for s in states):
                 raise RuntimeError("injected fault in the sampler")
             return choose(states, logits, first)
 
-        engine._choose = faulty_choose
+        engine.choose = faulty_choose
 
         async def together():
             rids = ("a", "poison", "b")
@@ -221,11 +221,9 @@ def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
     async def run():
         out = engine.add_request("running", _prompt(engine), running_params)
         tokens = [t for t in (await out.get()).token_ids]
-        with engine._cond:
-            running = engine._requests["running"]
+        running = engine.state("running")
         long_out = engine.add_request("long", long_ids, ThinkerParams(1, True))
-        with engine._cond:
-            long = engine._requests["long"]
+        long = engine.state("long")
 
         def listener(_engine, _seconds):
             steps.append((long.prefilled, len(running.generated)))
@@ -237,7 +235,7 @@ def test_running_request_decodes_between_the_pieces_of_a_long_prefill(engine):
                 tokens += step.token_ids
             await first
         finally:
-            engine._step_listeners.remove(listener)
+            engine.remove_step_listener(listener)
         return tokens
 
     with prefill_chunk(engine, chunk):
@@ -262,7 +260,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
     try:
         solo_short = asyncio.run(_run_ids(engine, "solo-short", _prompt(engine), ThinkerParams(40, True)))
         solo_long = asyncio.run(_run_ids(engine, "solo-long", prompt, params))
-        forward = engine._forward
+        forward = engine.forward
         at_failure: list[tuple[int, int]] = []
 
         def faulty_forward(states, ids, **kwargs):
@@ -272,7 +270,7 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
                 raise RuntimeError("injected fault")
             return forward(states, ids, **kwargs)
 
-        engine._forward = faulty_forward
+        engine.forward = faulty_forward
 
         async def together():
             short = ThinkerParams(40, True)

@@ -179,7 +179,7 @@ def _media_phase(engine, media, budget: int, chunk: int) -> dict[str, float]:
     engine.encode_budget, engine.prefill_chunk = budget, chunk
     text_ids = engine.encode_chat(TEXT)
     steps: list[tuple[int, int, float]] = []  # (slices, prefills, seconds)
-    run_step = engine._run
+    run_step = engine.run_step
 
     def timed(work):
         started = time.perf_counter()
@@ -192,7 +192,7 @@ def _media_phase(engine, media, budget: int, chunk: int) -> dict[str, float]:
         out = engine.add_request(f"itl-{budget}", text_ids, ThinkerParams(4000, True))
         for _ in range(5):  # the text request is decoding steadily
             await out.get()
-        engine._run = timed
+        engine.run_step = timed
         media_out = engine.add_request(f"enc-{budget}", media.prompt_ids, ThinkerParams(1, True), media=media)
         first = asyncio.ensure_future(media_out.get())
         times = [time.perf_counter()]
@@ -203,7 +203,7 @@ def _media_phase(engine, media, budget: int, chunk: int) -> dict[str, float]:
         times.append(time.perf_counter())
         while not any(p for _, p, _ in steps):  # that step is recorded once it has returned
             await asyncio.sleep(0.01)
-        engine._run = run_step
+        del engine.run_step  # back to the class's
         engine.abort(f"itl-{budget}")
         await first
         return {
