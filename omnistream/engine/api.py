@@ -17,8 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from omnistream.engine.engine import EngineStats
     from omnistream.engine.output_stream import OutputStream
+    from omnistream.engine.stats import EngineStats
     from omnistream.request.chunk_plan import ChunkPlan
     from omnistream.request.media import MediaLayout
     from omnistream.request.stage_chain import TalkerFeed, TalkerParams, ThinkerParams

@@ -25,6 +25,7 @@ import torch
 from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.device_errors import poisons_device
 from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.stats import EngineStats
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
 
 log = logging.getLogger(__name__)
@@ -59,30 +60,6 @@ def present(value: T | None) -> T:
 
 # A request in a batch that failed is retried alone this many times before it is failed itself.
 MAX_SUSPICIONS = 2
-
-
-@dataclass
-class EngineStats:
-    """A snapshot for metrics: read from any thread."""
-
-    steps: int = 0
-    last_batch_size: int = 0
-    last_step_seconds: float = 0.0
-    # Output units the last step produced (thinker: tokens, talker: codec frames emitted, code2wav:
-    # codec frames decoded); omnistream/service/speed.py measures the stage's speed from it.
-    last_units: int = 0
-    # Prompt positions the last step prefilled (thinker, talker): such a step says little about
-    # the batch's own step time (omnistream/service/step_model.py leaves it out).
-    last_prefill_rows: int = 0
-    aborted: int = 0
-    errors: int = 0
-    finished: int = 0
-    # Scheduling under a per-step budget (the talker and Code2Wav): requests that could have
-    # stepped but were left for more urgent ones, in all and in the last step, and the buffered
-    # audio seconds (omnistream/engine/playout.py) of the requests the last step ran.
-    deferred: int = 0
-    last_deferred: int = 0
-    last_buffered: tuple[float, ...] = ()
 
 
 # A subclass's per-request state and the work one of its steps runs (what `_schedule` returns).

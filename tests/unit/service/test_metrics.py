@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from omnistream.engine.engine import EngineStats
+from omnistream.engine.stats import EngineStats
 from omnistream.service.metrics import StageMetrics
 
 

@@ -7,7 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from omnistream.engine.engine import Engine, EngineStats, RequestState
+from omnistream.engine.engine import Engine, RequestState
+from omnistream.engine.stats import EngineStats
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.service.metrics import StageMetrics
 from omnistream.service.speed import SpeedMeter

@@ -17,9 +17,10 @@ from typing import Any, Protocol
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
-from omnistream.engine.engine import EngineStats, present
+from omnistream.engine.engine import present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.stats import EngineStats
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame

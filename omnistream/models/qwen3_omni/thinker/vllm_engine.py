@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistream.engine.api import FatalListener, StepListener
-from omnistream.engine.engine import EngineStats
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.stats import EngineStats
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable

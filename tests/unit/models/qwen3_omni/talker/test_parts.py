@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler
-from omnistream.engine.engine import EngineStats
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import Playout
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.stats import EngineStats
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
 from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, TTS_EOS
