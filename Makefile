@@ -1,4 +1,4 @@
-# omnistream: the two set-up commands are `make run` and `make test`.
+# omnistream: the two set-up commands are `make run` and `make test`; `make check` is the fast loop.
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-slow lint bench bench-capacity bench-seed \
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test check test-slow lint bench bench-capacity bench-seed \
 	bench-engine \
 	bench-thinkers clean
 
@@ -75,10 +75,17 @@ sysdeps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# The vLLM thinker tests run when .venv-vllm exists (make setup-vllm), and are skipped, saying so, otherwise.
+# Everything CI runs (.ci/run calls it): the three tiers, tests/unit, tests/integration, tests/deploy,
+# with the 25 slowest tests listed at the end. The vLLM thinker tests run when .venv-vllm exists
+# (make setup-vllm), and are skipped, saying so, otherwise.
 test: setup sysdeps
 	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q --durations=25
+
+# The fast loop while changing code: lint and the unit tier (tests/unit: in-process, no stage
+# processes, no browser, no apt package).
+check: lint
+	$(PY) -m pytest -q --durations=10 tests/unit
 
 # Audio continuity and admission: the services through the gateway (REST/SSE, as a user's client) at
 # concurrency 1/4/10/16, the default admission against --no-audio-hold (a second gateway over the same
@@ -120,7 +127,7 @@ bench-thinkers: tiny-model setup-vllm
 	$(PY) tools/thinker-backends --model $(TINY) --json bench-results/thinker-backends.json
 
 test-slow: setup sysdeps
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q --durations=25 -m slow
 
 # ruff, then mypy (strict on the engines and the layers below them: [tool.mypy] in pyproject.toml).
 lint: setup

@@ -33,12 +33,12 @@ STAGE_MESSAGE_HEADROOM = 64 * 1024
 BYTES_PER_PROMPT_UNIT = 5
 # A REST body carries media as base64: 4 characters for every 3 bytes.
 BASE64_RATIO = 4 / 3
-_MEDIA = MediaLimits()  # the media defaults, reasons in gateway/media/limits.py and README
+_MEDIA = MediaLimits()  # the media defaults, reasons in gateway/media/limits.py and docs/serving.md
 
 
-# --help sections of the flags (README's sections of the same names).
-MEDIA = "media limits (README: Audio, images and video)"
-REALTIME = "realtime (README: Realtime voice)"
+# --help sections of the flags (docs/serving.md's and docs/realtime.md's sections of the same names).
+MEDIA = "media limits (docs/serving.md: Audio, images and video)"
+REALTIME = "realtime (docs/realtime.md: Realtime voice)"
 TLS = "transport security"
 
 
@@ -51,7 +51,7 @@ class GatewayConfig:
     thinker: list[str] = setting(list, metavar="ADDR", help="thinker replica address")
     talker: list[str] = setting(list, metavar="ADDR", help="talker replica address")
     code2wav: list[str] = setting(list, metavar="ADDR", help="code2wav replica address")
-    # What a request gets when it does not say (omnistream/request/defaults.py, README's table).
+    # What a request gets when it does not say (omnistream/request/defaults.py, docs/serving.md's table).
     async_chunk: bool = setting(
         DEFAULTS.async_chunk,
         help="stream each stage's output to the next as it is made (--no-async-chunk or --sequential: "
@@ -71,7 +71,7 @@ class GatewayConfig:
         DEFAULT_QUEUE_TIMEOUT_S,
         help="seconds a request may wait for admission, the audio hold included, before its 429",
     )
-    # Audio hold (README "Admission"): an audio request waits (up to queue_timeout) while the talker
+    # Audio hold (docs/serving.md "Admission"): an audio request waits (up to queue_timeout) while the talker
     # and code2wav, at the speed they measure, could not keep one more stream plus the ones playing
     # real time with `audio_hold_margin` to spare; at most `audio_hold_queue` wait (None: as many as
     # max_concurrency; 0: refuse at once instead of holding). Off: admitted as before, whatever the
@@ -129,7 +129,7 @@ class GatewayConfig:
     # prompts that could never run are refused; it bounds the thinker's tokenizing work, and at 5
     # bytes a unit such a prompt always fits one stage message.
     max_prompt_chars: int = setting(1_000_000, help="longer prompts (or more prompt_ids) get 413")
-    # Media (README "Audio, images and video"). Encoded bytes of all media of one request: 5 MiB is
+    # Media (docs/serving.md "Audio, images and video"). Encoded bytes of all media of one request: 5 MiB is
     # 6.7 MiB of base64, inside the 8 MiB REST body with room for text.
     max_media_bytes: int = setting(_MEDIA.max_media_bytes, group=MEDIA, help="encoded media per request")
     # Decoded media of one request travel to the thinker in one stage message beside the text: this
@@ -207,7 +207,7 @@ class GatewayConfig:
         repr=False,
         help="require `Authorization: Bearer KEY` on /v1/* and the gRPC Gateway service",
     )
-    # /v1/realtime (README "Realtime voice"): open WebSocket sessions at most (each response also
+    # /v1/realtime (docs/realtime.md "Realtime voice"): open WebSocket sessions at most (each response also
     # takes an admission slot while it runs); a session with no client event and no response for
     # `realtime_idle_timeout` seconds is closed; the uncommitted input buffer holds at most
     # `realtime_max_buffer_seconds` of audio, and appends may run ahead of real time by at most

@@ -1,4 +1,9 @@
-"""Shared fixtures: the tiny checkpoints are built once per test session."""
+"""Shared fixtures (the tiny checkpoints are built once per test session) and the test tiers.
+
+The tiers are the folders, each with its marker, so `-m unit` selects what `make check` runs
+without a list to keep: tests/unit/ runs in-process (no stage processes, no browser, no apt
+package), tests/integration/ runs real services on loopback ports, tests/deploy/ checks the
+deployment files."""
 
 from __future__ import annotations
 
@@ -82,8 +87,29 @@ def references(build_dirs):
     return reference
 
 
+TIERS = ("unit", "integration", "deploy")  # the folders under tests/, each its own marker
+_TESTS = Path(__file__).resolve().parent
+
+
 def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its tier, the folder it is in (registered in pyproject.toml)."""
+    for item in items:
+        tier = tier_of(Path(item.fspath))
+        if tier is not None:
+            item.add_marker(tier)
+
+
+def tier_of(path: Path) -> str | None:
+    """`unit`, `integration` or `deploy` for a test file under that folder of tests/, else None."""
+    try:
+        folder = path.resolve().relative_to(_TESTS).parts[0]
+    except (ValueError, IndexError):
+        return None
+    return folder if folder in TIERS else None
 
 
 def pytest_terminal_summary(terminalreporter) -> None:

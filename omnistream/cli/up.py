@@ -101,7 +101,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "gateway go first while the thinker, far ahead of them, takes what is left (0: equal; "
         f"default: {DEFAULT_THINKER_NICE})",
     )
-    # The gateway's admission flags, named and meant as in `serve gateway` (README "Admission"):
+    # The gateway's admission flags, named and meant as in `serve gateway` (docs/serving.md "Admission"):
     # `--audio-hold` parses to the gateway's default (start_stack's `audio_hold`), the rest to None
     # (not given: the gateway's default).
     add_flags(p, GatewayConfig, names=("audio_hold",), only_given=False)
@@ -166,7 +166,7 @@ def start_stack(
     thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
     weights and KV cache fit the free memory of its device (omnistream/models/qwen3_omni/memory.py).
 
-    `audio_hold`: False starts the gateway with `--no-audio-hold` (README "Admission").
+    `audio_hold`: False starts the gateway with `--no-audio-hold` (docs/serving.md "Admission").
     `gateway_flags`: more `omnistream serve gateway` flags (e.g. `--audio-start-guard 0`).
 
     `cancel`: once set, the start stops where it is (StartCancelled); what had started is either

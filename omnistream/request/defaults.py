@@ -3,7 +3,7 @@
 
 Torch-free, like `omnistream.request.generation`: the gateway imports it and never loads a model.
 
-Why these defaults (`DEFAULTS`; README has the same table):
+Why these defaults (`DEFAULTS`; docs/serving.md has the same table):
 
 * No system prompt. The public API is OpenAI's, where a system prompt is something the client sends
   (a "system" message, or `generate --system`); a hidden one would make the same messages mean

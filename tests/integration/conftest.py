@@ -57,6 +57,23 @@ def replicated_stack(tiny_model_dir: str) -> Iterator[dict[str, ServiceProcess]]
 
 
 @contextlib.contextmanager
+def stack_beside(
+    shared: dict[str, ServiceProcess], specs: dict[str, list[str]]
+) -> Iterator[dict[str, ServiceProcess]]:
+    """`shared` services (the session's, left running) plus services of its own started from
+    `specs`, and a gateway over all of them; only what it started is stopped. For a test that
+    kills some replicas and not others: what it never kills need not be started again."""
+    own = start_services(specs)
+    try:
+        services = {**shared, **own}
+        own.update(start_services({"gateway": gateway_args(services)}))
+        yield {**services, "gateway": own["gateway"]}
+    finally:
+        for service in own.values():
+            service.stop()
+
+
+@contextlib.contextmanager
 def gateway_process(stages: dict, *extra: str) -> Iterator[ServiceProcess]:
     """A gateway of its own over `stages` (with `extra` flags), stopped however the test ends."""
     services = start_services({"gateway": gateway_args(stages, *extra)})
@@ -83,6 +100,17 @@ def stages(tiny_model_dir):
     finally:
         for service in services.values():
             service.stop()
+
+
+@pytest.fixture(scope="session")
+def local_pipeline(tiny_model_dir):
+    """The in-process pipeline on the `stages` fixture's checkpoint and settings (float64, max batch
+    8): what the services are compared against, loaded once for every module that compares."""
+    from omnistream.engine.load_options import LoadOptions
+    from omnistream.pipeline import Pipeline
+
+    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as pipeline:
+        yield pipeline
 
 
 @pytest.fixture(scope="session")

@@ -16,9 +16,7 @@ import torch
 from openai import OpenAI
 
 from omnistream.audio.wav import read_float32_wav, to_pcm16
-from omnistream.engine.load_options import LoadOptions
-from omnistream.models.qwen3_omni.checkpoint import load_stage
-from omnistream.pipeline import GenerationRequest, Pipeline, collect
+from omnistream.pipeline import GenerationRequest, collect
 from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, gateway_pb2_grpc, stage_pb2
 from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.defaults import RequestInput, resolve
@@ -44,18 +42,17 @@ def gateway(stages):
 
 
 @pytest.fixture(scope="module")
-def expected(tiny_model_dir):
+def expected(local_pipeline):
     request = GenerationRequest(
         messages=MESSAGES, max_tokens=24, max_audio_frames=40, initial_codec_chunk_frames=4
     )
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
-        return asyncio.run(collect(p, request))
+    return asyncio.run(collect(local_pipeline, request))
 
 
 @pytest.fixture(scope="module")
-def expected_full(tiny_model_dir, expected) -> np.ndarray:
+def expected_full(local_pipeline, expected) -> np.ndarray:
     """The one-shot Code2Wav decode of the expected codes (float64, shipped as float32)."""
-    code2wav = load_stage("code2wav", tiny_model_dir, LoadOptions(dtype="float64")).code2wav
+    code2wav = local_pipeline.code2wav.code2wav
     with torch.no_grad():
         return code2wav(torch.from_numpy(expected.codes)[None]).reshape(-1).float().numpy()
 

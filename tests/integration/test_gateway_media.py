@@ -178,7 +178,7 @@ def test_grpc_bad_media_are_invalid_argument_naming_the_field(gateway, stages, m
 
 
 def test_the_readme_openai_sdk_example_sends_input_audio(gateway):
-    """README's example, as the SDK sends it (the answer: see `check_good_media_reply`)."""
+    """docs/serving.md's example, as the SDK sends it (the answer: see `check_good_media_reply`)."""
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway.http_port}/v1", api_key="unused")
     audio = b64(audio_file("mp3", seconds=1.0))
     content = [

@@ -8,13 +8,16 @@ import json
 
 import httpx
 
-from .conftest import gateway_url, metric, replicated_stack, wait_for
+from .conftest import gateway_url, metric, replicated_stack, stack_beside, stage_args, wait_for
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
 
 
-def test_replicas_share_load_and_survive_a_kill(tiny_model_dir):
-    with replicated_stack(tiny_model_dir) as services:
+def test_replicas_share_load_and_survive_a_kill(stages, tiny_model_dir):
+    """Two talker replicas of its own (one is killed) beside the session's thinker and code2wav."""
+    talkers = {name: stage_args("talker", tiny_model_dir) for name in ("talker-a", "talker-b")}
+    shared = {name: stages[name] for name in ("thinker", "code2wav")}
+    with stack_beside(shared, talkers) as services:
         base = gateway_url(services["gateway"])
         body = {
             "messages": MESSAGES,

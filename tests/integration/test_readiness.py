@@ -12,27 +12,24 @@ import httpx
 import pytest
 import websockets
 
-from omnistream.cli.launcher import start_services
 from omnistream.client import Client, TextDelta
 from omnistream.client import Unavailable as ClientUnavailable
 
-from .conftest import gateway_process, gateway_url, stage_args, wait_for
+from .conftest import gateway_process, gateway_url, wait_for
 
 HELLO = [{"role": "user", "content": "Hello"}]
 
 
 @pytest.fixture(scope="module")
-def thinker_only(tiny_model_dir):
-    services = start_services({"thinker": stage_args("thinker", tiny_model_dir)})
-    try:
-        with gateway_process(services) as gateway:
-            base = gateway_url(gateway)
-            assert asyncio.run(
-                wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, timeout=60.0)
-            )
-            yield gateway
-    finally:
-        services["thinker"].stop()
+def thinker_only(stages):
+    """A gateway that knows the session's thinker alone: no talker, no code2wav (a thinker of the
+    same flags as one started here would be, without starting another one)."""
+    with gateway_process({"thinker": stages["thinker"]}) as gateway:
+        base = gateway_url(gateway)
+        assert asyncio.run(
+            wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, timeout=60.0)
+        )
+        yield gateway
 
 
 def test_ready_says_text_is_served_and_audio_lacks_talker_and_code2wav(thinker_only):

@@ -13,10 +13,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.serving.stage_calls import run_request
 from omnistream.cli.launcher import start_services
-from omnistream.engine.load_options import LoadOptions
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.models.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
-from omnistream.pipeline import AudioEvent, Pipeline, TextEvent, collect
+from omnistream.pipeline import AudioEvent, TextEvent, collect
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.wire.chunk_key import ChunkKey, Stage
 
@@ -40,9 +39,8 @@ PROMPTS = [
 
 
 @pytest.fixture(scope="module")
-def local(tiny_model_dir):
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
-        yield p
+def local(local_pipeline):
+    return local_pipeline
 
 
 @pytest.mark.parametrize("schedule", SCHEDULES)

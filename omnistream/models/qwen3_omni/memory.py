@@ -7,7 +7,7 @@ before a byte is loaded: the stage refuses to start, naming what it needs, what 
 flags reduce it, instead of dying with an out-of-memory error halfway through loading 60 GiB.
 
 Weights are counted exactly by building the stage's holder module on the `meta` device (no memory,
-no checkpoint). The README's "GPU deployment" table is this module's output for the real
+no checkpoint). docs/gpu.md's memory table is this module's output for the real
 Qwen3-Omni-30B-A3B-Instruct config (data/qwen3-omni-30b-a3b-instruct.config.json):
 `python -m omnistream.models.qwen3_omni.memory` prints it; tests/unit/models/qwen3_omni/test_memory.py keeps
 the two equal.
@@ -29,7 +29,7 @@ HEADROOM_FRACTION = 0.10  # of weights + KV cache: activations grow with the bat
 HEADROOM_FIXED = 1 * GIB  # CUDA context, cuBLAS workspaces, allocator slack
 REAL_CONFIG = Path(__file__).parent / "data" / "qwen3-omni-30b-a3b-instruct.config.json"
 STAGES = ("thinker", "talker", "code2wav")
-# The serving defaults (services/serve_args.py) the README table is computed at.
+# The serving defaults (services/serve_args.py) the docs/gpu.md table is computed at.
 DEFAULT_MAX_BATCH = 16
 DEFAULT_MAX_MODEL_LEN = 4096
 
@@ -167,7 +167,7 @@ def memory_table(
     max_batch: int = DEFAULT_MAX_BATCH,
     max_model_len: int = DEFAULT_MAX_MODEL_LEN,
 ) -> str:
-    """The README's markdown table: one row per stage."""
+    """docs/gpu.md's markdown table: one row per stage."""
     rows = [
         f"| stage | parameters | weights ({dtype}) | KV cache | headroom | needs |",
         "|---|---:|---:|---:|---:|---:|",

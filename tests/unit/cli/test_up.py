@@ -1,17 +1,15 @@
-"""`omnistream up`'s supervision without the model: busy ports, failed and interrupted starts.
+"""`omnistream up`'s own logic without starting anything: a busy port, a cancelled start, the
+command lines it builds for each stage and the gateway, what it prints once serving.
 
-The services here are stand-ins (`sleep` in Python) in ServiceProcess records, so what is checked is
-only up's own logic: whatever was started gets stopped, whichever way the start ends.
+Its supervision of started processes (stand-ins stopped however a start ends, the drain, another
+interpreter) is tests/integration/test_up_supervision.py; the real stack is tests/integration/test_up.py.
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
-import os
-import signal
 import socket
-import subprocess
 import sys
 import threading
 from collections.abc import Iterator
@@ -19,35 +17,15 @@ from collections.abc import Iterator
 import pytest
 
 from omnistream.cli import launcher, up
-from omnistream.cli.launcher import ServiceProcess, StartCancelled, StartError, start_services, stop_services
+from omnistream.cli.launcher import ServiceProcess, StartCancelled, StartError, start_services
 from omnistream.cli.usage import usage_text
+from tests.up_stubs import signal_handlers_restored, up_args
 
 
 @pytest.fixture(autouse=True)
 def restore_signal_handlers() -> Iterator[None]:
-    """run_up installs handlers for the process; the test process must get its own back."""
-    saved = {sig: signal.getsignal(sig) for sig in up.STOP_SIGNALS}
-    yield
-    for sig, handler in saved.items():
-        signal.signal(sig, handler)
-
-
-def _stand_in(name: str, *, ignore_sigterm: bool = False) -> ServiceProcess:
-    code = "import signal, time\n"
-    if ignore_sigterm:
-        code += "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
-    code += "print('ready', flush=True)\ntime.sleep(600)\n"
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "ready"  # its handlers are in place
-    return ServiceProcess(name, proc)
-
-
-def _args(http_port: int = 0, grpc_port: int = 0) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    up.add_arguments(parser)
-    return parser.parse_args(
-        ["--model", "unused", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-    )
+    with signal_handlers_restored():
+        yield
 
 
 def test_busy_port_is_one_line_and_starts_nothing(monkeypatch, capsys):
@@ -56,50 +34,12 @@ def test_busy_port_is_one_line_and_starts_nothing(monkeypatch, capsys):
         holder.bind(("127.0.0.1", 0))
         holder.listen()
         port = holder.getsockname()[1]
-        assert up.run_up(_args(grpc_port=port)) == 1
+        assert up.run_up(up_args(grpc_port=port)) == 1
     err = capsys.readouterr().err
     assert err == (
         f"omnistream up: port {port} is already in use (another omnistream up still running?): "
         "stop it or pass --http-port/--grpc-port\n"
     )
-
-
-def test_failed_start_stops_what_was_started(monkeypatch, capsys):
-    started: list[ServiceProcess] = []
-
-    def start_stack(model, services, **_kwargs):
-        services["thinker"] = _stand_in("thinker")
-        started.append(services["thinker"])
-        raise StartError("gateway exited with 1 before listening")
-
-    monkeypatch.setattr(up, "start_stack", start_stack)
-    try:
-        assert up.run_up(_args()) == 1
-        assert started[0].proc.poll() is not None
-        err = capsys.readouterr().err
-        assert err == "omnistream up: gateway exited with 1 before listening; stopped everything\n"
-    finally:
-        started[0].kill()
-
-
-@pytest.mark.parametrize("sig", up.STOP_SIGNALS, ids=lambda s: s.name)
-def test_signal_while_starting_stops_what_was_started(monkeypatch, sig):
-    started: list[ServiceProcess] = []
-
-    def start_stack(model, services, *, cancel: threading.Event, **_kwargs):
-        services["thinker"] = _stand_in("thinker")
-        started.append(services["thinker"])
-        os.kill(os.getpid(), sig)  # as from the terminal, while the stack is still starting
-        if not cancel.wait(60):
-            pytest.fail(f"{sig.name} did not cancel the start")
-        raise StartCancelled()
-
-    monkeypatch.setattr(up, "start_stack", start_stack)
-    try:
-        assert up.run_up(_args()) == 0
-        assert started[0].proc.poll() is not None
-    finally:
-        started[0].kill()
 
 
 def test_cancelled_start_spawns_nothing(monkeypatch):
@@ -108,17 +48,6 @@ def test_cancelled_start_spawns_nothing(monkeypatch):
     cancel.set()
     with pytest.raises(StartCancelled):
         start_services({"thinker": ["serve", "thinker"]}, cancel=cancel)
-
-
-def test_stop_services_drains_together_and_kills_the_stubborn():
-    polite, stubborn = _stand_in("talker-0"), _stand_in("code2wav-0", ignore_sigterm=True)
-    try:
-        stop_services([polite, stubborn], timeout=1.0)
-        assert polite.proc.returncode == -signal.SIGTERM
-        assert stubborn.proc.returncode == -signal.SIGKILL
-    finally:
-        polite.kill()
-        stubborn.kill()
 
 
 def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
@@ -204,23 +133,6 @@ def test_a_missing_vllm_python_is_refused_before_anything_starts(monkeypatch, tm
     assert up.vllm_python() == sys.executable
 
 
-def test_another_python_runs_this_source_tree(monkeypatch):
-    """The launcher puts this tree first on the other interpreter's PYTHONPATH, so the vLLM
-    environment runs the same code as the rest of the stack."""
-    seen = {}
-
-    def spawn(cmd, env, **kw):
-        seen.update(cmd=cmd, env=env)
-        return subprocess.Popen([sys.executable, "-c", "pass"], stdout=subprocess.PIPE, text=True)
-
-    monkeypatch.setattr(launcher, "spawn", spawn)
-    service, _ = launcher._spawn("thinker", ["serve", "thinker"], None, [], "/opt/other/python")
-    service.proc.wait(10)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(launcher.__file__)))
-    assert seen["cmd"][:3] == ["/opt/other/python", "-m", "omnistream.cli.main"]
-    assert seen["env"]["PYTHONPATH"].split(os.pathsep)[0] == root
-
-
 def test_the_thinker_alone_runs_at_a_lower_cpu_priority(monkeypatch):
     """`up` shares one machine's cores between the stages: the thinker gets `--nice` (default 5),
     the audio stages keep theirs; `--thinker-nice 0` asks for equal priority, 20 is refused."""
@@ -274,9 +186,7 @@ def test_admission_flags_reach_the_gateway_as_serve_gateway_names_them(monkeypat
     up.add_arguments(args)
     parsed = args.parse_args(["--model", "m", *given])
     with pytest.raises(StartCancelled):
-        up.start_stack(
-            "m", {}, audio_hold=parsed.audio_hold, gateway_flags=up.admission_flags(parsed)
-        )
+        up.start_stack("m", {}, audio_hold=parsed.audio_hold, gateway_flags=up.admission_flags(parsed))
     gateway_spec = specs_seen[-1]["gateway"]
     flags = [f for f in gateway_spec if ("hold" in f and f.startswith("--")) or f == "--queue-timeout"]
     assert flags == [f for f in expected if f.startswith("--")]

@@ -14,7 +14,7 @@ from omnistream.models.qwen3_omni import memory
 from omnistream.models.qwen3_omni.checkpoint import load_config, load_stage
 from omnistream.request.errors import InvalidRequest
 
-README = Path(__file__).resolve().parents[4] / "README.md"
+README = Path(__file__).resolve().parents[4] / "docs" / "gpu.md"  # the GPU table's page
 
 
 def test_kv_cache_is_layers_heads_dim_capacity_slots_two_bytes(tiny_model_dir):
@@ -79,7 +79,7 @@ def test_the_readme_table_is_the_functions_output():
     table = memory.memory_table(memory.load_real_config())
     readme = README.read_text()
     assert table in readme, (
-        f"README's GPU table is stale; regenerate: python -m omnistream.models.qwen3_omni.memory\n{table}"
+        f"docs/gpu.md's table is stale; regenerate: python -m omnistream.models.qwen3_omni.memory\n{table}"
     )
     assert re.search(r"--max-batch 16.*--max-model-len 4096|max-batch 16, max-model-len 4096", readme)
 

@@ -1,4 +1,7 @@
-"""omnistream.cli.lifeline: children started with `spawn` die with their parent, however it dies."""
+"""omnistream.cli.lifeline: children started with `spawn` die with their parent, however it dies.
+
+An integration test (it was tests/unit/cli/): each test starts parent and child processes and
+kills them, one under a network namespace (`ip netns`, root only)."""
 
 from __future__ import annotations
 
@@ -44,7 +47,7 @@ PARENT = textwrap.dedent(
     time.sleep(600)
     """
 )
-ROOT = str(Path(__file__).resolve().parents[3])
+ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def _env() -> dict[str, str]:

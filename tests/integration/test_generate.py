@@ -1,5 +1,8 @@
 """`omnistream generate` (what `make generate` runs): streams text and writes the four artefacts;
-takes media files as `omnistream chat` does; `--system ""` means no system turn."""
+takes media files as `omnistream chat` does; `--system ""` means no system turn.
+
+An integration test (it was tests/unit/cli/): each runs the command as a user does, a process that
+loads the three engines and generates (30-60 s a test on the 2-core machine under load)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,8 @@
 """tools/gpu-smoke on the CPU with the tiny model: every stage loads, runs its request to the end,
-and reports step times, host syncs and aten ops per step (so the tool still works when a GPU comes)."""
+and reports step times, host syncs and aten ops per step (so the tool still works when a GPU comes).
+
+An integration test (it was tests/unit/bench/): it runs the tool as a process that loads every
+stage (about a minute on the 2-core machine under load)."""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import torch
 
 from omnistream.bench.device_smoke import _OwnSyncCounter, step_until_done
 
-ROOT = Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gpu_smoke_runs_every_stage_on_the_cpu(tiny_model_dir, tmp_path):
