@@ -75,7 +75,7 @@ sysdeps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
-# Everything CI runs (.ci/run calls it): the three tiers, tests/unit, tests/integration, tests/deploy,
+# Everything CI runs (.ci/run calls it): the four tiers, tests/unit, tests/reference, tests/integration, tests/deploy,
 # with the 25 slowest tests listed at the end. The vLLM thinker tests run when .venv-vllm exists
 # (make setup-vllm), and are skipped, saying so, otherwise.
 test: setup sysdeps

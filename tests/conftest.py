@@ -2,8 +2,10 @@
 
 The tiers are the folders, each with its marker, so `-m unit` selects what `make check` runs
 without a list to keep: tests/unit/ runs in-process (no stage processes, no browser, no apt
-package), tests/integration/ runs real services on loopback ports, tests/deploy/ checks the
-deployment files."""
+package, milliseconds to a few seconds a test), tests/reference/ runs the model in-process against
+the transformers reference (whole generations, real-structured decodes: seconds a test),
+tests/integration/ runs real services on loopback ports and what needs a Debian package (espeak-ng,
+chromium) or a second environment (.venv-vllm), tests/deploy/ checks the deployment files."""
 
 from __future__ import annotations
 
@@ -87,7 +89,7 @@ def references(build_dirs):
     return reference
 
 
-TIERS = ("unit", "integration", "deploy")  # the folders under tests/, each its own marker
+TIERS = ("unit", "reference", "integration", "deploy")  # the folders under tests/, each its own marker
 _TESTS = Path(__file__).resolve().parent
 
 

@@ -3,55 +3,21 @@
 Three checks: the conversion is deterministic and cached by its key; the converted model (its
 widened heads included) computes the thinker's logits, read with transformers' own Qwen3-MoE in
 the project's environment; and vLLM, loading it, makes the transformers thinker's greedy tokens,
-alone and in one batch of prompts of different lengths (needs the vLLM environment).
+alone and in one batch of prompts of different lengths (needs the vLLM environment: a process,
+so in tests/integration/test_vllm_checkpoint.py).
 """
 
 from __future__ import annotations
 
-import asyncio
 import json
-import subprocess
 
 import pytest
 import torch
 
-from omnistream.engine.chat_encoding import ChatEncoder
 from omnistream.engine.load_options import LoadOptions
-from omnistream.models.family import family_for
-from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
-from omnistream.models.qwen3_omni.thinker import vllm_checkpoint, vllm_greedy
-from omnistream.request.stage_chain import ThinkerParams
-from tests.vllm_env import VLLM_PYTHON, requires_vllm
-
-MAX_TOKENS = 24
-
-
-def prompts(model_dir: str) -> list[list[int]]:
-    """Prompts of 3, ~15, ~60 and 200 ids: two chats in the model's framing and two runs of ids."""
-    chat = ChatEncoder(load_tokenizer(model_dir), 4096)
-    story = chat.encode([{"role": "user", "content": "Tell me a story."}])
-    system = {"role": "system", "content": "Be brief."}
-    long = chat.encode([system, {"role": "user", "content": "the sea " * 25}])
-    return [[5, 6, 7], story, long, [(i * 37) % 400 + 10 for i in range(200)]]
-
-
-def transformers_greedy(model_dir: str, batch: list[list[int]]) -> list[list[int]]:
-    """The project's thinker engine, each prompt alone, greedy, end of turn ignored."""
-
-    async def run() -> list[list[int]]:
-        engine = family_for(model_dir).engine("thinker", model_dir, LoadOptions(dtype="float32"), max_batch=4)
-        engine.start()
-        try:
-            out = []
-            for i, ids in enumerate(batch):
-                params = ThinkerParams(max_tokens=MAX_TOKENS, ignore_eos=True)
-                stream = engine.add_request(f"r{i}", ids, params)
-                out.append([t async for o in stream for t in o.token_ids])
-            return out
-        finally:
-            engine.stop()
-
-    return asyncio.run(run())
+from omnistream.models.qwen3_omni.checkpoint import load_stage
+from omnistream.models.qwen3_omni.thinker import vllm_checkpoint
+from tests.vllm_reference import prompts
 
 
 def test_conversion_is_deterministic_and_cached(tiny_model_dir, tmp_path):
@@ -100,32 +66,3 @@ def test_converted_model_computes_the_thinkers_logits(tiny_model_dir, tmp_path):
         # The widened heads compute the same attention (vllm_checkpoint.py); only rounding differs,
         # and both models take their attention softmax in float32, where it shows (~2e-8 here).
         torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-7)
-
-
-@requires_vllm
-def test_vllm_greedy_equals_transformers_alone_and_batched(tiny_model_dir):
-    batch = prompts(tiny_model_dir)
-    want = transformers_greedy(tiny_model_dir, batch)
-    batches = [[batch[1]], [batch[3]], batch]  # two alone, then all four in one batch
-    run = subprocess.run(
-        [
-            VLLM_PYTHON,
-            "-m",
-            "omnistream.models.qwen3_omni.thinker.vllm_greedy",
-            "--model",
-            tiny_model_dir,
-            "--max-tokens",
-            str(MAX_TOKENS),
-        ],
-        input=json.dumps(batches),
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    (line,) = [line for line in run.stdout.splitlines() if line.startswith(vllm_greedy.MARK)]
-    got = json.loads(line[len(vllm_greedy.MARK) :])
-    assert got[0] == [want[1]]
-    assert got[1] == [want[3]]
-    assert got[2] == want

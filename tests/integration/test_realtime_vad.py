@@ -1,4 +1,5 @@
-"""The server VAD on rendered speech and on noise (webrtcvad, not an energy threshold)."""
+"""The server VAD (gateway/realtime/vad.py) on rendered speech and on noise (webrtcvad, not an energy
+threshold). Here, not in tests/unit/, because the speech is rendered by espeak-ng, a Debian package."""
 
 from __future__ import annotations
 
