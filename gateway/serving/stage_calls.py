@@ -39,8 +39,6 @@ from omnistream.wire.convert import (
 from omnistream.wire.limits import MAX_MESSAGE_BYTES
 from omnistream.wire.tensors import numpy_from_proto
 
-DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
-
 
 @dataclass
 class StageStubs:
@@ -49,9 +47,7 @@ class StageStubs:
     code2wav: stage_pb2_grpc.Code2WavServiceStub
 
     @classmethod
-    def connect(
-        cls, thinker: str, talker: str, code2wav: str, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
-    ):
+    def connect(cls, thinker: str, talker: str, code2wav: str, max_message_bytes: int = MAX_MESSAGE_BYTES):
         opts = client_channel_options(max_message_bytes)
         return cls(
             stage_pb2_grpc.ThinkerServiceStub(grpc.aio.insecure_channel(thinker, options=opts)),

@@ -12,7 +12,6 @@ from omnistream.service.security import AUTHORIZATION_METADATA_KEY
 from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 API_KEY_ENV = "OMNISTREAM_API_KEY"
-DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
 
 
 @dataclass(frozen=True)
@@ -30,7 +29,7 @@ class Connection:
     cert: str | None = None
     key: str | None = None
     server_name: str | None = None
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     retries: int = 2
     max_backoff: float = 5.0
 

@@ -22,7 +22,8 @@ from omnistream.service.server import (
     set_serving,
     start_metrics_http,
 )
-from omnistream.service.stage_service import DEFAULT_MAX_MESSAGE_BYTES, StageServicer
+from omnistream.service.stage_service import StageServicer
+from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -33,7 +34,7 @@ class ServeOptions:
     port: int = 0
     metrics_port: int = 0
     metrics_host: str = "127.0.0.1"
-    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    max_message_bytes: int = MAX_MESSAGE_BYTES
     max_streams: int = 256
     grace_seconds: float = 30.0
     tls_cert: str | None = None  # PEM paths; none given: plaintext

@@ -44,7 +44,6 @@ ERROR_DRAIN_SECONDS = 0.5
 CHUNK_PROTOCOL_VERSION = 1
 # What a stage calls its model unless told otherwise (`--served-model-name`).
 DEFAULT_MODEL_ID = "qwen3-omni"
-DEFAULT_MAX_MESSAGE_BYTES = MAX_MESSAGE_BYTES  # omnistream/wire/limits.py
 
 
 def software_version() -> str:
@@ -95,7 +94,7 @@ class StageServicer:
         engine: StageEngine,
         metrics: StageMetrics,
         model_id: str = DEFAULT_MODEL_ID,
-        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        max_message_bytes: int = MAX_MESSAGE_BYTES,
     ) -> None:
         self.engine = engine
         self.metrics = metrics
