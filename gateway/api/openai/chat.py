@@ -17,7 +17,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.api.openai.chat_responses import complete, sse_stream
 from gateway.api.openai.content import Content, to_content
-from gateway.api.openai.errors import ErrorResponse, unavailable
+from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, unavailable
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
@@ -206,9 +206,7 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
         "description": "Invalid request, or media that are corrupt, unsupported, empty or of "
         "another type than declared (`param` names the field)",
     },
-    429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
-    503: {"model": ErrorResponse, "description": "No healthy replica"},
-    504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
+    **COMMON_RESPONSES,
 }
 
 

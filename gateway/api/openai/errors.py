@@ -48,6 +48,14 @@ class ErrorResponse(BaseModel):
     error: ErrorDetail
 
 
+# The failures every endpoint documents alike in its OpenAPI responses (each adds its own 4xx).
+COMMON_RESPONSES: dict[int | str, dict[str, object]] = {
+    429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
+    503: {"model": ErrorResponse, "description": "No healthy replica"},
+    504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
+}
+
+
 def error_type(status: int) -> str:
     return _TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
 

@@ -41,7 +41,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.api.openai import sse
 from gateway.api.openai.audio_encode import MEDIA_TYPES, AudioEncoder, encoder
-from gateway.api.openai.errors import ErrorResponse, error_body, error_response
+from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, error_body, error_response
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
@@ -279,10 +279,8 @@ def router(core: GatewayCore) -> APIRouter:
                 "instructions, or a text over the token limit",
             },
             413: {"model": ErrorResponse, "description": "Body over max_request_bytes"},
-            429: {"model": ErrorResponse, "description": "Overloaded (see Retry-After)"},
+            **COMMON_RESPONSES,
             500: {"model": ErrorResponse, "description": "A stage failed before any audio was sent"},
-            503: {"model": ErrorResponse, "description": "No healthy replica"},
-            504: {"model": ErrorResponse, "description": "Timed out (the request's `timeout`)"},
         },
     )
     async def speech(body: SpeechRequest, http_request: Request) -> Response:
