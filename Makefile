@@ -7,7 +7,7 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test check test-slow lint bench bench-capacity bench-seed \
+.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-parallel-args check test-slow lint bench bench-capacity bench-seed \
 	bench-engine \
 	bench-thinkers clean
 
@@ -77,10 +77,18 @@ sysdeps:
 
 # Everything CI runs (.ci/run calls it): the four tiers, tests/unit, tests/reference, tests/integration, tests/deploy,
 # with the 25 slowest tests listed at the end. The vLLM thinker tests run when .venv-vllm exists
-# (make setup-vllm), and are skipped, saying so, otherwise.
+# (make setup-vllm), and are skipped, saying so, otherwise. TEST_WORKERS pytest-xdist workers (2: one a
+# core on CI's 2 cores; a test started alone is mostly one core), each whole test file on one worker
+# (--dist loadfile), so a file's module-scoped stack is started once; TEST_WORKERS=0 runs in one process.
+TEST_WORKERS ?= 2
+PARALLEL := -n $(TEST_WORKERS) --dist loadfile
 test: setup sysdeps
 	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
-	$(PY) -m pytest -q --durations=25
+	$(PY) -m pytest -q --durations=25 $(PARALLEL)
+
+# make test's worker flags, for tools/flake-hunt (which runs the suite as make test does).
+test-parallel-args:
+	@printf '%s\n' '$(PARALLEL)'
 
 # The fast loop while changing code: lint and the unit tier (tests/unit: in-process, no stage
 # processes, no browser, no apt package).
@@ -127,7 +135,7 @@ bench-thinkers: tiny-model setup-vllm
 	$(PY) tools/thinker-backends --model $(TINY) --json bench-results/thinker-backends.json
 
 test-slow: setup sysdeps
-	$(PY) -m pytest -q --durations=25 -m slow
+	$(PY) -m pytest -q --durations=25 $(PARALLEL) -m slow
 
 # ruff, then mypy (strict on the engines and the layers below them: [tool.mypy] in pyproject.toml).
 lint: setup

@@ -1,4 +1,4 @@
-"""Shared fixtures (the tiny checkpoints are built once per test session) and the test tiers.
+"""Shared fixtures (the tiny checkpoints are built once, by one of the parallel workers) and the test tiers.
 
 The tiers are the folders, each with its marker, so `-m unit` selects what `make check` runs
 without a list to keep: tests/unit/ runs in-process (no stage processes, no browser, no apt
@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 
 from omnistream.models.qwen3_omni import tiny
-from omnistream.models.qwen3_omni.tiny import make_tiny_model
 
 # Keyed by the builder's fingerprint (its sources) so a change to the tiny model rebuilds it.
 _CACHES = Path(__file__).resolve().parent.parent / ".cache"
@@ -29,18 +28,14 @@ def tiny_model_dir() -> str:
     """A deterministic tiny checkpoint (seed 0) whose answers run to `max_tokens` and
     `max_audio_frames` (`answers_end=False`): the fixed lengths most tests count on. Reused across
     sessions when already built."""
-    if not (CACHE / "config.json").exists():
-        make_tiny_model(CACHE, seed=0, answers_end=False)
-    return str(CACHE)
+    return str(tiny.built(CACHE, seed=0, answers_end=False))
 
 
 @pytest.fixture(scope="session")
 def ending_tiny_model_dir() -> str:
     """The tiny checkpoint `make run` serves (seed 0, the default build): its answers end by
     themselves, in text and in speech (omnistream/models/qwen3_omni/tiny_answer_end.py)."""
-    if not (ENDING_CACHE / "config.json").exists():
-        make_tiny_model(ENDING_CACHE, seed=0)
-    return str(ENDING_CACHE)
+    return str(tiny.built(ENDING_CACHE, seed=0))
 
 
 @pytest.fixture(scope="session")
@@ -49,9 +44,7 @@ def other_tiny_model_dir() -> str:
     check that parity is no accident of seed 0's weights."""
     from tests.reference_runs import OTHER_BUILD
 
-    if not (OTHER_CACHE / "config.json").exists():
-        make_tiny_model(OTHER_CACHE, **OTHER_BUILD)
-    return str(OTHER_CACHE)
+    return str(tiny.built(OTHER_CACHE, **OTHER_BUILD))
 
 
 @pytest.fixture(scope="session")

@@ -49,10 +49,7 @@ def real_shaped_model(directory: str | Path) -> str:
     """The tiny checkpoint with the real model's code-predictor depth (built once, then reused)."""
     from omnistream.models.qwen3_omni import tiny
 
-    directory = Path(directory)
-    if not tiny.is_current(directory):
-        tiny.make_tiny_model(directory, seed=0, **REAL_SHAPED)
-    return str(directory)
+    return str(tiny.built(directory, seed=0, **REAL_SHAPED))
 
 
 def _sampling(row: int, greedy: bool) -> SamplingParams:

@@ -4,6 +4,7 @@ mono 24 kHz (the Realtime API's format) under a cache directory, so each is rend
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -31,7 +32,9 @@ def speech_pcm16(text: str, voice: str = "en", cache: Path = CACHE) -> bytes:
     resampled = np.interp(np.arange(n) * rate / RATE, np.arange(samples.size), samples)
     pcm = (np.clip(resampled, -1.0, 1.0) * 32767).round().astype("<i2").tobytes()
     cache.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(pcm)
+    staging = path.with_name(f".{path.name}.{os.getpid()}")  # whole or absent to a parallel reader
+    staging.write_bytes(pcm)
+    os.replace(staging, path)
     return pcm
 
 

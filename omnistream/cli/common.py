@@ -31,12 +31,14 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 def ensure_tiny_model(directory: Path) -> Path:
     """Build the default family's tiny checkpoint once (it is deterministic for its seed), and again
     when the builder changed since (a checkpoint from an older builder may lack files now read)."""
+    from omnistream.models.build_lock import build_lock
     from omnistream.models.family import DEFAULT_FAMILY, family_named
 
     family = family_named(DEFAULT_FAMILY)
-    if not ((directory / "config.json").exists() and family.tiny_is_current(directory)):
-        print(f"building the tiny model in {directory} ...", file=sys.stderr)
-        family.make_tiny(directory)
+    with build_lock(directory):
+        if not ((directory / "config.json").exists() and family.tiny_is_current(directory)):
+            print(f"building the tiny model in {directory} ...", file=sys.stderr)
+            family.make_tiny(directory)
     return directory
 
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import torch
+
+from omnistream.models.build_lock import build_lock
 
 # Order matters: the special tokens take the ids right after the BPE vocabulary, in this order.
 SPECIAL_TOKENS = [
@@ -379,6 +382,15 @@ def make_tiny_model(
         )
     )
     return directory
+
+
+def built(directory: str | Path, **build: Any) -> Path:
+    """The tiny checkpoint `make_tiny_model(directory, **build)` writes, built only when missing or
+    from another builder version; one process builds while the others wait for it."""
+    with build_lock(directory):
+        if not is_current(directory):
+            make_tiny_model(directory, **build)
+    return Path(directory)
 
 
 def builder_version() -> str:

@@ -255,9 +255,12 @@ def is_current(output: str | Path, model_dir: str | Path) -> bool:
 
 def ensure_converted(model_dir: str | Path, output: str | Path | None = None) -> Path:
     """The converted directory of `model_dir`, converting it first when missing or stale."""
+    from omnistream.models.build_lock import build_lock
+
     output = Path(output) if output is not None else default_output(model_dir)
-    if not is_current(output, model_dir):
-        convert(model_dir, output)
+    with build_lock(output):  # `convert` replaces a stale output: never under another's reader
+        if not is_current(output, model_dir):
+            convert(model_dir, output)
     return output
 
 

@@ -21,6 +21,7 @@ import pytest
 import torch
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.models.build_lock import build_lock
 from omnistream.models.qwen3_omni import tiny
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
@@ -76,7 +77,9 @@ class SyncCounter:
 def deep_model_dir(tiny_model_dir) -> str:
     """The tiny checkpoint with 4 thinker/talker layers and 3 code-predictor and Code2Wav layers."""
     directory = Path(f"{CACHE}-deep")
-    if not (directory / "config.json").exists():
+    with build_lock(directory):
+        if tiny.is_current(directory):
+            return str(directory)
         base = tiny.tiny_config
 
         def deeper(ids, **kwargs):
