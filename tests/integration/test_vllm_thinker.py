@@ -149,7 +149,16 @@ def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
     async def run():
         async with grpc.aio.insecure_channel(service.address) as channel:
             stub = stage_pb2_grpc.ThinkerServiceStub(channel)
-            call = stub.Stream(timeout=60 if how == "cancel" else 3.0)
+            # The deadline must fall while the request runs: well after its 8th token, however
+            # loaded the machine (make test's other worker; a probe of 8 tokens says how fast it is
+            # now), and long before its LONG tokens.
+            started = time.monotonic()
+            probe = stub.Stream(timeout=60)
+            await probe.write(thinker_open(f"probe-{how}", [5, 6, 7], max_tokens=8))
+            await probe.done_writing()
+            assert sum([len(c.token_ids) async for c in probe]) == 8
+            deadline = max(3.0, 6 * (time.monotonic() - started))
+            call = stub.Stream(timeout=60 if how == "cancel" else deadline)
             await call.write(thinker_open(f"end-{how}", [5, 6, 7], max_tokens=LONG))
             await call.done_writing()
             got = 0
