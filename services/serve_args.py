@@ -39,6 +39,14 @@ def nice_value(text: str) -> int:
     return value
 
 
+def non_negative_gib(text: str) -> float:
+    """argparse type of a size in GiB that may be zero but not negative."""
+    value = float(text)
+    if not value >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be a number of GiB >= 0, got {text}")
+    return value
+
+
 def non_negative_seconds(text: str) -> float:
     """argparse type of a duration in seconds that may be zero but not negative."""
     value = float(text)
@@ -148,6 +156,15 @@ class ThinkerSettings:
         "Qwen3MoeForCausalLM directory beside the checkpoint), native (the checkpoint itself, "
         "through vLLM's Qwen3-Omni thinker), or auto (native on cuda, text on cpu)",
     )
+    prefix_cache_gib: float | None = setting(
+        None,
+        parse=non_negative_gib,
+        shown="half the KV cache",
+        help="GiB of KV (and deep rows) kept of earlier prompts and answers, so that a prompt that "
+        "starts as an earlier one did (a conversation's next turn) prefills only what is new; keyed "
+        "by content, least recently used evicted first; 0: off. The vLLM backend uses vLLM's own "
+        "prefix caching instead",
+    )
 
 
 @dataclass
@@ -203,10 +220,14 @@ def load_options_refusal(args: argparse.Namespace) -> str | None:
 
 
 def schedule_options(args: argparse.Namespace) -> dict:
-    """The per-step scheduling options of the stage's flags, as the family's `engine(...)` takes
-    them (a stage without a flag gets the factory's default)."""
+    """The per-step scheduling and cache options of the stage's flags, as the family's
+    `engine(...)` takes them (a stage without a flag gets the factory's default)."""
     names = ("max_step_batch", "max_step_frames", "first_audio_target")
-    return {name: getattr(args, name) for name in names if hasattr(args, name)}
+    options = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    gib = getattr(args, "prefix_cache_gib", None)
+    if gib is not None:
+        options["prefix_cache_bytes"] = int(gib * (1 << 30))
+    return options
 
 
 def stage_load_options(args: argparse.Namespace) -> dict:

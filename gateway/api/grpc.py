@@ -184,6 +184,7 @@ def to_events(event: TextEvent | AudioEvent | DoneEvent) -> list[gateway_pb2.Gen
             audio_frames=event.frames,
             audio_samples=event.audio_samples,
             e2e_seconds=event.e2e,
+            cached_tokens=event.cached_tokens,
         )
         if event.ttft is not None:
             usage.ttft_seconds = event.ttft

@@ -227,11 +227,12 @@ class ResponseRun:
     def usage(self) -> dict[str, Any]:
         prompt = len(self.done.prompt_ids) if self.done else 0
         output = len(self.done.output_ids) if self.done else self.output_tokens
+        cached = self.done.cached_tokens if self.done else 0
         return {
             "total_tokens": prompt + output,
             "input_tokens": prompt,
             "output_tokens": output,
-            "input_token_details": {"cached_tokens": 0, "text_tokens": prompt, "audio_tokens": 0},
+            "input_token_details": {"cached_tokens": cached, "text_tokens": prompt, "audio_tokens": 0},
             "output_token_details": {"text_tokens": output, "audio_tokens": 0},
         }
 

@@ -119,7 +119,7 @@ async def run_stages(
     talker = stubs.talker.Stream(timeout=timeout) if audio else None
     code2wav = stubs.code2wav.Stream(timeout=timeout) if audio else None
     calls = [c for c in (thinker, talker, code2wav) if c is not None]
-    state = {"prompt_ids": [], "output_ids": [], "reason": "stop", "frames": 0, "samples": 0}
+    state = {"prompt_ids": [], "output_ids": [], "reason": "stop", "frames": 0, "samples": 0, "cached": 0}
     marks: dict[str, float] = {}
     talker_done = asyncio.Event()
 
@@ -157,6 +157,7 @@ async def run_stages(
         async for chunk in thinker:
             if chunk.prompt_ids:
                 state["prompt_ids"] = list(chunk.prompt_ids)
+                state["cached"] = chunk.cached_tokens
             state["output_ids"].extend(chunk.token_ids)
             marks.setdefault("ttft", time.perf_counter())
             await emit(TextEvent(list(chunk.token_ids), chunk.text_delta))
@@ -227,6 +228,7 @@ async def run_stages(
             ttft=marks["ttft"] - started if "ttft" in marks else None,
             ttfp=marks["ttfp"] - started if "ttfp" in marks else None,
             e2e=time.perf_counter() - started,
+            cached_tokens=state["cached"],
         )
     finally:
         for call in calls:

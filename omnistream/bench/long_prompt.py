@@ -188,7 +188,15 @@ async def measure(
     for name, make, run in (
         (
             "thinker",
-            lambda: ThinkerEngine(model, LoadOptions(), max_batch=running + 1, max_model_len=length, **chunk),
+            # No prefix cache: the same long prompt's prefill is what is measured, each repeat.
+            lambda: ThinkerEngine(
+                model,
+                LoadOptions(),
+                max_batch=running + 1,
+                max_model_len=length,
+                prefix_cache_bytes=0,
+                **chunk,
+            ),
             _thinker,
         ),
         (

@@ -226,9 +226,12 @@ async def run_bench(args: argparse.Namespace) -> int:
         for conc in concurrencies:
             count = args.num_prompts or max(3, conc)
             for async_chunk in modes:
-                prompts = make_prompts(count, args.input_len, args.seed + conc)
                 for group in groups:
-                    for name, load in interleave([(n, w) for n in order for w in group], args.repeats):
+                    cells = interleave([(n, w) for n in order for w in group], args.repeats)
+                    for cell, (name, load) in enumerate(cells):
+                        # Each cell its own prompts (same lengths): the thinker's prefix cache would
+                        # serve a repeated prompt's prefill, and these requests share no prefix.
+                        prompts = make_prompts(count, args.input_len, args.seed + conc + 7919 * cell)
                         label = name + load.label
                         progress.set_postfix_str(f"{label} c{conc} async={'on' if async_chunk else 'off'}")
                         results, duration = await run_cell(

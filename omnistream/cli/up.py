@@ -42,7 +42,7 @@ from omnistream.engine.load_options import (
 )
 from omnistream.service.ports import in_use_message, port_in_use
 from omnistream.service.settings import add_flags, as_flags, table
-from services.serve_args import ThinkerSettings, nice_value, positive_int
+from services.serve_args import ThinkerSettings, nice_value, non_negative_gib, positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
@@ -86,6 +86,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         type=positive_int,
         default=DEFAULT_PREFILL_CHUNK,
         help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
+    )
+    p.add_argument(
+        "--prefix-cache-gib",
+        type=non_negative_gib,
+        default=None,
+        help="the thinker's prefix cache, in GiB (see serve thinker --prefix-cache-gib; default: half "
+        "its KV cache; 0: off)",
     )
     p.add_argument(
         "--thinker-backend",
@@ -159,6 +166,7 @@ def start_stack(
     thinker_backend: str = THINKER_BACKEND.default,
     vllm_python_path: str | None = None,
     thinker_nice: int = DEFAULT_THINKER_NICE,
+    prefix_cache_gib: float | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
@@ -177,6 +185,8 @@ def start_stack(
 
     `thinker_nice`: the thinker's `serve --nice` (omnistream/service/cpu_priority.py): the stages
     started here share this machine's cores.
+
+    `prefix_cache_gib`: the thinker's `serve --prefix-cache-gib` (None: its default).
     """
     devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
@@ -186,6 +196,8 @@ def start_stack(
         return [*args, "--allow-float64"] if allow_float64 else args
 
     specs = {"thinker": [*stage_args("thinker"), "--nice", str(thinker_nice), *prefill]}
+    if prefix_cache_gib is not None:
+        specs["thinker"] += ["--prefix-cache-gib", str(prefix_cache_gib)]
     pythons = {}
     if thinker_backend == "vllm":
         specs["thinker"] += ["--backend", "vllm"]
@@ -341,6 +353,7 @@ def run_up(args: argparse.Namespace) -> int:
             thinker_backend=args.thinker_backend,
             vllm_python_path=args.vllm_python,
             thinker_nice=args.thinker_nice,
+            prefix_cache_gib=args.prefix_cache_gib,
         )
         _say(usage_text(args.host, gateway.http_port, gateway.port))
         return _supervise(services, stop)

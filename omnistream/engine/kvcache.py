@@ -72,6 +72,26 @@ class SlotKVCache:
         self.lengths[slot] = 0
         self._free.append(slot)
 
+    # --- prefix reuse (omnistream/engine/prefix_cache.py) -------------------------------------------
+    def read(self, slot: int, start: int, end: int) -> torch.Tensor:
+        """A copy of positions [start, end) of `slot`: [layers, 2 (key, value), heads, n, head_dim]."""
+        if not 0 <= start <= end <= self.lengths[slot]:
+            raise ValueError(f"positions [{start}, {end}) are not all computed in slot {slot}")
+        pairs = zip(self.keys, self.values, strict=True)
+        return torch.stack([torch.stack((k[slot, :, start:end], v[slot, :, start:end])) for k, v in pairs])
+
+    def load(self, slot: int, rows: torch.Tensor) -> None:
+        """Put `rows` (as `read` returns them) at positions [0, n) of a fresh `slot`, whose length
+        becomes n: the KV of a prefix another request computed."""
+        n = int(rows.shape[3])
+        if self.lengths[slot] != 0 or n > self.capacity:
+            raise ValueError(f"slot {slot} is not fresh or {n} positions exceed its capacity")
+        rows = rows.to(self.device)
+        for layer, (k, v) in enumerate(zip(self.keys, self.values, strict=True)):
+            k[slot, :, :n] = rows[layer, 0]
+            v[slot, :, :n] = rows[layer, 1]
+        self.lengths[slot] = n
+
     # --- one forward ----------------------------------------------------------------------------
     def plan(self, slots: list[int], q_len: int) -> None:
         """Prepare a forward of `q_len` new positions for each slot in `slots` (same order as the batch)."""

@@ -90,6 +90,7 @@ class ModelFamily(Protocol):
         max_step_batch: int | None = None,
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+        prefix_cache_bytes: int | None = None,
     ) -> StageEngine:
         """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
         family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
@@ -97,7 +98,8 @@ class ModelFamily(Protocol):
         The audio stages serve the stream closest to running dry first (omnistream/engine/playout.py):
         `max_step_batch` caps the talker's frame rows per step (None: `max_batch`),
         `max_step_frames` Code2Wav's frames per step (None: no cap beyond `max_batch` windows), and
-        `first_audio_target` (seconds after arrival) is when a request's first audio is due."""
+        `first_audio_target` (seconds after arrival) is when a request's first audio is due.
+        `prefix_cache_bytes`: the thinker's prefix cache budget (None: the family's default; 0: off)."""
         ...
 
     async def warm_up(self, stage: str, engine: StageEngine) -> None:

@@ -97,6 +97,7 @@ class DoneEvent:
     ttft: float | None
     ttfp: float | None
     e2e: float
+    cached_tokens: int = 0  # of the prompt's, taken from the thinker's prefix cache
 
 
 Event = TextEvent | CodesEvent | AudioEvent | DoneEvent

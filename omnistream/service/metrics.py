@@ -12,6 +12,9 @@ from prometheus_client import (
     Histogram,
 )
 
+from omnistream.engine.prefix_cache import PrefixCache
+from omnistream.service.prefix_metrics import PrefixCacheCollector
+
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Seconds of audio a request's listener holds when the stage steps it (omnistream/engine/playout.py). A
@@ -94,9 +97,12 @@ class StageMetrics:
         self.requests = Counter(
             "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
         ).labels(**labels)
-        # An engine's own metrics beside ours (the vLLM thinker's `vllm:*`).
+        # An engine's own metrics beside ours (the vLLM thinker's `vllm:*`), and its prefix cache's.
         for collector in getattr(engine, "metric_collectors", list)():
             r.register(collector)
+        prefix = getattr(engine, "prefix_cache", None)
+        if isinstance(prefix, PrefixCache):
+            r.register(PrefixCacheCollector(stage, prefix))
         self.running.set_function(lambda: engine.counts()[0])
         self.waiting.set_function(lambda: engine.counts()[1])
         engine.add_step_listener(self._on_step)

@@ -82,6 +82,7 @@ class ThinkerServicer(StageServicer):
         async def chunks():
             index = 0
             completion = 0
+            cached = 0  # prompt tokens the prefix cache served (chunk 0 says)
             while steps := await out.get_batch():
                 with self.chunk_cpu("out"):
                     last = steps[-1]
@@ -96,15 +97,16 @@ class ThinkerServicer(StageServicer):
                     if index == 0:
                         chunk.prompt_ids.extend(prompt_ids)
                         first = steps[0]
+                        chunk.cached_tokens = cached = first.cached_tokens
                         if first.multimodal_positions:
                             chunk.prompt_hidden.CopyFrom(to_proto(first.prompt_hidden))
                             chunk.multimodal_positions.extend(first.multimodal_positions)
                         if first.media_layout is not None and first.media_layout.has_vision:
                             chunk.media_layout.CopyFrom(media_layout_to_proto(first.media_layout))
                     if last.finished:
-                        chunk.usage.CopyFrom(
-                            common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)
-                        )
+                        usage = common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)
+                        usage.cached_tokens = cached
+                        chunk.usage.CopyFrom(usage)
                 index += 1
                 yield chunk
 

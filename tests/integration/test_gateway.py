@@ -22,7 +22,7 @@ from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.defaults import RequestInput, resolve
 from omnistream.wire.tensors import numpy_from_proto
 
-from .conftest import gateway_process
+from .conftest import gateway_process, metric
 from .stage_calls import collect_services
 
 MESSAGES = [{"role": "user", "content": "Tell me a story about the sea."}]
@@ -340,3 +340,30 @@ def test_same_prompt_and_seed_give_the_same_output_through_every_entry_point(
     other = resolve(RequestInput(messages=MESSAGES, seed=seed + 1, **limits))
     _, other_codes, _, other_done = asyncio.run(collect_services(stages, other, "seeded-2"))
     assert other_done.output_ids != output_ids or not np.array_equal(other_codes, codes)
+
+
+def test_a_conversations_next_turn_reports_the_prompt_tokens_it_found_cached(gateway, stages):
+    """The thinker's prefix cache, as OpenAI reports it: usage.prompt_tokens_details.cached_tokens
+    (turn 1 computes everything it has not seen; turn 2 starts as turn 1 did), and in the thinker's
+    /metrics."""
+    url = f"{_url(gateway)}/v1/chat/completions"
+    history = [
+        {"role": "user", "content": "A conversation about the sea, the shore and the ships, turn one."}
+    ]
+    hits_before = metric(stages["thinker"], "omnistream_stage_prefix_cache_hit_tokens_total")
+    first = httpx.post(url, json={"messages": history, "max_tokens": 8, "modalities": ["text"]}, timeout=120)
+    assert first.status_code == 200, first.text
+    history += [
+        {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+        {"role": "user", "content": "And turn two?"},
+    ]
+    second = httpx.post(url, json={"messages": history, "max_tokens": 8, "modalities": ["text"]}, timeout=120)
+    assert second.status_code == 200, second.text
+    usage = second.json()["usage"]
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    # At least turn 1's prompt, in whole 16-token blocks; never the whole prompt (its last position
+    # is computed to choose the first token).
+    first_prompt = first.json()["usage"]["prompt_tokens"]
+    assert first_prompt // 16 * 16 <= cached < usage["prompt_tokens"]
+    hits = metric(stages["thinker"], "omnistream_stage_prefix_cache_hit_tokens_total") - hits_before
+    assert hits >= cached

@@ -128,6 +128,8 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
             assert finished(done2), done2.response
             # The same words again: the prompt grew by the first turn (its audio and the answer).
             assert done2.response.usage.input_tokens > usage1.input_tokens + usage1.output_tokens - 1
+            # ... and starts with the first turn's whole prompt, which the thinker kept (its audio too).
+            assert done2.response.usage.input_token_details.cached_tokens >= usage1.input_tokens
 
     asyncio.run(run())
     assert asyncio.run(wait_for(lambda: gateway_idle(gateway, stages), 10))

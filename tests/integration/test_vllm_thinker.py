@@ -43,6 +43,7 @@ PROMPTS = [
 SPEECH = "The sea was calm tonight, and the boats came home."
 SPEECH_EXTRA = {"talker_temperature": 0, "initial_codec_chunk_frames": 4, "max_audio_frames": 40}
 LONG = 3000  # tokens: a request that is still running when the test cancels it
+RUNNING = "vllm:num_requests_running"
 
 
 def args(stage: str, model: str, *extra: str) -> list[str]:
@@ -157,24 +158,37 @@ def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
             await probe.write(thinker_open(f"probe-{how}", [5, 6, 7], max_tokens=8))
             await probe.done_writing()
             assert sum([len(c.token_ids) async for c in probe]) == 8
-            deadline = max(3.0, 6 * (time.monotonic() - started))
+            deadline = max(5.0, 10 * (time.monotonic() - started))
             call = stub.Stream(timeout=60 if how == "cancel" else deadline)
             await call.write(thinker_open(f"end-{how}", [5, 6, 7], max_tokens=LONG))
             await call.done_writing()
+            # vLLM's gauge, watched beside the stream from its start: a client starved by a loaded
+            # machine reads its 8th token late, and one read then may miss the running request.
+            seen: list[float] = []
+            stop = asyncio.Event()
+
+            async def watch() -> None:
+                while not stop.is_set():
+                    seen.append(await asyncio.to_thread(metric, service, RUNNING))
+                    await asyncio.sleep(0.02)
+
+            watcher = asyncio.create_task(watch())
             got = 0
-            running = 0.0
             try:
                 async for chunk in call:
                     got += len(chunk.token_ids)
-                    if got >= 8 and not running:
-                        running = metric(service, "vllm:num_requests_running")
-                        if how == "cancel":
-                            call.cancel()
-                            break
+                    if got >= 8 and how == "cancel":
+                        # Cancelled once vLLM's gauge shows it running (the watcher's reads lag).
+                        if await wait_for(lambda: metric(service, RUNNING) == 1, timeout=20.0):
+                            seen.append(1.0)
+                        call.cancel()
+                        break
             except grpc.aio.AioRpcError as exc:
                 assert how == "deadline" and exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            stop.set()
+            await watcher
             assert got < LONG  # it ended early, not by running out of tokens
-            return running, await wait_for(lambda: vllm_idle(service), timeout=10.0)
+            return max(seen, default=0.0), await wait_for(lambda: vllm_idle(service), timeout=10.0)
 
     running, idle = asyncio.run(run())
     assert running == 1  # vLLM's own gauge saw it running before the stream ended
@@ -319,3 +333,28 @@ def test_one_gateway_over_both_thinkers_sends_text_to_either_and_media_to_the_on
             for name in served
         }
         assert media == {"thinker": 3, "thinker-vllm": 0}
+
+
+def test_both_thinkers_report_the_prompt_tokens_their_prefix_cache_served(stack):
+    """The same long prompt twice: the second run's chunk 0 says how many prompt tokens came from
+    the prefix cache (vLLM's automatic prefix caching; ours, thinker/prefix.py), and vLLM's
+    /metrics count the hits."""
+    ids = [5 + (i * 7) % 200 for i in range(300)]
+
+    async def cached_tokens(service, rid: str) -> int:
+        async with grpc.aio.insecure_channel(service.address) as channel:
+            call = stage_pb2_grpc.ThinkerServiceStub(channel).Stream(timeout=60)
+            await call.write(thinker_open(rid, ids, max_tokens=2))
+            await call.done_writing()
+            chunks = [chunk async for chunk in call]
+            assert chunks[-1].usage.cached_tokens == chunks[0].cached_tokens
+            return chunks[0].cached_tokens
+
+    vllm = stack["thinker-vllm"]
+    hits = metric(vllm, "vllm:prefix_cache_hits_total")
+    for name in ("thinker", "thinker-vllm"):
+        first = asyncio.run(cached_tokens(stack[name], f"apc-1-{name}"))
+        second = asyncio.run(cached_tokens(stack[name], f"apc-2-{name}"))
+        assert first < second < len(ids), (name, first, second)  # never the last position
+        assert second >= len(ids) // 2, (name, second)
+    assert metric(vllm, "vllm:prefix_cache_hits_total") - hits >= second

@@ -48,11 +48,12 @@ def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None =
     return sse.event(body, ascii_only=False)
 
 
-def _usage(done: DoneEvent) -> dict[str, int]:
+def _usage(done: DoneEvent) -> dict[str, Any]:
     return {
         "prompt_tokens": len(done.prompt_ids),
         "completion_tokens": len(done.output_ids),
         "total_tokens": len(done.prompt_ids) + len(done.output_ids),
+        "prompt_tokens_details": {"cached_tokens": done.cached_tokens},
     }
 
 

@@ -86,6 +86,7 @@ class Qwen3OmniFamily:
         max_step_batch: int | None = None,
         max_step_frames: int | None = None,
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
+        prefix_cache_bytes: int | None = None,
     ) -> StageEngine:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
@@ -95,7 +96,9 @@ class Qwen3OmniFamily:
             # Before any weight is read: a stage that cannot fit its device says so, with the numbers.
             from omnistream.models.qwen3_omni.memory import check_stage_fits
 
-            check_stage_fits(self.load_config(model_dir), stage, options, max_batch, max_model_len)
+            prefix = prefix_cache_bytes if stage == "thinker" and options.backend != "vllm" else 0
+            config = self.load_config(model_dir)
+            check_stage_fits(config, stage, options, max_batch, max_model_len, prefix)
         if options.backend not in BACKENDS:
             raise ValueError(f"unknown backend {options.backend!r}; backends are {BACKENDS}")
         if options.backend == "vllm" and stage != "thinker":
@@ -122,6 +125,7 @@ class Qwen3OmniFamily:
                 prefill_chunk=prefill_chunk,
                 max_batch=max_batch,
                 max_requests=max_requests,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
         if stage == "talker":
             from omnistream.models.qwen3_omni.talker.engine import TalkerEngine

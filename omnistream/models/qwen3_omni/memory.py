@@ -41,10 +41,18 @@ class StageMemory:
     weights: int  # bytes
     kv_cache: int  # bytes
     headroom: int  # bytes
+    prefix_cache: int = 0  # bytes: the prefix cache's budget (the thinker's; engine/prefix_cache.py)
 
     @property
     def total(self) -> int:
-        return self.weights + self.kv_cache + self.headroom
+        return self.weights + self.kv_cache + self.headroom + self.prefix_cache
+
+
+def default_prefix_cache_bytes(kv_cache: int) -> int:
+    """The prefix cache's default budget: half the KV slots' bytes, i.e. the whole contexts of half
+    the batch's conversations kept between their turns, while the thinker still fits an 80 GiB
+    card at the defaults (docs/gpu.md)."""
+    return kv_cache // 2
 
 
 def kv_cache_bytes(text_config: Any, slots: int, capacity: int, dtype_bytes: int) -> int:
@@ -67,8 +75,16 @@ def stage_params(config: Any, stage: str) -> int:
     return sum(p.numel() for p in holder.parameters()) + sum(b.numel() for b in holder.buffers())
 
 
-def stage_memory(config: Any, stage: str, dtype: str, max_batch: int, max_model_len: int) -> StageMemory:
-    """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16)."""
+def stage_memory(
+    config: Any,
+    stage: str,
+    dtype: str,
+    max_batch: int,
+    max_model_len: int,
+    prefix_cache_bytes: int | None = None,
+) -> StageMemory:
+    """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16).
+    `prefix_cache_bytes`: the thinker's prefix cache budget (None: its default, half its KV cache)."""
     from omnistream.models.qwen3_omni.constants import TALKER_LENGTH_FACTOR
 
     size = DTYPE_BYTES[dtype]
@@ -86,7 +102,10 @@ def stage_memory(config: Any, stage: str, dtype: str, max_batch: int, max_model_
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
     weights = params * size
     headroom = int((weights + kv) * HEADROOM_FRACTION) + HEADROOM_FIXED
-    return StageMemory(stage, params, weights, kv, headroom)
+    prefix = 0
+    if stage == "thinker":
+        prefix = default_prefix_cache_bytes(kv) if prefix_cache_bytes is None else prefix_cache_bytes
+    return StageMemory(stage, params, weights, kv, headroom, prefix)
 
 
 def gib(n: int) -> str:
@@ -94,7 +113,12 @@ def gib(n: int) -> str:
 
 
 def check_stage_fits(
-    config: Any, stage: str, options: LoadOptions, max_batch: int, max_model_len: int
+    config: Any,
+    stage: str,
+    options: LoadOptions,
+    max_batch: int,
+    max_model_len: int,
+    prefix_cache_bytes: int | None = None,
 ) -> StageMemory | None:
     """On a CUDA device: refuse (InvalidRequest naming the numbers and the flags) when the stage
     will not fit the device's free memory. On the CPU nothing is checked (None)."""
@@ -104,15 +128,15 @@ def check_stage_fits(
 
     if not torch.cuda.is_available():
         raise InvalidRequest(f"--device {options.device}: this machine has no CUDA device", field="device")
-    need = stage_memory(config, stage, options.dtype_name, max_batch, max_model_len)
+    need = stage_memory(config, stage, options.dtype_name, max_batch, max_model_len, prefix_cache_bytes)
     free, total = torch.cuda.mem_get_info(torch.device(options.device))
     if need.total > free:
         raise InvalidRequest(
             f"the {stage} needs {gib(need.total)} on {options.device} (weights {gib(need.weights)} in "
             f"{options.dtype_name} + KV cache {gib(need.kv_cache)} for --max-batch {max_batch} x "
-            f"--max-model-len {max_model_len} + headroom {gib(need.headroom)}) but only {gib(free)} of "
-            f"{gib(total)} is free; lower --max-batch or --max-model-len, or give the {stage} a GPU of "
-            f"its own (--{stage}-device)",
+            f"--max-model-len {max_model_len} + prefix cache {gib(need.prefix_cache)} + headroom "
+            f"{gib(need.headroom)}) but only {gib(free)} of {gib(total)} is free; lower --max-batch, "
+            f"--max-model-len or --prefix-cache-gib, or give the {stage} a GPU of its own (--{stage}-device)",
             field="device",
         )
     return need
@@ -169,14 +193,14 @@ def memory_table(
 ) -> str:
     """docs/gpu.md's markdown table: one row per stage."""
     rows = [
-        f"| stage | parameters | weights ({dtype}) | KV cache | headroom | needs |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"| stage | parameters | weights ({dtype}) | KV cache | prefix cache | headroom | needs |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
     for stage in STAGES:
         m = stage_memory(config, stage, dtype, max_batch, max_model_len)
         rows.append(
             f"| {stage} | {m.params / 1e9:.2f} B | {gib(m.weights)} | {gib(m.kv_cache)} | "
-            f"{gib(m.headroom)} | {gib(m.total)} |"
+            f"{gib(m.prefix_cache)} | {gib(m.headroom)} | {gib(m.total)} |"
         )
     return "\n".join(rows)
 

@@ -50,8 +50,8 @@ def test_cancelled_start_spawns_nothing(monkeypatch):
         start_services({"thinker": ["serve", "thinker"]}, cancel=cancel)
 
 
-def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
-    """`up --prefill-chunk` is a stage flag of the stages that prefill prompts (not code2wav's)."""
+def _captured_specs(monkeypatch) -> list[dict[str, list[str]]]:
+    """The stage specs each `start_stack` call would start (it stops there, StartCancelled)."""
     seen: list[dict[str, list[str]]] = []
 
     def capture(specs, cancel=None, **kw):
@@ -59,6 +59,12 @@ def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
         raise StartCancelled()
 
     monkeypatch.setattr(up, "start_services", capture)
+    return seen
+
+
+def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
+    """`up --prefill-chunk` is a stage flag of the stages that prefill prompts (not code2wav's)."""
+    seen = _captured_specs(monkeypatch)
     with pytest.raises(StartCancelled):
         up.start_stack("m", {}, talker_replicas=2, prefill_chunk=64)
     specs = seen[0]
@@ -70,6 +76,20 @@ def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
     assert args.parse_args(["--model", "m"]).prefill_chunk == 512
     with pytest.raises(SystemExit):
         args.parse_args(["--model", "m", "--prefill-chunk", "0"])
+
+
+def test_prefix_cache_size_reaches_the_thinker_only_when_given(monkeypatch):
+    seen = _captured_specs(monkeypatch)
+    for gib in (None, 0.0):
+        with pytest.raises(StartCancelled):
+            up.start_stack("m", {}, prefix_cache_gib=gib)
+    default, off = seen
+    assert "--prefix-cache-gib" not in [arg for spec in default.values() for arg in spec]
+    assert off["thinker"][-2:] == ["--prefix-cache-gib", "0.0"]
+    assert "--prefix-cache-gib" not in off["talker-0"] + off["code2wav-0"]
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    assert args.parse_args(["--model", "m", "--prefix-cache-gib", "2"]).prefix_cache_gib == 2.0
 
 
 def test_up_refuses_stages_that_do_not_fit_their_shared_gpu_before_starting(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from omnistream.engine.kvcache import SlotKVCache
@@ -85,3 +86,30 @@ def test_update_syncs_nothing(monkeypatch):
     cache.commit()
     monkeypatch.undo()
     assert calls == []
+
+
+def test_a_read_prefix_loads_into_a_fresh_slot_as_it_was_computed():
+    cache = _cache()
+    a = cache.allocate()
+    _fill(cache, a, 6, 3.0)
+    rows = cache.read(a, 0, 4)
+    assert rows.shape == (2, 2, 2, 4, 4)  # layers, key/value, heads, positions, head dim
+    cache.release(a)
+    b = cache.allocate()
+    cache.load(b, rows)
+    assert cache.lengths[b] == 4
+    for layer in range(cache.num_layers):
+        assert torch.equal(cache.keys[layer][b, :, :4], torch.full((2, 4, 4), 3.0))
+        assert torch.equal(cache.values[layer][b, :, :4], torch.full((2, 4, 4), -3.0))
+    _fill(cache, b, 1, 5.0)  # the next position goes after the loaded prefix
+    assert cache.lengths[b] == 5 and torch.equal(cache.keys[0][b, :, 4], torch.full((2, 4), 5.0))
+
+
+def test_only_computed_positions_are_read_and_only_fresh_slots_loaded():
+    cache = _cache()
+    a = cache.allocate()
+    _fill(cache, a, 3, 1.0)
+    with pytest.raises(ValueError, match="not all computed"):
+        cache.read(a, 0, 4)
+    with pytest.raises(ValueError, match="not fresh"):
+        cache.load(a, cache.read(a, 0, 2))

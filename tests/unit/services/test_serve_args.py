@@ -105,7 +105,7 @@ SHARED_FLAGS = {
     "--tls-key", "--tls-client-ca",
 }  # fmt: skip
 STAGE_FLAGS = {
-    "thinker": {"--backend", "--vllm-load"},
+    "thinker": {"--backend", "--vllm-load", "--prefix-cache-gib"},
     "talker": {
         "--max-step-batch", "--first-audio-target", "--cuda-graphs", "--no-cuda-graphs",
         "--static-frames", "--no-static-frames",
@@ -141,7 +141,12 @@ def test_the_generated_stage_flags_keep_their_names_and_defaults(stage, monkeypa
     )
     assert (args.threads, args.nice, args.tls_cert) == (1, 0, None)
     if stage == "thinker":
-        assert (args.backend, args.vllm_load) == ("transformers", "auto")
+        assert (args.backend, args.vllm_load, args.prefix_cache_gib) == ("transformers", "auto", None)
+        assert "prefix_cache_bytes" not in serve_args.schedule_options(args)  # the engine's default
+        given = build_parser().parse_args(["serve", stage, "--model", "m", "--prefix-cache-gib", "0.5"])
+        assert serve_args.schedule_options(given)["prefix_cache_bytes"] == 1 << 29
+        with pytest.raises(SystemExit):
+            build_parser().parse_args(["serve", stage, "--model", "m", "--prefix-cache-gib", "-1"])
     monkeypatch.setenv(serve_args.MODEL_ENV, "/ckpt")
     assert (
         build_parser().parse_args(["serve", stage]).model == "/ckpt"

@@ -25,6 +25,7 @@ sequence position + its rope delta, batched with everyone else.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,10 +37,13 @@ from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
+from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
+from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
 from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
@@ -51,6 +55,8 @@ from omnistream.models.qwen3_omni.thinker.thinker_media import (
 )
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
+
+log = logging.getLogger(__name__)
 
 
 class ThinkerEngine(Engine[_ThinkerState, _Step]):
@@ -69,7 +75,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         output_capacity: int = 512,
         encode_budget: int | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
+        """`prefix_cache_bytes`: the prefix cache's budget (prefix.py); None: half the KV slots'
+        bytes (memory.py's default), 0: off."""
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("thinker", model_dir, options)
         self.config = holder.config
@@ -103,6 +112,11 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.cache = SlotKVCache.for_text_config(
             text, max_batch, max_model_len, options.torch_dtype(), options.device
         )
+        kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
+        budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
+        # Its blocks hold deep rows of the accept layer: a change of layer clears it (`accept_layer`).
+        self.prefix_cache = PrefixCache(budget, namespace=b"thinker")
+        self.prefixes = ThinkerPrefixes(self.prefix_cache, self.cache, self.multimodal_ids, self.config)
         # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
         self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
         self.prefill = PromptPrefill(
@@ -124,6 +138,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
     @accept_layer.setter
     def accept_layer(self, layer: int) -> None:
         self.prefill.accept_layer = layer
+        self.prefix_cache.clear()
 
     # --- public API ---------------------------------------------------------------------------------
     def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
@@ -187,9 +202,15 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         free = self.cache.free_slots
         decode: list[_ThinkerState] = []
         spoken: list[_ThinkerState] = []
+        plan: list[_ThinkerState] = []
         for state in candidates:
             if state.finished or not state.output.has_room():
                 continue
+            if not state.prefix_planned:  # its cached prefix is looked up before any work
+                if state.media is not None:
+                    plan.append(state)  # a step of its own: its media's digests read all of it
+                    continue
+                self._plan_prefix(state)  # tokens only: a few hashes, here under the lock
             if state.spoken is not None:
                 spoken.append(state)
                 continue
@@ -203,7 +224,9 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             if state.slot is None or state.next_token is None:
                 # Not (fully) prefilled yet. Oldest first, each takes what is left of the budget.
                 if positions > 0 and (state.slot is not None or free > 0):
-                    take = min(len(state.prompt_ids) - state.prefilled, positions)
+                    # A reused prefix (loaded when the piece runs) takes nothing of the budget.
+                    start = state.reuse[1] if state.reuse is not None else state.prefilled
+                    take = min(len(state.prompt_ids) - start, positions)
                     positions -= take
                     free -= state.slot is None
                     prefill.append((state, take))
@@ -212,9 +235,16 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         for state, _ in prefill:
             if state.slot is None:
                 state.slot = self.cache.allocate()
-        if not encode and not prefill and not decode and not spoken:
+        if not encode and not prefill and not decode and not spoken and not plan:
             return None
-        return _Step(encode, prefill, decode, spoken)
+        return _Step(encode, prefill, decode, spoken, plan=plan)
+
+    def _plan_prefix(self, state: _ThinkerState) -> None:
+        try:
+            self.prefixes.plan(state)
+        except Exception:  # a lookup that fails costs the reuse, never the request
+            log.exception("thinker: the prefix lookup of %s failed", state.request_id)
+            state.prefix_planned, state.reuse = True, None
 
     def _work_states(self, work: _Step) -> list[_ThinkerState]:
         # Not the prefills: each runs alone and answers for itself (see `_run`); one whose piece did
@@ -276,6 +306,8 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
 
     def _run(self, work: _Step) -> None:
         device = self.device
+        for state in work.plan:
+            self._plan_prefix(state)
         for state in work.spoken:
             with self.row(state):
                 if speak_next(state):
@@ -290,6 +322,8 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 continue
             self.stats.last_prefill_rows += take
             try:
+                if state.reuse is not None:
+                    self.prefixes.load(state)
                 done = self.prefill.piece(state, take)
                 token = None if done is None else self.choose([state], done[0], first=True)[0]
             except Exception as exc:  # one request's forward: the failure is that request's alone
@@ -335,6 +369,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         if finished:
             delta += detok.flush()
         state.next_token = token
+        if first:
+            self.prefixes.store(state, hidden, answer=False)
+        if finished:
+            self.prefixes.store(state, None, answer=True)
         positions = layout = None
         if hidden is not None:  # the deep rows of the multimodal positions, in order
             assert state.media is not None
@@ -349,6 +387,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 finished=finished,
                 finish_reason=("stop" if is_eos else "length") if finished else None,
                 prompt_ids=list(state.prompt_ids) if first else None,
+                cached_tokens=state.cached_tokens if first else 0,
                 prompt_hidden=hidden,
                 multimodal_positions=positions,
                 media_layout=layout,

@@ -81,21 +81,25 @@ class PromptPrefill:
         positions). Keeps the deep rows of its multimodal positions (what the talker reads there).
         After the last chunk: (logits, deep rows [multimodal positions, H]); before it, None."""
         assert state.media is not None
+        # The embedding starts where a reused prefix ends (prefix.py): the media inside it was not
+        # encoded again, and the rows of the media after it are in order.
+        offset = state.cached_tokens
         if state.embedding is None:
-            ids = torch.tensor([state.prompt_ids], dtype=torch.long, device=self.device)
+            ids = torch.tensor([state.prompt_ids[offset:]], dtype=torch.long, device=self.device)
             state.embedding = embed_prompt(self.thinker_model, ids, self.config, state.encoded)
             state.encoded = Encoded()  # the rows are in the embedding now, the inputs are spent
             state.media = dataclasses.replace(
                 state.media, audio_features=[], pixel_values=None, pixel_values_videos=None
             )
         whole = state.embedding
-        chunk = PromptEmbedding(whole.embeds[:, start:end], None, None)
+        lo, hi = start - offset, end - offset
+        chunk = PromptEmbedding(whole.embeds[:, lo:hi], None, None)
         if whole.visual_mask is not None and whole.deepstack is not None:
-            before = int(whole.visual_mask[0, :start].sum())
-            count = int(whole.visual_mask[0, start:end].sum())
+            before = int(whole.visual_mask[0, :lo].sum())
+            count = int(whole.visual_mask[0, lo:hi].sum())
             if count:
                 rows = [layer[before : before + count] for layer in whole.deepstack]
-                chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, start:end], rows)
+                chunk = PromptEmbedding(chunk.embeds, whole.visual_mask[:, lo:hi], rows)
         positions = state.media.positions[:, start:end].to(self.device).unsqueeze(1)  # [3, 1, q]
         with LayerTap(self.language_model, self.accept_layer) as tap:
             logits, last = self.model.forward([state], None, chunk, positions)

@@ -8,6 +8,8 @@ import torch
 
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import RequestState
+from omnistream.engine.prefix_cache import CachedBlock
+from omnistream.models.qwen3_omni.thinker.media_item import MediaItem
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput  # noqa: F401  (re-exported: what it emits)
 from omnistream.models.qwen3_omni.thinker.thinker_media import Encoded, PromptEmbedding, Slice
@@ -30,6 +32,14 @@ class _ThinkerState(RequestState):
     prefilled: int = 0  # prompt positions already in the KV cache
     deep_rows: list[torch.Tensor] = field(default_factory=list)  # per prefilled chunk
     spoken: list[int] | None = None  # speech: the given answer's ids, streamed instead of generated
+    # Prefix caching (prefix.py): planned at its first step, the reuse waiting for its slot, the
+    # positions it took from the cache, what its blocks are keyed by and its prompt's deep rows.
+    prefix_planned: bool = False
+    reuse: tuple[list[CachedBlock], int] | None = None
+    cached_tokens: int = 0
+    items: list[MediaItem] = field(default_factory=list)
+    prompt_positions: torch.Tensor | None = None  # [3, L] float64, a media prompt's
+    prompt_deep: torch.Tensor | None = None
 
 
 @dataclass
@@ -39,3 +49,4 @@ class _Step:
     decode: list[_ThinkerState]
     spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
     encoded: bool = False  # the encode results are in their states (a later failure keeps them)
+    plan: list[_ThinkerState] = field(default_factory=list)  # new requests: their prefix looked up

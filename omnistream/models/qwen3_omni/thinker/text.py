@@ -40,6 +40,7 @@ class ThinkerOutput:
     prompt_hidden: torch.Tensor | None = None
     multimodal_positions: list[int] | None = None
     media_layout: MediaLayout | None = None  # first output of a prompt with media
+    cached_tokens: int = 0  # first output: prompt tokens whose KV came from the prefix cache
 
 
 class ThinkerText:

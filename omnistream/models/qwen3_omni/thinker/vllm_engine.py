@@ -295,6 +295,8 @@ class VllmThinkerEngine:
                         finished=finished,
                         finish_reason=reason,
                         prompt_ids=list(request.prompt_ids) if first else None,
+                        # vLLM's own automatic prefix caching (vllm_launch.py turns it on)
+                        cached_tokens=(result.num_cached_tokens or 0) if first else 0,
                     )
                 )
             self._finish(request)

@@ -23,7 +23,11 @@ def test_kv_cache_is_layers_heads_dim_capacity_slots_two_bytes(tiny_model_dir):
     want = text.num_hidden_layers * text.num_key_value_heads * head_dim * 256 * 4 * 2 * 2
     assert memory.kv_cache_bytes(text, 4, 256, 2) == want
     m = memory.stage_memory(load_config(tiny_model_dir), "thinker", "bfloat16", 4, 256)
-    assert m.kv_cache == want and m.total == m.weights + m.kv_cache + m.headroom
+    assert m.kv_cache == want and m.total == m.weights + m.kv_cache + m.prefix_cache + m.headroom
+    assert m.prefix_cache == want // 2  # the thinker's prefix cache: half its KV cache by default
+    config = load_config(tiny_model_dir)
+    off = memory.stage_memory(config, "thinker", "bfloat16", 4, 256, prefix_cache_bytes=0)
+    assert off.total == m.total - m.prefix_cache
 
 
 @pytest.mark.parametrize("stage", memory.STAGES)
@@ -51,9 +55,9 @@ def test_a_stage_that_does_not_fit_refuses_with_the_numbers_and_the_flags(monkey
     with pytest.raises(InvalidRequest) as err:
         memory.check_stage_fits(config, "thinker", LoadOptions("cuda:1"), 16, 4096)
     message = err.value.message
-    assert "the thinker needs 72.6 GiB on cuda:1" in message and "40.0 GiB of 141.0 GiB is free" in message
+    assert "the thinker needs 75.6 GiB on cuda:1" in message and "40.0 GiB of 141.0 GiB is free" in message
     assert "bfloat16" in message  # auto resolved on cuda
-    for flag in ("--max-batch", "--max-model-len", "--thinker-device"):
+    for flag in ("--max-batch", "--max-model-len", "--prefix-cache-gib", "--thinker-device"):
         assert flag in message
     assert asked == [torch.device("cuda:1")]
 
@@ -119,7 +123,7 @@ def test_stages_sharing_a_gpu_must_fit_together(monkeypatch):
         ("code2wav", LoadOptions("cpu")),
     ]
     with pytest.raises(
-        InvalidRequest, match=r"cuda:0 would hold thinker 72\.6 GiB \+ talker 11\.2 GiB"
+        InvalidRequest, match=r"cuda:0 would hold thinker 75\.6 GiB \+ talker 11\.2 GiB"
     ) as err:
         memory.check_placement_fits(config, shared, 16, 4096)
     assert "--talker-device" in err.value.message

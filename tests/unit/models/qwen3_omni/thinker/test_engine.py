@@ -17,8 +17,15 @@ from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_ch
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
+    # No prefix cache: these tests run the same prompts again and watch their prefill (the cache's
+    # own tests are test_prefix.py).
     e = ThinkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, max_requests=6
+        tiny_model_dir,
+        LoadOptions(dtype="float32"),
+        max_batch=4,
+        max_model_len=256,
+        max_requests=6,
+        prefix_cache_bytes=0,
     )
     e.start()
     yield e

@@ -24,7 +24,10 @@ TEXT = [{"role": "user", "content": "Tell me a story about the sea."}]
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    e = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8, max_model_len=8192)
+    # No prefix cache: these tests encode and prefill the same media again and count the steps.
+    e = ThinkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8, max_model_len=8192, prefix_cache_bytes=0
+    )
     e.start()
     yield e
     e.stop()

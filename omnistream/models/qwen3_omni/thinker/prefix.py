@@ -1,0 +1,172 @@
+"""The thinker's prefix caching: what a prompt's blocks are keyed by, reuse at its first prefill,
+and what is stored of it and of its answer (omnistream/engine/prefix_cache.py keeps the blocks).
+
+A block's KV depends on its tokens, on everything before it (the chain), on its M-RoPE positions
+(the positions of text after a video depend on the video) and on the content of the media items
+whose placeholders it holds; its salt is those positions and the digests of those items. Besides
+the KV a block keeps the deep rows of its multimodal positions (`accept_hidden_layer`): the talker
+reads them and a reused prefix does not compute them again.
+
+Media in a reused prefix is not encoded again: the reused length is cut back to the start of any
+media item it would cut through, the slices of the items wholly inside it are dropped before the
+encode phase, and the prompt's embedding starts where the reuse ends. A reuse leaves at least the
+prompt's last position to compute (its logits choose the first token).
+
+The prompt's blocks are stored once its prefill has run (its first token accepted), the answer's
+when it ends by itself or by length: an aborted or failed request stores nothing of its answer.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import torch
+
+from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.prefix_cache import CachedBlock, PrefixCache
+from omnistream.models.qwen3_omni.thinker.media_item import media_items
+from omnistream.models.qwen3_omni.thinker.state import _ThinkerState
+
+log = logging.getLogger(__name__)
+
+
+class ThinkerPrefixes:
+    """The thinker's use of its `PrefixCache` and `SlotKVCache` (engine thread only)."""
+
+    def __init__(self, cache: PrefixCache, kv: SlotKVCache, multimodal_ids: set[int], config: object) -> None:
+        self.cache = cache
+        self.kv = kv
+        self.multimodal_ids = multimodal_ids
+        self.config = config
+
+    @property
+    def enabled(self) -> bool:
+        return self.cache.enabled
+
+    # --- keys ---------------------------------------------------------------------------------------
+    def _positions(self, state: _ThinkerState, end: int) -> torch.Tensor:
+        """[3, end] M-RoPE positions of the request's first `end` sequence positions (prompt, then
+        its answer at sequence position + rope delta), float64."""
+        plen = len(state.prompt_ids)
+        prompt = state.prompt_positions
+        if prompt is None:
+            return torch.arange(end, dtype=torch.float64).expand(3, -1)
+        if end <= plen:
+            return prompt[:, :end]
+        after = torch.arange(plen, end, dtype=torch.float64) + state.rope_delta
+        return torch.cat([prompt, after.expand(3, -1)], dim=1)
+
+    def _salt(self, state: _ThinkerState, positions: torch.Tensor, lo: int, hi: int) -> bytes:
+        """What positions [lo, hi) depend on besides their tokens: their M-RoPE positions and the
+        content of the media items with placeholders among them."""
+        salt = hashlib.sha256(positions[:, lo:hi].contiguous().numpy().tobytes())
+        for item in state.items:
+            if item.first < hi and item.last >= lo:
+                salt.update(item.digest)
+        return salt.digest()
+
+    def keys(self, state: _ThinkerState, tokens: list[int]) -> list[bytes]:
+        """The chained keys of the full blocks of `tokens` (the request's sequence, from 0)."""
+        size = self.cache.block_size
+        blocks = len(tokens) // size
+        positions = self._positions(state, blocks * size)
+        salts = [self._salt(state, positions, b * size, (b + 1) * size) for b in range(blocks)]
+        return self.cache.digests(tokens, salts)
+
+    def tail_key(
+        self, state: _ThinkerState, tokens: list[int], keys: list[bytes], full: int, length: int
+    ) -> bytes:
+        """The key of the partial block of `length` positions after the first `full` blocks."""
+        lo = full * self.cache.block_size
+        positions = self._positions(state, lo + length)
+        parent = keys[full - 1] if full else None
+        return self.cache.tail_digest(
+            parent, tokens[lo : lo + length], self._salt(state, positions, lo, lo + length)
+        )
+
+    # --- reuse --------------------------------------------------------------------------------------
+    def plan(self, state: _ThinkerState) -> None:
+        """At the request's first step (before its encode, outside the engine's lock: a media
+        item's digest reads all of its input): the cached blocks of its longest cached prefix, cut
+        back so that no media item is cut through; the slices of the items inside it are dropped."""
+        state.prefix_planned = True
+        if not self.enabled or state.spoken is not None:
+            return
+        if state.media is not None:
+            state.items = media_items(state.media, state.prompt_ids, self.config)
+            state.prompt_positions = state.media.positions.to("cpu", torch.float64)
+        ids, size = state.prompt_ids, self.cache.block_size
+        limit = len(ids) - 1  # the last position is computed: its logits choose the first token
+        keys = self.keys(state, ids)
+        blocks = self.cache.match(keys, limit_tokens=limit)
+        full = len(blocks)
+        reuse = full * size
+        for length in range(min(size - 1, limit - reuse), 0, -1):  # the next block's tail, longest first
+            key = self.tail_key(state, ids, keys, full, length)
+            tail = self.cache.get(key)
+            if tail is not None:
+                blocks.append(tail)
+                reuse += length
+                self.cache.touch_chain([*keys[:full], key])
+                break
+        moved = True
+        while moved:
+            moved = False
+            for item in state.items:
+                if item.first < reuse <= item.last:
+                    reuse, moved = item.first, True
+        self.cache.count_query(len(ids), reuse)
+        if reuse == 0:
+            return
+        inside = {(item.kind, item.index) for item in state.items if item.last < reuse}
+        state.slices = [s for s in state.slices if (s.kind, s.item) not in inside]
+        state.reuse = (blocks[: -(-reuse // size)], reuse)
+
+    def load(self, state: _ThinkerState) -> None:
+        """Put the planned prefix into the request's fresh slot: its KV, and its deep rows."""
+        if state.reuse is None:
+            return
+        blocks, reuse = state.reuse
+        state.reuse = None
+        kv = torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :reuse]
+        self.kv.load(state.held_slot, kv)
+        mm = sum(1 for t in state.prompt_ids[:reuse] if t in self.multimodal_ids)
+        if mm:
+            deep = torch.cat([b.extra for b in blocks if b.extra is not None])[:mm]
+            state.deep_rows = [deep]
+        state.prefilled = state.cached_tokens = reuse
+
+    # --- store --------------------------------------------------------------------------------------
+    def store(self, state: _ThinkerState, deep: torch.Tensor | None, answer: bool) -> None:
+        """Keep the computed blocks of the request's sequence, its last partial one included: the
+        prompt's (at its first token, with `deep`, the deep rows of its multimodal positions) or the
+        prompt's and the answer's (when it ended; the answer's last token has no KV)."""
+        if not self.enabled or state.slot is None or state.spoken is not None:
+            return
+        try:
+            if deep is not None:
+                state.prompt_deep = deep
+            tokens = list(state.prompt_ids) + (state.generated[:-1] if answer else [])
+            tokens = tokens[: self.kv.lengths[state.slot]]
+            size = self.cache.block_size
+            keys = self.keys(state, tokens)
+            ranges = [(keys[b], b * size, (b + 1) * size) for b in self.cache.missing(keys)]
+            chain = list(keys)
+            if len(tokens) % size:
+                tail = self.tail_key(state, tokens, keys, len(keys), len(tokens) % size)
+                chain.append(tail)
+                if self.cache.get(tail) is None:
+                    ranges.append((tail, len(keys) * size, len(tokens)))
+            ordinals = torch.tensor([t in self.multimodal_ids for t in tokens], dtype=torch.long).cumsum(0)
+            for key, lo, hi in ranges:
+                extra = None
+                first, last = int(ordinals[lo - 1]) if lo else 0, int(ordinals[hi - 1])
+                if last > first:
+                    if state.prompt_deep is None:
+                        continue  # its deep rows are gone: not a block a reuse could use
+                    extra = state.prompt_deep[first:last].clone()
+                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi), extra))
+            self.cache.touch_chain(chain)
+        except Exception:  # the cache is an optimisation: a failure to store never fails the request
+            log.exception("thinker: storing the prefix of %s failed", state.request_id)

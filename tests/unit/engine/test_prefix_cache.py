@@ -1,0 +1,86 @@
+"""The prefix cache's keys, lookups and LRU budget (omnistream/engine/prefix_cache.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from omnistream.engine.prefix_cache import CachedBlock, PrefixCache
+
+
+def _block(fill: float, size: int = 4) -> CachedBlock:
+    return CachedBlock(torch.full((2, 2, 1, size, 2), fill, dtype=torch.float32))  # 128 bytes
+
+
+BLOCK_BYTES = _block(0).nbytes
+
+
+def _stored(cache: PrefixCache, tokens: list[int]) -> list[bytes]:
+    keys = cache.digests(tokens)
+    for i in cache.missing(keys):
+        cache.store(keys[i], _block(float(i)))
+    cache.touch_chain(keys)
+    return keys
+
+
+def test_keys_are_chained_content_digests():
+    cache = PrefixCache(1 << 20, block_size=4)
+    a = cache.digests([1, 2, 3, 4, 5, 6, 7, 8, 9])
+    assert len(a) == 2  # full blocks only
+    assert cache.digests([1, 2, 3, 4, 5, 6, 7, 8]) == a
+    changed_first = cache.digests([0, 2, 3, 4, 5, 6, 7, 8])
+    assert changed_first[0] != a[0] and changed_first[1] != a[1]  # a block's key covers all before it
+    assert cache.digests([1, 2, 3, 4, 5, 6, 7, 0])[0] == a[0]
+    salted = cache.digests([1, 2, 3, 4, 5, 6, 7, 8], [b"x", b""])
+    assert salted[0] != a[0]
+    other_model = PrefixCache(1 << 20, block_size=4, namespace=b"other")
+    assert other_model.digests([1, 2, 3, 4])[0] != a[0]
+
+
+def test_match_takes_the_longest_cached_prefix_within_the_limit_and_counts_tokens():
+    cache = PrefixCache(1 << 20, block_size=4)
+    keys = _stored(cache, list(range(12)))
+    assert len(cache.match(keys, limit_tokens=11)) == 2  # the last position is left to compute
+    assert len(cache.match(keys, limit_tokens=12)) == 3
+    diverging = cache.digests([0, 1, 2, 3, 9, 9, 9, 9, 8, 9, 10, 11])
+    assert len(cache.match(diverging, limit_tokens=12)) == 1  # stops at the first miss
+    cache.count_query(12, 4)
+    assert (cache.stats.queries, cache.stats.hits) == (12, 4)
+
+
+def test_budget_evicts_least_recent_and_a_chain_from_its_tail():
+    cache = PrefixCache(4 * BLOCK_BYTES, block_size=4)
+    first = _stored(cache, list(range(12)))  # 3 blocks
+    second = _stored(cache, [50 + i for i in range(8)])  # 2 more: one must go
+    assert cache.cached_bytes <= 4 * BLOCK_BYTES and len(cache) == 4
+    # The oldest chain lost its last block, so what is left of it is still a usable prefix.
+    assert len(cache.match(first, limit_tokens=12)) == 2
+    assert len(cache.match(second, limit_tokens=8)) == 2
+    assert cache.stats.evicted_blocks == 1
+
+
+def test_a_zero_budget_is_off_and_a_block_over_budget_is_not_kept():
+    off = PrefixCache(0, block_size=4)
+    keys = _stored(off, list(range(8)))
+    assert not off.enabled and len(off) == 0 and off.match(keys, 8) == []
+    small = PrefixCache(BLOCK_BYTES - 1, block_size=4)
+    _stored(small, list(range(4)))
+    assert len(small) == 0 and small.cached_bytes == 0
+
+
+def test_bad_settings_are_refused():
+    with pytest.raises(ValueError, match="block_size"):
+        PrefixCache(1, block_size=0)
+    with pytest.raises(ValueError, match="budget"):
+        PrefixCache(-1)
+
+
+def test_a_partial_last_block_has_a_key_of_its_own_length():
+    cache = PrefixCache(1 << 20, block_size=4)
+    keys = _stored(cache, list(range(8)))
+    tail = cache.tail_digest(keys[-1], [8, 9])
+    assert tail not in (cache.tail_digest(keys[-1], [8]), cache.tail_digest(keys[0], [8, 9]))
+    assert cache.tail_digest(None, [0, 1]) != cache.tail_digest(keys[0], [0, 1])  # where it starts counts
+    assert cache.get(tail) is None
+    cache.store(tail, _block(1.0, size=2))
+    assert cache.get(tail) is not None and cache.positions == 10
