@@ -90,12 +90,23 @@ def pytest_configure(config) -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
+# make test's workers take whole files in this order (pytest-xdist --dist loadfile): the tiers of
+# long files first, so that the many short unit files fill the end instead of one worker still
+# running a minute-long stack test while the other has nothing left.
+_FIRST = ("integration", "deploy", "reference", "unit")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark each test with its tier, the folder it is in (registered in pyproject.toml)."""
+    """Mark each test with its tier, the folder it is in (registered in pyproject.toml), and order
+    the tiers as `_FIRST` (a stable sort: the order within a tier stays)."""
+    tiers = {}
     for item in items:
-        tier = tier_of(Path(item.fspath))
+        tier = tiers[item.nodeid] = tier_of(Path(item.fspath))
         if tier is not None:
             item.add_marker(tier)
+    items.sort(
+        key=lambda item: _FIRST.index(tiers[item.nodeid]) if tiers[item.nodeid] in _FIRST else len(_FIRST)
+    )
 
 
 def tier_of(path: Path) -> str | None:
