@@ -56,9 +56,11 @@ class Pipeline:
         code2wav_decode: str = "stream",
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         devices: dict[str, str] | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
         """`devices` maps a stage to its own device (e.g. the thinker on cuda:0, the rest on
-        cuda:1); a stage it does not name runs on `options.device`."""
+        cuda:1); a stage it does not name runs on `options.device`. `prefix_cache_bytes`: each of
+        the thinker's and the talker's prefix cache budget (None: their default; 0: off)."""
         self.family = family_for(model_dir)
         devices = devices or {}
         self.thinker, self.talker, self.code2wav = (
@@ -69,6 +71,7 @@ class Pipeline:
                 max_batch=max_batch,
                 max_model_len=max_model_len,
                 prefill_chunk=prefill_chunk,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
             for stage in STAGES
         )

@@ -114,7 +114,22 @@ class AudioScheduleSettings:
 
 
 @dataclass
-class TalkerSettings(AudioScheduleSettings):
+class PrefixCacheSettings:
+    """What the stages with a prefix cache (the thinker, the talker) share."""
+
+    prefix_cache_gib: float | None = setting(
+        None,
+        parse=non_negative_gib,
+        shown="half the KV cache",
+        help="GiB of KV kept of earlier prompts (the thinker: and answers, with their deep rows), so "
+        "that a prompt that starts as an earlier one did (a conversation's next turn) prefills only "
+        "what is new; keyed by content, least recently used evicted first; 0: off. The thinker's "
+        "vLLM backend uses vLLM's own prefix caching instead",
+    )
+
+
+@dataclass
+class TalkerSettings(AudioScheduleSettings, PrefixCacheSettings):
     """What only the talker takes."""
 
     max_step_batch: int | None = setting(
@@ -141,7 +156,7 @@ class TalkerSettings(AudioScheduleSettings):
 
 
 @dataclass
-class ThinkerSettings:
+class ThinkerSettings(PrefixCacheSettings):
     """What only the thinker takes."""
 
     backend: Literal["transformers", "vllm"] = setting(
@@ -155,15 +170,6 @@ class ThinkerSettings:
         help="with --backend vllm: text (the thinker's language model converted to a "
         "Qwen3MoeForCausalLM directory beside the checkpoint), native (the checkpoint itself, "
         "through vLLM's Qwen3-Omni thinker), or auto (native on cuda, text on cpu)",
-    )
-    prefix_cache_gib: float | None = setting(
-        None,
-        parse=non_negative_gib,
-        shown="half the KV cache",
-        help="GiB of KV (and deep rows) kept of earlier prompts and answers, so that a prompt that "
-        "starts as an earlier one did (a conversation's next turn) prefills only what is new; keyed "
-        "by content, least recently used evicted first; 0: off. The vLLM backend uses vLLM's own "
-        "prefix caching instead",
     )
 
 

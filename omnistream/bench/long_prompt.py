@@ -201,7 +201,14 @@ async def measure(
         ),
         (
             "talker",
-            lambda: TalkerEngine(model, LoadOptions(), max_batch=running + 1, max_model_len=length, **chunk),
+            lambda: TalkerEngine(
+                model,
+                LoadOptions(),
+                max_batch=running + 1,
+                max_model_len=length,
+                prefix_cache_bytes=0,
+                **chunk,
+            ),
             _talker,
         ),
     ):

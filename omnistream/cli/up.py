@@ -91,8 +91,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--prefix-cache-gib",
         type=non_negative_gib,
         default=None,
-        help="the thinker's prefix cache, in GiB (see serve thinker --prefix-cache-gib; default: half "
-        "its KV cache; 0: off)",
+        help="the thinker's and each talker's prefix cache, in GiB (see serve thinker "
+        "--prefix-cache-gib; default: half of each one's KV cache; 0: off)",
     )
     p.add_argument(
         "--thinker-backend",
@@ -186,7 +186,7 @@ def start_stack(
     `thinker_nice`: the thinker's `serve --nice` (omnistream/service/cpu_priority.py): the stages
     started here share this machine's cores.
 
-    `prefix_cache_gib`: the thinker's `serve --prefix-cache-gib` (None: its default).
+    `prefix_cache_gib`: the thinker's and the talkers' `serve --prefix-cache-gib` (None: their default).
     """
     devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
@@ -195,15 +195,14 @@ def start_stack(
         args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
         return [*args, "--allow-float64"] if allow_float64 else args
 
-    specs = {"thinker": [*stage_args("thinker"), "--nice", str(thinker_nice), *prefill]}
-    if prefix_cache_gib is not None:
-        specs["thinker"] += ["--prefix-cache-gib", str(prefix_cache_gib)]
+    cached = [] if prefix_cache_gib is None else ["--prefix-cache-gib", str(prefix_cache_gib)]
+    specs = {"thinker": [*stage_args("thinker"), "--nice", str(thinker_nice), *prefill, *cached]}
     pythons = {}
     if thinker_backend == "vllm":
         specs["thinker"] += ["--backend", "vllm"]
         pythons["thinker"] = vllm_python(vllm_python_path)
     for i in range(talker_replicas):
-        specs[f"talker-{i}"] = [*stage_args("talker"), *prefill]
+        specs[f"talker-{i}"] = [*stage_args("talker"), *prefill, *cached]
     for i in range(code2wav_replicas):
         specs[f"code2wav-{i}"] = stage_args("code2wav")
     services.update(start_services(specs, cancel=cancel, pythons=pythons))

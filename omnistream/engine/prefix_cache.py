@@ -155,6 +155,14 @@ class PrefixCache:
         """Mark a stored chain used, its first block most recent (see the module doc)."""
         self._touch(keys)
 
+    def resize(self, budget_bytes: int) -> None:
+        """A new budget (an operator's, or a test's); what lies over it is evicted at once, least
+        recently used first."""
+        if budget_bytes < 0:
+            raise ValueError(f"the prefix cache budget must be >= 0 bytes, got {budget_bytes}")
+        self.budget_bytes = budget_bytes
+        self._evict()
+
     def clear(self) -> None:
         self._blocks.clear()
         self.cached_bytes = 0

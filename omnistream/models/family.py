@@ -99,7 +99,8 @@ class ModelFamily(Protocol):
         `max_step_batch` caps the talker's frame rows per step (None: `max_batch`),
         `max_step_frames` Code2Wav's frames per step (None: no cap beyond `max_batch` windows), and
         `first_audio_target` (seconds after arrival) is when a request's first audio is due.
-        `prefix_cache_bytes`: the thinker's prefix cache budget (None: the family's default; 0: off)."""
+        `prefix_cache_bytes`: the thinker's and the talker's prefix cache budget (None: the family's
+        default; 0: off)."""
         ...
 
     async def warm_up(self, stage: str, engine: StageEngine) -> None:

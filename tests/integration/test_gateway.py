@@ -343,21 +343,24 @@ def test_same_prompt_and_seed_give_the_same_output_through_every_entry_point(
 
 
 def test_a_conversations_next_turn_reports_the_prompt_tokens_it_found_cached(gateway, stages):
-    """The thinker's prefix cache, as OpenAI reports it: usage.prompt_tokens_details.cached_tokens
-    (turn 1 computes everything it has not seen; turn 2 starts as turn 1 did), and in the thinker's
-    /metrics."""
+    """Both stages' prefix caches: the thinker's as OpenAI reports it, usage.prompt_tokens_details.
+    cached_tokens (turn 1 computes everything it has not seen; turn 2 starts as turn 1 did), and in
+    its /metrics; the talker's (turn 2's talker prompt starts with turn 1's user rows) in its own."""
     url = f"{_url(gateway)}/v1/chat/completions"
     history = [
         {"role": "user", "content": "A conversation about the sea, the shore and the ships, turn one."}
     ]
-    hits_before = metric(stages["thinker"], "omnistream_stage_prefix_cache_hit_tokens_total")
-    first = httpx.post(url, json={"messages": history, "max_tokens": 8, "modalities": ["text"]}, timeout=120)
+    hit_tokens = "omnistream_stage_prefix_cache_hit_tokens_total"
+    hits_before = metric(stages["thinker"], hit_tokens)
+    body = {"max_tokens": 8, "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    first = httpx.post(url, json={"messages": history, **body}, timeout=120)
     assert first.status_code == 200, first.text
     history += [
-        {"role": "assistant", "content": first.json()["choices"][0]["message"]["content"]},
+        {"role": "assistant", "content": first.json()["choices"][0]["message"]["audio"]["transcript"]},
         {"role": "user", "content": "And turn two?"},
     ]
-    second = httpx.post(url, json={"messages": history, "max_tokens": 8, "modalities": ["text"]}, timeout=120)
+    talker_before = metric(stages["talker"], hit_tokens)
+    second = httpx.post(url, json={"messages": history, **body}, timeout=120)
     assert second.status_code == 200, second.text
     usage = second.json()["usage"]
     cached = usage["prompt_tokens_details"]["cached_tokens"]
@@ -365,5 +368,7 @@ def test_a_conversations_next_turn_reports_the_prompt_tokens_it_found_cached(gat
     # is computed to choose the first token).
     first_prompt = first.json()["usage"]["prompt_tokens"]
     assert first_prompt // 16 * 16 <= cached < usage["prompt_tokens"]
-    hits = metric(stages["thinker"], "omnistream_stage_prefix_cache_hit_tokens_total") - hits_before
+    hits = metric(stages["thinker"], hit_tokens) - hits_before
     assert hits >= cached
+    # The talker's user rows of turn 1: its user turn, whatever came before it in this stack.
+    assert metric(stages["talker"], hit_tokens) - talker_before >= 16

@@ -96,7 +96,8 @@ class Qwen3OmniFamily:
             # Before any weight is read: a stage that cannot fit its device says so, with the numbers.
             from omnistream.models.qwen3_omni.memory import check_stage_fits
 
-            prefix = prefix_cache_bytes if stage == "thinker" and options.backend != "vllm" else 0
+            cached = stage == "talker" or (stage == "thinker" and options.backend != "vllm")
+            prefix = prefix_cache_bytes if cached else 0
             config = self.load_config(model_dir)
             check_stage_fits(config, stage, options, max_batch, max_model_len, prefix)
         if options.backend not in BACKENDS:
@@ -140,6 +141,7 @@ class Qwen3OmniFamily:
                 first_audio_target=first_audio_target,
                 max_batch=max_batch,
                 max_requests=max_requests,
+                prefix_cache_bytes=prefix_cache_bytes,
             )
         if stage == "code2wav":
             from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine

@@ -41,7 +41,7 @@ class StageMemory:
     weights: int  # bytes
     kv_cache: int  # bytes
     headroom: int  # bytes
-    prefix_cache: int = 0  # bytes: the prefix cache's budget (the thinker's; engine/prefix_cache.py)
+    prefix_cache: int = 0  # bytes: the prefix cache's budget (thinker, talker; engine/prefix_cache.py)
 
     @property
     def total(self) -> int:
@@ -84,27 +84,31 @@ def stage_memory(
     prefix_cache_bytes: int | None = None,
 ) -> StageMemory:
     """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16).
-    `prefix_cache_bytes`: the thinker's prefix cache budget (None: its default, half its KV cache)."""
+    `prefix_cache_bytes`: the thinker's or the talker's prefix cache budget (None: its default,
+    half its KV slots)."""
     from omnistream.models.qwen3_omni.constants import TALKER_LENGTH_FACTOR
 
     size = DTYPE_BYTES[dtype]
     params = stage_params(config, stage)
     if stage == "thinker":
         kv = kv_cache_bytes(config.thinker_config.text_config, max_batch, max_model_len, size)
+        predictor = 0
     elif stage == "talker":
         talker = config.talker_config
         kv = kv_cache_bytes(talker.text_config, max_batch, max_model_len * TALKER_LENGTH_FACTOR, size)
-        # The code predictor's per-frame cache: the talker row + one position per code group.
-        kv += kv_cache_bytes(talker.code_predictor_config, max_batch, talker.num_code_groups + 1, size)
+        # The code predictor's per-frame cache: the talker row + one position per code group (no
+        # prefix of it is ever cached).
+        predictor = kv_cache_bytes(talker.code_predictor_config, max_batch, talker.num_code_groups + 1, size)
     elif stage == "code2wav":
-        kv = 0  # its streaming state is a few frames of context per request
+        kv = predictor = 0  # its streaming state is a few frames of context per request
     else:
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+    prefix = 0
+    if stage in ("thinker", "talker"):  # the budget's default follows the slots' KV (the engines')
+        prefix = default_prefix_cache_bytes(kv) if prefix_cache_bytes is None else prefix_cache_bytes
+    kv += predictor
     weights = params * size
     headroom = int((weights + kv) * HEADROOM_FRACTION) + HEADROOM_FIXED
-    prefix = 0
-    if stage == "thinker":
-        prefix = default_prefix_cache_bytes(kv) if prefix_cache_bytes is None else prefix_cache_bytes
     return StageMemory(stage, params, weights, kv, headroom, prefix)
 
 

@@ -78,15 +78,15 @@ def test_prefill_chunk_reaches_the_thinker_and_the_talkers(monkeypatch):
         args.parse_args(["--model", "m", "--prefill-chunk", "0"])
 
 
-def test_prefix_cache_size_reaches_the_thinker_only_when_given(monkeypatch):
+def test_prefix_cache_size_reaches_the_thinker_and_the_talkers_only_when_given(monkeypatch):
     seen = _captured_specs(monkeypatch)
     for gib in (None, 0.0):
         with pytest.raises(StartCancelled):
             up.start_stack("m", {}, prefix_cache_gib=gib)
     default, off = seen
     assert "--prefix-cache-gib" not in [arg for spec in default.values() for arg in spec]
-    assert off["thinker"][-2:] == ["--prefix-cache-gib", "0.0"]
-    assert "--prefix-cache-gib" not in off["talker-0"] + off["code2wav-0"]
+    assert off["thinker"][-2:] == off["talker-0"][-2:] == ["--prefix-cache-gib", "0.0"]
+    assert "--prefix-cache-gib" not in off["code2wav-0"]
     args = argparse.ArgumentParser()
     up.add_arguments(args)
     assert args.parse_args(["--model", "m", "--prefix-cache-gib", "2"]).prefix_cache_gib == 2.0

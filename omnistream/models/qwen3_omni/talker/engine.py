@@ -30,6 +30,7 @@ stay here.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Sequence
 
@@ -45,13 +46,16 @@ from omnistream.engine.playout import (
     Playout,
     check_step_budget,
 )
+from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
+from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
+from omnistream.models.qwen3_omni.talker.prefix import TalkerPrefixes
 from omnistream.models.qwen3_omni.talker.prompt import (
     ASSISTANT_PROMPT_ROWS,
     ASSISTANT_PROMPT_TOKENS,
@@ -65,6 +69,8 @@ from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge's open params and payload
+
+log = logging.getLogger(__name__)
 
 
 class TalkerEngine(Engine[_TalkerState, TalkerStep]):
@@ -85,7 +91,10 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
         static_frames: bool | None = None,
         graph_buckets: bool | None = None,
+        prefix_cache_bytes: int | None = None,
     ) -> None:
+        """`prefix_cache_bytes`: the budget of the user rows' prefix cache (prefix.py); None: half
+        the KV slots' bytes; 0: off."""
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         if prefill_chunk < 1:
             raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
@@ -124,6 +133,10 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         self.cache = SlotKVCache.for_text_config(
             text, slots, max_model_len, options.torch_dtype(), options.device
         )
+        kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
+        budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
+        self.prefix_cache = PrefixCache(budget, namespace=b"talker")
+        self.prefixes = TalkerPrefixes(self.prefix_cache, self.cache, self.prompts.multimodal_ids)
         # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
         # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
         graph_buckets = options.graphs if graph_buckets is None else graph_buckets
@@ -355,6 +368,8 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             self.stats.last_prefill_rows += take
             try:
                 started = time.perf_counter()
+                if state.prompt_rows is None:
+                    self._begin_prompt(state)
                 before = state.prefilled
                 hidden = self._prefill_piece(state, take)
                 self.schedule.measure_prefill(state.prefilled - before, time.perf_counter() - started)
@@ -384,21 +399,30 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             hidden = frames.talker_forward(decode, frames.next_inputs(decode), commit=False)
             frames.take_code0(decode, hidden, commit=True)
 
+    def _begin_prompt(self, state: _TalkerState) -> None:
+        """The prompt's rows (and positions, with vision), built at its first piece; the KV of its
+        cached user rows loaded into its fresh slot (prefix.py), so the prefill starts after them."""
+        head = state.stream[:ASSISTANT_PROMPT_TOKENS]
+        prompt_ids = present(state.prompt_ids)  # the schedule prefills only prompts that came
+        rows = self.prompts.prompt(prompt_ids, head, state.speaker_id, state.multimodal_hidden)
+        cfg = self.config
+        users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+        rope = talker_rope(self.talker, cfg, [prompt_ids[p] for p in users], state.media_layout)
+        if rope is not None:
+            state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
+            state.rope_delta = rope[1]
+        state.prompt_rows = rows
+        try:
+            self.prefixes.plan_and_load(state, users, None if rope is None else rope[0])
+        except Exception:  # the cache is an optimisation: a failed lookup prefills the whole prompt
+            log.exception("talker: the prefix lookup of %s failed", state.request_id)
+            state.prefilled = state.cached_rows = 0
+
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
-        """The next `take` prompt rows into the KV cache (the rows are built on the first piece).
-        After the last piece: its last position's hidden [1, 1, H] (code 0 of frame 0 comes from
-        it); before it, None. `prefilled` advances only once the piece's forward has run."""
-        if state.prompt_rows is None:
-            head = state.stream[:ASSISTANT_PROMPT_TOKENS]
-            prompt_ids = present(state.prompt_ids)  # the schedule prefills only prompts that came
-            rows = self.prompts.prompt(prompt_ids, head, state.speaker_id, state.multimodal_hidden)
-            cfg = self.config
-            users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-            rope = talker_rope(self.talker, cfg, [prompt_ids[p] for p in users], state.media_layout)
-            if rope is not None:
-                state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
-                state.rope_delta = rope[1]
-            state.prompt_rows = rows
+        """The next `take` prompt rows into the KV cache (`_begin_prompt` built them). After the last
+        piece: its last position's hidden [1, 1, H] (code 0 of frame 0 comes from it); before it,
+        None. `prefilled` advances only once the piece's forward has run."""
+        assert state.prompt_rows is not None, "_begin_prompt first"
         total = state.prompt_rows.shape[1]
         start = state.prefilled
         end = min(total, start + take)
@@ -411,4 +435,5 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             return None
         state.prefill_done = True
         state.prompt_rows = state.prompt_positions = None  # spent
+        self.prefixes.store(state)
         return hidden

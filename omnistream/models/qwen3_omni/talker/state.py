@@ -43,4 +43,10 @@ class _TalkerState(RequestState):
     # Rows of the whole prompt, known from its ids at the open (before the rows are built): the
     # schedule shares a step's prefill budget among new prompts by it.
     prompt_row_count: int = 0
+    # Prefix caching (prefix.py): the user rows' block keys, their last partial block's, their count,
+    # and how many of them came from the cache.
+    prefix_keys: list[bytes] = field(default_factory=list)
+    prefix_tail: bytes | None = None
+    prefix_rows: int = 0
+    cached_rows: int = 0
     playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission

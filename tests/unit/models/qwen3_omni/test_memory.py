@@ -123,7 +123,7 @@ def test_stages_sharing_a_gpu_must_fit_together(monkeypatch):
         ("code2wav", LoadOptions("cpu")),
     ]
     with pytest.raises(
-        InvalidRequest, match=r"cuda:0 would hold thinker 75\.6 GiB \+ talker 11\.2 GiB"
+        InvalidRequest, match=r"cuda:0 would hold thinker 75\.6 GiB \+ talker 12\.5 GiB"
     ) as err:
         memory.check_placement_fits(config, shared, 16, 4096)
     assert "--talker-device" in err.value.message

@@ -20,7 +20,10 @@ from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_ch
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    talker = TalkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512)
+    # No prefix cache: the prefills these tests watch compute every row (tests of it: test_prefix.py).
+    talker = TalkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512, prefix_cache_bytes=0
+    )
     thinker = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=256)
     talker.start()
     yield talker, thinker
@@ -161,7 +164,12 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
     length where the last good piece put it."""
     _, thinker = engines
     talker = TalkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512, prefill_chunk=8
+        tiny_model_dir,
+        LoadOptions(dtype="float32"),
+        max_batch=4,
+        max_model_len=512,
+        prefill_chunk=8,
+        prefix_cache_bytes=0,
     )
     prompt, short = long_prompt(thinker), thinker.encode_chat([{"role": "user", "content": "hi"}])
     params, running_params = TalkerParams(max_frames=10), TalkerParams(max_frames=40)

@@ -1,0 +1,123 @@
+"""The talker's prefix caching: a conversation's next turn prefills only its new user rows.
+
+The talker's prompt is the user turns' rows (every user turn of the conversation, in order) then
+nine assistant rows built from the answer's first tokens; a turn's user rows start with the
+previous turn's, so their KV is what the previous turn computed. The assistant rows depend on the
+answer and are never reused; the user rows' blocks are stored once the prompt's prefill has run.
+
+A user row is a thinker token's text row, or at a multimodal position the projection of the
+thinker's deep hidden row there, so a block's key (omnistream/engine/prefix_cache.py) is chained
+over the rows' thinker ids with a salt of the block's M-RoPE positions and its deep rows (their
+bytes: the content, not an id). The thinker's own prefix cache hands back
+the very deep rows it computed before, so a spoken or shown turn is a hit in both stages.
+
+The speaker is not in the key: it enters the assistant rows only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+
+import torch
+
+from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.prefix_cache import CachedBlock, PrefixCache
+from omnistream.models.qwen3_omni.talker.state import _TalkerState
+
+log = logging.getLogger(__name__)
+
+
+class TalkerPrefixes:
+    """The talker's use of its `PrefixCache` and `SlotKVCache` (engine thread only)."""
+
+    def __init__(self, cache: PrefixCache, kv: SlotKVCache, multimodal_ids: set[int]) -> None:
+        self.cache = cache
+        self.kv = kv
+        self.multimodal_ids = multimodal_ids
+
+    def _salts(
+        self, state: _TalkerState, users: list[int], tokens: list[int], positions: torch.Tensor | None
+    ) -> list[bytes]:
+        """Each user row's salt: its M-RoPE positions (plain ones without vision: a turn with an
+        image keeps the positions of the rows before it, so its prefix is found from a turn
+        without one) and at a multimodal position its deep row's bytes."""
+        n = len(users)
+        if positions is None:
+            columns = torch.arange(n, dtype=torch.float64).unsqueeze(1).expand(n, 3).numpy()
+        else:
+            columns = positions[:, :n].to("cpu", torch.float64).T.contiguous().numpy()
+        salts = [columns[j].tobytes() for j in range(n)]
+        mm = [j for j, t in enumerate(tokens) if t in self.multimodal_ids]
+        if mm and state.multimodal_hidden is not None:
+            rows = torch.stack([state.multimodal_hidden[users[j]] for j in mm]).detach().to("cpu")
+            raw = rows.contiguous().view(torch.uint8).numpy()  # one device -> host copy for all rows
+            for k, j in enumerate(mm):
+                salts[j] += raw[k].tobytes()
+        return salts
+
+    def _block_salt(self, salts: list[bytes], lo: int, hi: int) -> bytes:
+        h = hashlib.sha256()
+        for salt in salts[lo:hi]:
+            h.update(len(salt).to_bytes(8, "little"))
+            h.update(salt)
+        return h.digest()
+
+    def plan_and_load(self, state: _TalkerState, users: list[int], positions: torch.Tensor | None) -> None:
+        """At the prompt's first piece, its slot still empty: key its user rows (`users`: their
+        prompt positions; `positions`: the prompt's [3, rows] M-RoPE positions, None without vision),
+        load the longest cached prefix of them and start the prefill after it."""
+        if not self.cache.enabled or state.slot is None:
+            return
+        prompt_ids = state.prompt_ids or []
+        tokens = [prompt_ids[p] for p in users]
+        salts = self._salts(state, users, tokens, positions)
+        size, n = self.cache.block_size, len(tokens)
+        keys = self.cache.digests(
+            tokens, [self._block_salt(salts, b * size, (b + 1) * size) for b in range(n // size)]
+        )
+
+        def tail(full: int, length: int) -> bytes:
+            lo = full * size
+            salt = self._block_salt(salts, lo, lo + length)
+            return self.cache.tail_digest(keys[full - 1] if full else None, tokens[lo : lo + length], salt)
+
+        state.prefix_keys = keys
+        state.prefix_tail = tail(len(keys), n % size) if n % size else None
+        state.prefix_rows = n
+        # Every user row may come from the cache: the assistant rows after them are always computed.
+        blocks = self.cache.match(keys, limit_tokens=n)
+        full = len(blocks)
+        reuse = full * size
+        for length in range(min(size - 1, n - reuse), 0, -1):  # the next block's tail, longest first
+            key = tail(full, length)
+            found = self.cache.get(key)
+            if found is not None:
+                blocks.append(found)
+                reuse += length
+                self.cache.touch_chain([*keys[:full], key])
+                break
+        self.cache.count_query(n, reuse)
+        if reuse:
+            self.kv.load(state.slot, torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :reuse])
+            state.prefilled = state.cached_rows = reuse
+
+    def store(self, state: _TalkerState) -> None:
+        """Once the prompt is prefilled: keep its user rows' blocks (its last partial one too)."""
+        keys, tail, n = state.prefix_keys, state.prefix_tail, state.prefix_rows
+        state.prefix_keys, state.prefix_tail = [], None
+        if not self.cache.enabled or state.slot is None or n == 0:
+            return
+        try:
+            size = self.cache.block_size
+            ranges = [(keys[b], b * size, (b + 1) * size) for b in self.cache.missing(keys)]
+            chain = list(keys)
+            if tail is not None:
+                chain.append(tail)
+                if self.cache.get(tail) is None:
+                    ranges.append((tail, len(keys) * size, n))
+            for key, lo, hi in ranges:
+                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi)))
+            self.cache.touch_chain(chain)
+        except Exception:  # the cache is an optimisation: a failure to store never fails the request
+            log.exception("talker: storing the prompt of %s failed", state.request_id)
