@@ -25,6 +25,7 @@ import torch
 from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.device_errors import poisons_device
 from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.engine.stats import EngineStats
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
 
@@ -75,6 +76,9 @@ class Engine(Generic[S, W]):
 
     name = "engine"
     max_batch: int
+    # An engine with prefix caching sets its cache here (omnistream/engine/prefix_cache.py): the
+    # scopes that end are released on the engine thread, between steps.
+    prefix_cache: PrefixCache | None = None
 
     def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
         self.max_requests = max_requests
@@ -151,6 +155,13 @@ class Engine(Generic[S, W]):
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
+
+    def release_cache_scope(self, scope: bytes) -> None:
+        """Any thread: a prefix cache scope ended (a realtime session closed); its blocks go before
+        the engine's next step."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.request_release(scope)
+            self.wake()
 
     @property
     def num_requests(self) -> int:
@@ -309,6 +320,8 @@ class Engine(Generic[S, W]):
             with self._cond:
                 while True:
                     self._release_ended()
+                    if self.prefix_cache is not None:
+                        self.prefix_cache.apply_releases()
                     if self._stopping:
                         return
                     work = self._next_work()

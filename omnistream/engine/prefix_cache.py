@@ -13,6 +13,12 @@ conversation's next turn starts with the whole previous prompt, and a media item
 prompt's end lies in its last block, which would otherwise be encoded again every turn. A lookup
 that stops at a missing full block tries the tails of that block's first positions, longest first.
 
+A request may name a cache scope (`scope`: bytes, b"" the shared one): its keys start from that
+scope's root, so it finds only what requests of the same scope stored, and the scope's blocks can
+be released at once (`request_release`, applied by the engine thread before its next step). A
+realtime session is such a scope: the gateway gives it a random secret, never shown, so no other
+client can find (or time) its content, and frees its share when it ends.
+
 Blocks are copies (a finished request's slot is reused at once) and are bounded by a byte budget
 with LRU eviction. A chain is touched from its last block to its first, so a prefix's first blocks
 are always the most recent and eviction takes a chain from its tail: the blocks left stay a usable
@@ -27,6 +33,7 @@ All methods run on the engine thread.
 from __future__ import annotations
 
 import hashlib
+import threading
 from array import array
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -63,6 +70,7 @@ class PrefixStats:
     hits: int = 0  # of those, found cached
     stored_blocks: int = 0
     evicted_blocks: int = 0
+    released_blocks: int = 0  # dropped because their scope ended
 
 
 class PrefixCache:
@@ -81,6 +89,10 @@ class PrefixCache:
         # of those never finds blocks made before it.
         self._root = hashlib.sha256(b"omnistream-prefix\0" + namespace).digest()
         self._blocks: OrderedDict[bytes, CachedBlock] = OrderedDict()
+        self._scopes: dict[bytes, set[bytes]] = {}  # a named scope's stored keys
+        self._scope_of: dict[bytes, bytes] = {}  # key -> its named scope
+        self._releases: list[bytes] = []  # scopes ended, to release on the engine thread
+        self._releases_lock = threading.Lock()
         self.cached_bytes = 0
         self.stats = PrefixStats()
 
@@ -96,10 +108,16 @@ class PrefixCache:
         """Sequence positions the cache holds, all blocks together."""
         return sum(block.positions for block in self._blocks.values())
 
-    def digests(self, tokens: Sequence[int], salts: Sequence[bytes] | None = None) -> list[bytes]:
+    def root(self, scope: bytes = b"") -> bytes:
+        """Where a scope's chains start (b"": the shared scope)."""
+        return hashlib.sha256(self._root + b"scope\0" + scope).digest() if scope else self._root
+
+    def digests(
+        self, tokens: Sequence[int], salts: Sequence[bytes] | None = None, scope: bytes = b""
+    ) -> list[bytes]:
         """The chained key of each full block of `tokens`; `salts[i]`: block i's extra key bytes."""
         keys: list[bytes] = []
-        parent = self._root
+        parent = self.root(scope)
         size = self.block_size
         for i in range(len(tokens) // size):
             h = hashlib.sha256(parent)
@@ -110,10 +128,12 @@ class PrefixCache:
             keys.append(parent)
         return keys
 
-    def tail_digest(self, parent: bytes | None, tokens: Sequence[int], salt: bytes = b"") -> bytes:
+    def tail_digest(
+        self, parent: bytes | None, tokens: Sequence[int], salt: bytes = b"", scope: bytes = b""
+    ) -> bytes:
         """The key of a partial block of `tokens` (fewer than `block_size`) after the full block
-        `parent` (None: at the start)."""
-        h = hashlib.sha256(b"tail\0" + (parent if parent is not None else self._root))
+        `parent` (None: at the start of `scope`'s chains)."""
+        h = hashlib.sha256(b"tail\0" + (parent if parent is not None else self.root(scope)))
         h.update(array("q", tokens).tobytes())
         h.update(salt)
         return h.digest()
@@ -142,14 +162,39 @@ class PrefixCache:
         """Indexes of `keys` not cached (what a store should copy out)."""
         return [i for i, key in enumerate(keys) if key not in self._blocks]
 
-    def store(self, key: bytes, block: CachedBlock) -> None:
-        """Keep `block` under `key` (a block already there is kept: same key, same rows)."""
+    def store(self, key: bytes, block: CachedBlock, scope: bytes = b"") -> None:
+        """Keep `block` under `key` (a block already there is kept: same key, same rows); `scope`:
+        the scope whose chain it is (its key starts from that scope's root)."""
         if not self.enabled or block.nbytes > self.budget_bytes or key in self._blocks:
             return
         self._blocks[key] = block
         self.cached_bytes += block.nbytes
         self.stats.stored_blocks += 1
+        if scope:
+            self._scopes.setdefault(scope, set()).add(key)
+            self._scope_of[key] = scope
         self._evict()
+
+    def request_release(self, scope: bytes) -> None:
+        """Any thread: `scope` ended; its blocks go at the engine thread's next `apply_releases`."""
+        if scope:
+            with self._releases_lock:
+                self._releases.append(scope)
+
+    def apply_releases(self) -> int:
+        """Engine thread: drop the blocks of the scopes that ended; how many went."""
+        with self._releases_lock:
+            scopes, self._releases = self._releases, []
+        dropped = 0
+        for scope in scopes:
+            for key in self._scopes.pop(scope, ()):
+                self._scope_of.pop(key, None)
+                block = self._blocks.pop(key, None)
+                if block is not None:
+                    self.cached_bytes -= block.nbytes
+                    dropped += 1
+        self.stats.released_blocks += dropped
+        return dropped
 
     def touch_chain(self, keys: Sequence[bytes]) -> None:
         """Mark a stored chain used, its first block most recent (see the module doc)."""
@@ -165,6 +210,8 @@ class PrefixCache:
 
     def clear(self) -> None:
         self._blocks.clear()
+        self._scopes.clear()
+        self._scope_of.clear()
         self.cached_bytes = 0
 
     def _touch(self, keys: Sequence[bytes]) -> None:
@@ -174,6 +221,12 @@ class PrefixCache:
 
     def _evict(self) -> None:
         while self.cached_bytes > self.budget_bytes and self._blocks:
-            _, block = self._blocks.popitem(last=False)
+            key, block = self._blocks.popitem(last=False)
             self.cached_bytes -= block.nbytes
             self.stats.evicted_blocks += 1
+            scope = self._scope_of.pop(key, None)
+            if scope is not None:
+                keys = self._scopes[scope]
+                keys.discard(key)
+                if not keys:
+                    del self._scopes[scope]

@@ -47,6 +47,9 @@ class GenerationRequest:
     # Speech: the assistant's answer is this text, not generated (the thinker streams it tokenized
     # as its output; the talker speaks it). See ThinkerOpen.assistant_text.
     assistant_text: str | None = None
+    # The prefix cache's scope (omnistream/engine/prefix_cache.py): b"" shares cached prefixes with
+    # any request of the same content; a realtime session has its own, a secret the gateway keeps.
+    cache_scope: bytes = b""
 
     def validate(self) -> None:
         if self.mode not in MODES:

@@ -46,6 +46,7 @@ class ThinkerParams:
     # Speech: the thinker does not generate, it streams this text (tokenized as plain text) as its
     # output, so the talker speaks exactly it (see ThinkerOpen.assistant_text).
     assistant_text: str | None = None
+    cache_scope: bytes = b""  # the prefix cache's scope (ThinkerOpen.cache_scope): b"" the shared one
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,7 @@ class TalkerParams:
     max_frames: int = 4096
     sampling: SamplingParams = field(default_factory=SamplingParams)
     ignore_eos: bool = False  # exactly max_frames: the end-of-speech code is never chosen
+    cache_scope: bytes = b""  # the prefix cache's scope (TalkerOpen.cache_scope)
 
 
 @dataclass(frozen=True)
@@ -73,7 +75,11 @@ class StageOpens:
 def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpens:
     audio = TALKER in stages_for(request)
     talker = TalkerParams(
-        request.speaker, request.max_audio_frames, request.talker_sampling, request.ignore_eos
+        request.speaker,
+        request.max_audio_frames,
+        request.talker_sampling,
+        request.ignore_eos,
+        request.cache_scope,
     )
     return StageOpens(
         thinker=ThinkerParams(
@@ -82,6 +88,7 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
             request.sampling,
             request.use_audio_in_video,
             request.assistant_text,
+            request.cache_scope,
         ),
         talker=talker if audio else None,
         plan=plan if audio else None,

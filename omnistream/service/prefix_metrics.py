@@ -29,6 +29,11 @@ class PrefixCacheCollector(Collector):
             ),
             ("hit_tokens", "Of those, tokens whose KV was reused (vLLM: prefix_cache_hits)", stats.hits),
             ("evicted_blocks", "Blocks the budget evicted (least recently used first)", stats.evicted_blocks),
+            (
+                "released_blocks",
+                "Blocks dropped because their cache scope ended (a realtime session closed)",
+                stats.released_blocks,
+            ),
         ):
             counter = CounterMetricFamily(f"omnistream_stage_prefix_cache_{name}", help_, labels=["stage"])
             counter.add_metric(stage, value)

@@ -26,7 +26,7 @@ from omnistream.service.server import (
 )
 from omnistream.service.speed import SpeedMeter
 from omnistream.wire.chunk_key import ChunkKey, SequenceChecker, Stage, validate_request_id
-from omnistream.wire.convert import plan_from_fields
+from omnistream.wire.convert import checked_cache_scope, plan_from_fields
 from omnistream.wire.grpc_codec import Method, add_service, checked, parsed
 from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
@@ -167,6 +167,25 @@ class StageServicer:
         except OmniError as exc:
             await abort_with(context, exc)
         return self.info_now()
+
+    async def ReleaseCache(
+        self, request: stage_pb2.ReleaseCacheRequest, context: grpc.aio.ServicerContext
+    ) -> stage_pb2.ReleaseCacheReply:
+        """A cache scope ended: the engine drops its cached prefixes before its next step (an
+        engine without a prefix cache, or a scope it never saw, has nothing to drop)."""
+        try:
+            checked(request)
+            scope = checked_cache_scope(request.cache_scope)
+            if not scope:
+                raise InvalidRequest(
+                    "cache_scope is empty: the shared scope is never released", field="cache_scope"
+                )
+        except OmniError as exc:
+            await abort_with(context, exc)
+        release = getattr(self.engine, "release_cache_scope", None)
+        if release is not None:
+            release(scope)
+        return stage_pb2.ReleaseCacheReply()
 
     def orphaned_requests(self) -> int:
         """Engine requests without an open stream: always 0 unless the lifecycle leaks."""
@@ -336,16 +355,17 @@ class StageServicer:
             out.fail(InternalError(f"{self.stage.value} could not handle its input ({type(exc).__name__})"))
 
     def add_to_server(self, server: grpc.aio.Server) -> str:
-        """Register `Stream` and `Info` with tolerant parsing; returns the service's full name."""
-        name = self.request_type.DESCRIPTOR.file.services_by_name[self.service_name].full_name
-        add_service(
-            server,
-            name,
-            [
-                Method("Stream", self.Stream, self.request_type, self.response_type),
-                Method("Info", self.Info, stage_pb2.InfoRequest, stage_pb2.StageInfo, "unary_unary"),
-            ],
-        )
-        return name
+        """Register `Stream`, `Info` (and `ReleaseCache` where the service has it) with tolerant
+        parsing; returns the service's full name."""
+        service = self.request_type.DESCRIPTOR.file.services_by_name[self.service_name]
+        methods = [
+            Method("Stream", self.Stream, self.request_type, self.response_type),
+            Method("Info", self.Info, stage_pb2.InfoRequest, stage_pb2.StageInfo, "unary_unary"),
+        ]
+        if "ReleaseCache" in service.methods_by_name:
+            release = (stage_pb2.ReleaseCacheRequest, stage_pb2.ReleaseCacheReply)
+            methods.append(Method("ReleaseCache", self.ReleaseCache, *release, "unary_unary"))
+        add_service(server, service.full_name, methods)
+        return service.full_name
 
     service_name: str  # e.g. "TalkerService" in omni.v1

@@ -135,6 +135,18 @@ def message_proto(message: Mapping[str, Any]) -> common_pb2.Message:
     return common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
 
 
+MAX_CACHE_SCOPE_BYTES = 64
+
+
+def checked_cache_scope(scope: bytes) -> bytes:
+    """A prefix cache scope from the wire (ThinkerOpen/TalkerOpen.cache_scope, ReleaseCache)."""
+    if len(scope) > MAX_CACHE_SCOPE_BYTES:
+        raise InvalidRequest(
+            f"cache_scope is {len(scope)} bytes; at most {MAX_CACHE_SCOPE_BYTES}", field="cache_scope"
+        )
+    return bytes(scope)
+
+
 def thinker_open_proto(
     rid: str,
     opens: StageOpens,
@@ -150,6 +162,7 @@ def thinker_open_proto(
         sampling=sampling_to_proto(params.sampling),
         use_audio_in_video=params.use_audio_in_video,
         assistant_text=params.assistant_text or "",
+        cache_scope=params.cache_scope,
     )
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
@@ -248,6 +261,7 @@ def talker_open_proto(rid: str, opens: StageOpens) -> stage_pb2.TalkerOpen:
         left_context_frames=opens.plan.left_context,
         chunk_schedule=SCHEDULE_TO_PROTO[opens.plan.schedule],
         ignore_eos=opens.talker.ignore_eos,
+        cache_scope=opens.talker.cache_scope,
     )
 
 

@@ -11,7 +11,7 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import InputHold, TalkerFeed, TalkerParams
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage
-from omnistream.wire.convert import media_layout_from_proto, sampling_from_proto
+from omnistream.wire.convert import checked_cache_scope, media_layout_from_proto, sampling_from_proto
 from omnistream.wire.tensors import from_proto, to_proto
 
 DEFAULT_MAX_FRAMES = 2048
@@ -61,6 +61,7 @@ class TalkerServicer(StageServicer):
             max_frames=open_.max_frames or DEFAULT_MAX_FRAMES,
             sampling=sampling_from_proto(open_.sampling, "talker_"),
             ignore_eos=open_.ignore_eos,
+            cache_scope=checked_cache_scope(open_.cache_scope),
         )
         out = self.engine.add_request(rid, params)
         hold = InputHold(mode, TalkerFeed.merge)

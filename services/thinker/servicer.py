@@ -14,7 +14,12 @@ from omnistream.request.media import has_media
 from omnistream.request.stage_chain import ThinkerParams
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage, validate_request_id
-from omnistream.wire.convert import media_layout_to_proto, messages_from_proto, sampling_from_proto
+from omnistream.wire.convert import (
+    checked_cache_scope,
+    media_layout_to_proto,
+    messages_from_proto,
+    sampling_from_proto,
+)
 from omnistream.wire.tensors import to_proto
 
 DEFAULT_MAX_TOKENS = 256
@@ -70,6 +75,7 @@ class ThinkerServicer(StageServicer):
             ignore_eos=open_.ignore_eos,
             sampling=sampling_from_proto(open_.sampling),
             assistant_text=open_.assistant_text or None,
+            cache_scope=checked_cache_scope(open_.cache_scope),
         )
         prompt_ids, media = await self._prompt(open_)
         spoken = None

@@ -336,3 +336,50 @@ def test_sigterm_drains_in_flight_request_and_exits_zero(tiny_model_dir):
         assert service.proc.wait(30) == 0
     finally:
         service.stop()
+
+
+def test_a_cache_scope_is_found_by_its_own_requests_only_and_released_by_rpc(stages):
+    """ThinkerOpen/TalkerOpen.cache_scope over the wire: a scope's second turn finds its first in
+    both stages, another scope (and the shared one) finds nothing of it, and once ReleaseCache has
+    dropped it, neither does its own; the codes never change. A bad scope is INVALID_ARGUMENT."""
+    from omnistream.wire.convert import MAX_CACHE_SCOPE_BYTES
+
+    messages = [{"role": "user", "content": "Scoped: tell me about the lighthouse and the keeper."}]
+    hits = "omnistream_stage_prefix_cache_hit_tokens_total"
+
+    def run(rid: str, scope: bytes):
+        before = [metric(stages[s], hits) for s in ("thinker", "talker")]
+        request = make_request(messages, max_tokens=6, max_audio_frames=8, cache_scope=scope)
+        _, codes, _, done = asyncio.run(collect_services(stages, request, rid))
+        after = [metric(stages[s], hits) for s in ("thinker", "talker")]
+        return codes, done.cached_tokens, after[1] - before[1]
+
+    first, cached, talker = run("scope-a-1", b"scope-a")
+    assert cached == 0 and talker == 0
+    for rid, scope in (("scope-b-1", b"scope-b"), ("shared-1", b"")):
+        codes, cached, talker = run(rid, scope)
+        assert (cached, talker) == (0, 0) and np.array_equal(codes, first)
+    codes, cached, talker = run("scope-a-2", b"scope-a")
+    assert cached > 0 and talker > 0 and np.array_equal(codes, first)
+
+    async def release(scope: bytes):
+        async with (
+            grpc.aio.insecure_channel(stages["thinker"].address) as thinker,
+            grpc.aio.insecure_channel(stages["talker"].address) as talker,
+        ):
+            for stub in (
+                stage_pb2_grpc.ThinkerServiceStub(thinker),
+                stage_pb2_grpc.TalkerServiceStub(talker),
+            ):
+                await stub.ReleaseCache(stage_pb2.ReleaseCacheRequest(cache_scope=scope), timeout=10)
+
+    released = "omnistream_stage_prefix_cache_released_blocks_total"
+    before = {s: metric(stages[s], released) for s in ("thinker", "talker")}
+    asyncio.run(release(b"scope-a"))
+    assert asyncio.run(wait_for(lambda: all(metric(stages[s], released) > n for s, n in before.items()), 10))
+    codes, cached, talker = run("scope-a-3", b"scope-a")
+    assert (cached, talker) == (0, 0) and np.array_equal(codes, first)
+    for bad in (b"", b"x" * (MAX_CACHE_SCOPE_BYTES + 1)):
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            asyncio.run(release(bad))
+        assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cache_scope" in err.value.details()

@@ -84,3 +84,44 @@ def test_a_partial_last_block_has_a_key_of_its_own_length():
     assert cache.get(tail) is None
     cache.store(tail, _block(1.0, size=2))
     assert cache.get(tail) is not None and cache.positions == 10
+
+
+def _stored_in(cache: PrefixCache, tokens: list[int], scope: bytes) -> list[bytes]:
+    keys = cache.digests(tokens, scope=scope)
+    for i in cache.missing(keys):
+        cache.store(keys[i], _block(float(i)), scope)
+    tail = cache.tail_digest(keys[-1], tokens[len(keys) * 4 :], scope=scope)
+    cache.store(tail, _block(9.0, size=len(tokens) % 4), scope)
+    return keys
+
+
+def test_a_scope_finds_only_its_own_prefixes_and_ends_with_its_blocks():
+    cache = PrefixCache(1 << 20, block_size=4)
+    tokens = list(range(10))
+    shared = _stored_in(cache, tokens, b"")
+    alice = _stored_in(cache, tokens, b"alice-secret")
+    assert cache.digests(tokens, scope=b"bob-secret")[0] not in (shared[0], alice[0])  # same content
+    assert len(cache.match(cache.digests(tokens, scope=b"bob-secret"), limit_tokens=10)) == 0
+    assert cache.tail_digest(None, [1], scope=b"alice-secret") != cache.tail_digest(None, [1])
+    assert len(cache.match(alice, limit_tokens=10)) == 2 and len(cache) == 6
+    cache.request_release(b"alice-secret")  # any thread; nothing goes before the engine thread applies it
+    assert len(cache) == 6
+    assert cache.apply_releases() == 3  # its 2 blocks and its partial last one
+    assert len(cache.match(alice, limit_tokens=10)) == 0 and len(cache.match(shared, limit_tokens=10)) == 2
+    assert cache.cached_bytes == sum(b.nbytes for b in cache._blocks.values())
+    assert cache.stats.released_blocks == 3
+    cache.request_release(b"never-seen")
+    assert cache.apply_releases() == 0
+
+
+def test_an_evicted_block_leaves_its_scope_and_a_released_scope_keeps_the_budget_exact():
+    cache = PrefixCache(3 * BLOCK_BYTES, block_size=4)
+    first = cache.digests(list(range(8)), scope=b"s")
+    for key in first:
+        cache.store(key, _block(1.0), b"s")
+    cache.touch_chain(first)
+    for key in cache.digests(list(range(50, 58))):  # two shared blocks: one of "s" goes
+        cache.store(key, _block(2.0))
+    assert len(cache) == 3 and cache.stats.evicted_blocks == 1
+    cache.request_release(b"s")
+    assert cache.apply_releases() == 1 and cache.cached_bytes == 2 * BLOCK_BYTES

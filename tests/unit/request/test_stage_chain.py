@@ -1,3 +1,4 @@
+import pytest
 import torch
 
 from omnistream.request.chunk_plan import ChunkPlan
@@ -101,3 +102,24 @@ def test_ignore_eos_reaches_the_talker_open_and_its_wire_form():
         assert opens.thinker.ignore_eos is ignore and opens.talker is not None
         assert opens.talker.ignore_eos is ignore
         assert talker_open_proto("r", opens).ignore_eos is ignore
+
+
+def test_a_cache_scope_reaches_both_opens_and_their_wire_forms_and_a_long_one_is_refused():
+    from omnistream.request.errors import InvalidRequest
+    from omnistream.wire.convert import (
+        MAX_CACHE_SCOPE_BYTES,
+        checked_cache_scope,
+        talker_open_proto,
+        thinker_open_proto,
+    )
+
+    request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], cache_scope=b"\x00session")
+    opens = stage_opens(request, ChunkPlan())
+    assert opens.talker is not None
+    assert opens.thinker.cache_scope == opens.talker.cache_scope == b"\x00session"
+    assert thinker_open_proto("r", opens, request.messages, None).cache_scope == b"\x00session"
+    assert talker_open_proto("r", opens).cache_scope == b"\x00session"
+    assert checked_cache_scope(b"x" * MAX_CACHE_SCOPE_BYTES) == b"x" * MAX_CACHE_SCOPE_BYTES
+    with pytest.raises(InvalidRequest, match="cache_scope") as err:
+        checked_cache_scope(b"x" * (MAX_CACHE_SCOPE_BYTES + 1))
+    assert err.value.field == "cache_scope"

@@ -135,7 +135,7 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         )
         kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
         budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
-        self.prefix_cache = PrefixCache(budget, namespace=b"talker")
+        self.prefix_cache: PrefixCache = PrefixCache(budget, namespace=b"talker")
         self.prefixes = TalkerPrefixes(self.prefix_cache, self.cache, self.prompts.multimodal_ids)
         # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
         # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.

@@ -72,15 +72,15 @@ class TalkerPrefixes:
         prompt_ids = state.prompt_ids or []
         tokens = [prompt_ids[p] for p in users]
         salts = self._salts(state, users, tokens, positions)
-        size, n = self.cache.block_size, len(tokens)
-        keys = self.cache.digests(
-            tokens, [self._block_salt(salts, b * size, (b + 1) * size) for b in range(n // size)]
-        )
+        size, n, scope = self.cache.block_size, len(tokens), state.params.cache_scope
+        block_salts = [self._block_salt(salts, b * size, (b + 1) * size) for b in range(n // size)]
+        keys = self.cache.digests(tokens, block_salts, scope)
 
         def tail(full: int, length: int) -> bytes:
             lo = full * size
             salt = self._block_salt(salts, lo, lo + length)
-            return self.cache.tail_digest(keys[full - 1] if full else None, tokens[lo : lo + length], salt)
+            parent = keys[full - 1] if full else None
+            return self.cache.tail_digest(parent, tokens[lo : lo + length], salt, scope)
 
         state.prefix_keys = keys
         state.prefix_tail = tail(len(keys), n % size) if n % size else None
@@ -117,7 +117,7 @@ class TalkerPrefixes:
                 if self.cache.get(tail) is None:
                     ranges.append((tail, len(keys) * size, n))
             for key, lo, hi in ranges:
-                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi)))
+                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi)), state.params.cache_scope)
             self.cache.touch_chain(chain)
         except Exception:  # the cache is an optimisation: a failure to store never fails the request
             log.exception("talker: storing the prompt of %s failed", state.request_id)

@@ -115,7 +115,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
         budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
         # Its blocks hold deep rows of the accept layer: a change of layer clears it (`accept_layer`).
-        self.prefix_cache = PrefixCache(budget, namespace=b"thinker")
+        self.prefix_cache: PrefixCache = PrefixCache(budget, namespace=b"thinker")
         self.prefixes = ThinkerPrefixes(self.prefix_cache, self.cache, self.multimodal_ids, self.config)
         # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
         self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)

@@ -72,7 +72,7 @@ class ThinkerPrefixes:
         blocks = len(tokens) // size
         positions = self._positions(state, blocks * size)
         salts = [self._salt(state, positions, b * size, (b + 1) * size) for b in range(blocks)]
-        return self.cache.digests(tokens, salts)
+        return self.cache.digests(tokens, salts, state.params.cache_scope)
 
     def tail_key(
         self, state: _ThinkerState, tokens: list[int], keys: list[bytes], full: int, length: int
@@ -81,9 +81,8 @@ class ThinkerPrefixes:
         lo = full * self.cache.block_size
         positions = self._positions(state, lo + length)
         parent = keys[full - 1] if full else None
-        return self.cache.tail_digest(
-            parent, tokens[lo : lo + length], self._salt(state, positions, lo, lo + length)
-        )
+        salt = self._salt(state, positions, lo, lo + length)
+        return self.cache.tail_digest(parent, tokens[lo : lo + length], salt, state.params.cache_scope)
 
     # --- reuse --------------------------------------------------------------------------------------
     def plan(self, state: _ThinkerState) -> None:
@@ -166,7 +165,8 @@ class ThinkerPrefixes:
                     if state.prompt_deep is None:
                         continue  # its deep rows are gone: not a block a reuse could use
                     extra = state.prompt_deep[first:last].clone()
-                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi), extra))
+                block = CachedBlock(self.kv.read(state.slot, lo, hi), extra)
+                self.cache.store(key, block, state.params.cache_scope)
             self.cache.touch_chain(chain)
         except Exception:  # the cache is an optimisation: a failure to store never fails the request
             log.exception("thinker: storing the prefix of %s failed", state.request_id)

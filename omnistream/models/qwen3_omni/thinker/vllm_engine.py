@@ -273,6 +273,8 @@ class VllmThinkerEngine:
         detok = self.text.detokenizer()
         try:
             prompt = TokensPrompt(prompt_token_ids=request.prompt_ids)
+            if request.params.cache_scope:  # vLLM's own scopes: its prefix cache salted per scope
+                prompt["cache_salt"] = request.params.cache_scope.hex()
             async for result in self.llm.generate(prompt, self._sampling(request), request.request_id):
                 completion = result.outputs[0]
                 tokens = list(completion.token_ids)

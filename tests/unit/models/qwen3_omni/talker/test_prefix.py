@@ -130,3 +130,39 @@ def test_a_failed_or_aborted_prefill_stores_nothing_and_the_next_one_computes_al
     hits = on.prefix_cache.stats.hits
     assert _run(on, "after", prompt) == _run(off, "after-off", prompt)
     assert on.prefix_cache.stats.hits == hits
+
+
+def _wait_for(predicate, timeout: float = 10.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return predicate()
+
+
+def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engines):
+    on, off, chat = engines
+    on.prefix_cache.clear()
+    prompt = _turns(chat, 2)[-1]
+    expected = _run(off, "scope-off", prompt)
+
+    def run(rid: str, scope: bytes) -> int:
+        hits = on.prefix_cache.stats.hits
+
+        async def codes():
+            out = on.add_request(rid, TalkerParams(max_frames=10, cache_scope=scope))
+            on.feed(rid, STREAM, True, prompt_ids=prompt)
+            return [s.codes async for s in out if s.codes is not None]
+
+        assert asyncio.run(codes()) == expected
+        return on.prefix_cache.stats.hits - hits
+
+    assert run("alice-1", b"alice") == 0
+    assert run("bob-1", b"bob") == 0 and run("shared-1", b"") == 0  # same rows, other scopes
+    assert run("alice-2", b"alice") == _user_rows(on, prompt)
+    held = len(on.prefix_cache)
+    on.release_cache_scope(b"alice")  # applied by the engine thread before its next step
+    assert _wait_for(lambda: len(on.prefix_cache) < held)
+    assert run("alice-3", b"alice") == 0
+    assert run("bob-2", b"bob") == _user_rows(on, prompt)

@@ -173,3 +173,32 @@ def test_an_aborted_request_stores_its_prompt_but_nothing_of_its_answer(engines)
     assert on.prefix_cache.positions == len(
         ids
     )  # the prompt's blocks and its partial last one, no answer token
+
+
+def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engines):
+    import time
+
+    on, off = engines
+    on.prefix_cache.clear()
+    ids = _turns(on, ["Which birds sing at dawn by the river, and which at night?"])[0]
+    expected = _run(off, "scoped-off", ids)[0]
+
+    def run(rid: str, scope: bytes) -> int:
+        hits = on.prefix_cache.stats.hits
+        params = ThinkerParams(10, True, cache_scope=scope)
+
+        async def tokens():
+            return [t async for o in on.add_request(rid, ids, params) for t in o.token_ids]
+
+        assert asyncio.run(tokens()) == expected
+        return on.prefix_cache.stats.hits - hits
+
+    assert run("alice-1", b"alice") == 0 and run("bob-1", b"bob") == 0
+    assert run("alice-2", b"alice") >= len(ids) - 16
+    held = len(on.prefix_cache)
+    on.release_cache_scope(b"alice")
+    deadline = time.monotonic() + 10
+    while len(on.prefix_cache) >= held and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert run("alice-3", b"alice") == 0
+    assert run("bob-2", b"bob") >= len(ids) - 16
