@@ -211,8 +211,10 @@ class GatewayConfig:
     # takes an admission slot while it runs); a session with no client event and no response for
     # `realtime_idle_timeout` seconds is closed; the uncommitted input buffer holds at most
     # `realtime_max_buffer_seconds` of audio, and appends may run ahead of real time by at most
-    # `realtime_append_burst_seconds`; `realtime_max_history_items` conversation items (user audio
-    # within `realtime_history_audio_seconds`) are kept for the next turns.
+    # `realtime_append_burst_seconds`. A conversation keeps every item the thinker's context holds
+    # (gateway/realtime/context.py): `realtime_context_tokens` caps that context below the thinker's
+    # max_model_len, and `realtime_max_history_items` / `realtime_history_audio_seconds` optionally
+    # cap the items and the user audio kept (none: only the context and the stage message bound).
     realtime_max_sessions: int = setting(16, group=REALTIME, help="open /v1/realtime sessions (0: none)")
     realtime_idle_timeout: float = setting(
         300.0, group=REALTIME, help="seconds without a client event or a response before a session closes"
@@ -223,11 +225,20 @@ class GatewayConfig:
     realtime_append_burst_seconds: float = setting(
         10.0, group=REALTIME, help="seconds appends may run ahead of real time"
     )
-    realtime_max_history_items: int = setting(
-        16, group=REALTIME, help="conversation items kept for the next turns"
+    realtime_context_tokens: int | None = setting(
+        None,
+        group=REALTIME,
+        shown="the thinker's max_model_len",
+        help="tokens a conversation's prompt plus its answer's max_output_tokens may take, at most "
+        "the thinker's max_model_len; the oldest items past it are dropped",
     )
-    realtime_history_audio_seconds: float = setting(
-        120.0, group=REALTIME, help="seconds of user audio kept in that history"
+    realtime_max_history_items: int | None = setting(
+        None, group=REALTIME, help="conversation items kept at most (none: as many as the context holds)"
+    )
+    realtime_history_audio_seconds: float | None = setting(
+        None,
+        group=REALTIME,
+        help="seconds of user audio a conversation keeps at most (none: as much as the context holds)",
     )
 
     @classmethod
@@ -286,12 +297,15 @@ class GatewayConfig:
             "realtime_idle_timeout",
             "realtime_max_buffer_seconds",
             "realtime_append_burst_seconds",
-            "realtime_history_audio_seconds",
         ):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive")
-        if self.realtime_max_history_items < 1:
-            raise ValueError("realtime_max_history_items must be at least 1")
+        if self.realtime_history_audio_seconds is not None and self.realtime_history_audio_seconds <= 0:
+            raise ValueError("realtime_history_audio_seconds must be positive (or none: no cap)")
+        for name in ("realtime_max_history_items", "realtime_context_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1 (or none: no cap)")
         self._validate_size_limits()
 
     def _validate_size_limits(self) -> None:

@@ -8,7 +8,9 @@ rotation): mixing checkpoints or protocol versions would answer some requests wi
 another voice set, or codes the next stage cannot decode.
 
 Limits and the software version may differ between replicas: hardware differs, and a rolling
-upgrade runs two releases side by side (the chunk protocol version is what must match). So may the
+upgrade runs two releases side by side (the chunk protocol version is what must match); where a
+limit bounds what the gateway sends (the thinkers' max_model_len, which a realtime conversation
+fills), the smallest of the replicas in rotation is the deployment's. So may the
 input modalities of thinkers: a transformers thinker takes audio, images and video, a vLLM one text
 only; the deployment takes what its thinkers in rotation take between them, and each request goes
 to a thinker that takes all of its media (gateway/cluster/replicas.py).
@@ -96,6 +98,8 @@ class Deployment:
         self.accepted: dict[str, StageInfo] = {}
         # What the thinkers in rotation take between them (set by Replicas); None: the first's.
         self.thinker_modalities: Callable[[], tuple[str, ...] | None] | None = None
+        # The smallest context of the thinkers in rotation (set by Replicas); None: the first's.
+        self.thinker_max_model_len: Callable[[], int | None] | None = None
 
     def admit(self, stage: str, info: StageInfo) -> str | None:
         """Accept `info` (the first of its stage becomes the deployment's), or return why not."""
@@ -151,6 +155,17 @@ class Deployment:
         if modalities is None:
             modalities = self._first("input_modalities", "thinker")
         return None if modalities is None else tuple(modalities)
+
+    @property
+    def max_model_len(self) -> int | None:
+        """The thinker's context in tokens (prompt and output), the smallest of those in rotation:
+        what a realtime conversation may fill (gateway/realtime/context.py). None until a thinker
+        that reports one was accepted."""
+        length = self.thinker_max_model_len() if self.thinker_max_model_len is not None else None
+        if length is None:
+            info = self.accepted.get("thinker")
+            length = info.limits.max_model_len if info is not None else None
+        return length or None
 
     @property
     def sample_rate(self) -> int | None:

@@ -119,6 +119,16 @@ class ReplicaSet:
                 seen.update(dict.fromkeys(replica.info.input_modalities))
         return tuple(seen) or None
 
+    def max_model_len(self) -> int | None:
+        """The smallest max_model_len the replicas in rotation report (a request may go to any of
+        them); None when none reports one."""
+        lengths = [
+            r.info.limits.max_model_len
+            for r in self.replicas
+            if r.in_rotation and r.info is not None and r.info.limits.max_model_len
+        ]
+        return min(lengths) if lengths else None
+
     @property
     def any_in_rotation(self) -> bool:
         return any(r.in_rotation for r in self.replicas)
@@ -153,6 +163,7 @@ class Replicas:
         self.resolver = resolver
         self.sets = {stage: ReplicaSet(stage) for stage in STUBS}
         self.deployment.thinker_modalities = self.sets["thinker"].input_modalities
+        self.deployment.thinker_max_model_len = self.sets["thinker"].max_model_len
         self.targets = [
             Target.parse(stage, entry) for stage, entries in addresses.items() for entry in entries
         ]
@@ -278,6 +289,30 @@ class Replicas:
             log.warning("%s replica %s refused: %s", replica.stage, replica.address, reason)
         replica.refused = reason
         replica.accepted = reason is None
+
+    async def release_cache(self, scope: bytes, timeout: float = 5.0) -> None:
+        """A prefix cache scope ended (a realtime session closed): every thinker and talker replica
+        drops what it cached for it (ReleaseCache). Best effort: a replica that cannot be told
+        (down, or an older stage without the RPC) keeps those blocks until its LRU budget evicts
+        them; nothing else depends on it."""
+
+        async def release(replica: Replica) -> None:
+            try:
+                request = stage_pb2.ReleaseCacheRequest(cache_scope=scope)
+                await replica.stub.ReleaseCache(request, timeout=timeout)  # type: ignore[attr-defined]
+            except (grpc.aio.AioRpcError, TimeoutError) as exc:
+                error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
+                log.info(
+                    "%s replica %s: its cache scope was not released (%s)",
+                    replica.stage,
+                    replica.address,
+                    error,
+                )
+
+        targets = [
+            r for stage in ("thinker", "talker") if stage in self.sets for r in self.sets[stage].replicas
+        ]
+        await asyncio.gather(*(release(r) for r in targets if r.healthy))
 
     async def check_all(self) -> None:
         replicas = [r for s in self.sets.values() for r in s.replicas]

@@ -4,11 +4,14 @@ Every client event is handled in order on the connection's receive loop; a bad o
 event naming it (`error.event_id`) and changes nothing, so the session stays usable. Media are
 decoded when their item is made (a committed turn, an item with audio or an image), in the
 gateway's decoder threads, so a response never waits on a decode and a bad file is refused once.
+Before each response the history is fitted to the thinker's context (gateway/realtime/context.py):
+the oldest items go only when the turn would not fit otherwise.
 """
 
 from __future__ import annotations
 
 import logging
+import secrets
 import time
 from collections.abc import Callable
 from typing import Any
@@ -16,17 +19,37 @@ from typing import Any
 from gateway.config import GatewayConfig
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn
+from gateway.realtime.context import (
+    CONTEXT_EXCEEDED,
+    DEFAULT_CONTEXT_TOKENS,
+    ContextFull,
+    Drop,
+    PromptShape,
+    fit,
+    measure,
+    overflow_of,
+    prompt_tokens,
+    shape_of,
+)
 from gateway.realtime.events import EventError
 from gateway.realtime.items import check_modality, item_parts
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.response import ResponseRun
-from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
+from gateway.realtime.session import (
+    AppendRate,
+    Conversation,
+    HistoryLimits,
+    InputBuffer,
+    Item,
+    SessionConfig,
+)
 from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
-from omnistream.request.errors import OmniError
+from omnistream.request.errors import OmniError, from_kind
+from omnistream.request.generation import GenerationRequest
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +68,7 @@ class Connection:
         beta: bool,
         model: str | None,
         on_barge_in: Callable[[], None] = lambda: None,
+        on_drop: Callable[[str, int], None] = lambda reason, count: None,
     ) -> None:
         c: GatewayConfig = core.config
         self.core = core
@@ -55,13 +79,21 @@ class Connection:
         self.config = SessionConfig()
         self.buffer = InputBuffer(int(c.realtime_max_buffer_seconds * INPUT_RATE) * 2)
         self.rate = AppendRate(c.realtime_append_burst_seconds)
-        self.conversation = Conversation(c.realtime_max_history_items, c.realtime_history_audio_seconds)
+        self.conversation = Conversation(HistoryLimits.of(c))
         self.detector = self._detector()
         self.response: ResponseRun | None = None
         self.turn_item_id: str | None = None  # the user item a detected turn will become
         self.last_activity = time.monotonic()
         self._handling = False  # a client event is being handled
         self.on_barge_in = on_barge_in
+        self.on_drop = on_drop  # (reason, items): items dropped from the history
+        # The session's prefix cache scope (omnistream/engine/prefix_cache.py): a secret no client
+        # sees, so only this session's turns find what its turns cached; released at its close.
+        self.cache_scope = secrets.token_bytes(16)
+        # The running response's turn: its settings and what its prompt was made of (the
+        # thinker's count of it is shared out over its items when it ends).
+        self.turn: tuple[ResponseSettings, ServingDefaults] | None = None
+        self.shape: PromptShape | None = None
 
     def _detector(self) -> SpeechDetector | None:
         td = self.config.turn_detection
@@ -289,8 +321,52 @@ class Connection:
         wire = item.wire(self.protocol)
         await self.send("conversation.item.added", previous_item_id=previous, item=wire)
         await self.send("conversation.item.done", previous_item_id=previous, item=wire)
-        for old in dropped:
-            await self.send("conversation.item.deleted", item_id=old)
+        await self._dropped(dropped)
+
+    async def _dropped(self, dropped: list[tuple[str, str]], why: str = "") -> None:
+        """Tell the client (conversation.item.deleted), the logs and the metrics of items dropped
+        from the history, oldest first: for good, as a deleted item."""
+        if not dropped:
+            return
+        reasons: dict[str, int] = {}
+        for _, reason in dropped:
+            reasons[reason] = reasons.get(reason, 0) + 1
+        log.info(
+            "realtime session %s: dropped the %d oldest conversation items (%s)%s; %d kept",
+            self.id,
+            len(dropped),
+            ", ".join(f"{reason}: {count}" for reason, count in reasons.items()),
+            why,
+            len(self.conversation.items),
+        )
+        for reason, count in reasons.items():
+            self.on_drop(reason, count)
+        for item_id, _ in dropped:
+            await self.send("conversation.item.deleted", item_id=item_id)
+
+    # -- the context ---------------------------------------------------------------------------
+    def context_tokens(self) -> int:
+        """Tokens a turn (prompt and answer) may take: the thinker's max_model_len (the smallest of
+        those in rotation), capped by realtime_context_tokens; the serve default if none says."""
+        reported = self.core.deployment.max_model_len
+        cap = self.core.config.realtime_context_tokens
+        if reported is None:
+            return cap or DEFAULT_CONTEXT_TOKENS
+        return min(reported, cap) if cap else reported
+
+    async def _fit(self, instructions: str | None, reserve: int, context: int | None = None) -> None:
+        """Drop the oldest items the next turn (its prompt and `reserve` tokens of answer) needs
+        gone to fit the context; ContextFull (nothing dropped) when it cannot fit."""
+        context = context or self.context_tokens()
+        tokens = prompt_tokens(self.conversation, instructions)
+        drops: list[Drop] = fit(self.conversation, instructions, context, reserve)
+        for drop in drops:
+            self.conversation.remove(drop.item)
+        why = (
+            f" before a turn of ~{tokens} prompt tokens + max_output_tokens {reserve} "
+            f"(context {context} tokens)"
+        )
+        await self._dropped([(d.item.id, d.reason) for d in drops], why)
 
     async def _item_create(self, event: ev.ItemCreate) -> None:
         given = event.item
@@ -354,22 +430,64 @@ class Connection:
                 settings.max_output_tokens or self.core.config.default_max_tokens, limit
             )
         serving = ServingDefaults.of(self.core.config, self.core.deployment.voices)
-        try:
-            request = build_request(self.conversation, self.config, settings, serving)
-        except OmniError as exc:
-            raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+        assert settings.max_output_tokens is not None
         kind = "output_audio" if settings.speaks else "output_text"
         item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
         previous = self.conversation.last_id()
-        for old in self.conversation.add(item):
-            await self.send("conversation.item.deleted", item_id=old)
+        # The answer's item first (the history's caps count it), then the prompt fitted to the context.
+        await self._dropped(self.conversation.add(item))
+        try:
+            await self._fit(settings.instructions, settings.max_output_tokens)
+            request = build_request(self.conversation, self.config, settings, serving, self.cache_scope)
+        except ContextFull as exc:
+            self.conversation.remove(item)
+            raise EventError(exc.message, code=CONTEXT_EXCEEDED) from None
+        except OmniError as exc:
+            self.conversation.remove(item)
+            raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+        self.turn = (settings, serving)
+        self.shape = shape_of(self.conversation, settings.instructions)
         self.response = ResponseRun(
-            self.core, self.protocol, self.outbound, request, item, previous, self._ended
+            self.core, self.protocol, self.outbound, request, item, previous, self._ended, self._refit
         )
         self.response.start()
 
+    async def _refit(self, error: OmniError) -> GenerationRequest | None:
+        """The thinker refused the turn's prompt as too long for its context (an estimate was
+        low): its count of the prompt is a measurement; drop the oldest items that now must go and
+        return the turn's request again, once. None: not that refusal, or nothing to drop (the
+        refusal stands); an error of kind context_length_exceeded when the turn cannot fit."""
+        found = overflow_of(error)
+        if found is None or self.turn is None or self.shape is None:
+            return None
+        settings, serving = self.turn
+        counted, length = found
+        if counted is not None and not measure(self.conversation, self.shape, counted):
+            # The counts kept contradict the thinker's: estimate its items again, then share it out.
+            for item, _ in self.shape.items:
+                item.tokens = None
+            self.conversation.system_tokens = None
+            measure(self.conversation, self.shape, counted)
+        context = self.context_tokens() if length is None else min(length, self.context_tokens())
+        assert settings.max_output_tokens is not None
+        before = len(self.conversation.items)
+        try:
+            await self._fit(settings.instructions, settings.max_output_tokens, context)
+        except ContextFull as exc:
+            raise from_kind(CONTEXT_EXCEEDED, exc.message) from None
+        if len(self.conversation.items) == before:
+            return None
+        log.info("realtime session %s: the thinker refused the prompt as too long; sent again", self.id)
+        self.shape = shape_of(self.conversation, settings.instructions)
+        return build_request(self.conversation, self.config, settings, serving, self.cache_scope)
+
     async def _ended(self, response: ResponseRun) -> None:
         self.last_activity = time.monotonic()  # the idle timeout counts from the end of a response
+        done, item = response.done, response.item
+        item.generated_tokens = len(done.output_ids) if done is not None else response.output_tokens
+        if done is not None and self.shape is not None:  # the thinker's count of the whole prompt
+            measure(self.conversation, self.shape, len(done.prompt_ids))
+        self.turn = self.shape = None
 
     async def _response_cancel(self, event: ev.ResponseCancel) -> None:
         response = self.response
@@ -384,6 +502,8 @@ class Connection:
         await response.cancel("client_cancelled")
 
     async def close(self) -> None:
-        """The client went away (or the session ends): cancel what runs, so every stage is freed."""
+        """The client went away (or the session ends): cancel what runs, so every stage is freed,
+        and release the session's cache scope in the stages that cached its prefixes."""
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+        await self.core.replicas.release_cache(self.cache_scope)

@@ -6,6 +6,9 @@ session's event loop closes it, which cancels all three stage streams at once
 (gateway/serving/stage_calls.py), and the deltas still queued for the socket are dropped first, so
 the client stops getting audio at once. The assistant item then keeps what was sent (its audio end
 and the same share of text).
+
+A thinker that refuses the prompt as too long for its context (before anything reached the client)
+gets it once more after `refit` dropped the oldest items (gateway/realtime/context.py).
 """
 
 from __future__ import annotations
@@ -47,6 +50,7 @@ class ResponseRun:
         item: Item,
         previous_item_id: str | None,
         on_end: Callable[[ResponseRun], Awaitable[None]],
+        refit: Callable[[OmniError], Awaitable[GenerationRequest | None]] | None = None,
     ) -> None:
         self.core = core
         self.protocol = protocol
@@ -55,6 +59,7 @@ class ResponseRun:
         self.item = item
         self.previous_item_id = previous_item_id
         self.on_end = on_end
+        self.refit = refit  # a refused request -> the request to send instead (None: the refusal stands)
         self.id = new_id("resp")
         self.speaks = request.return_audio
         self.status = "in_progress"
@@ -154,8 +159,18 @@ class ResponseRun:
         part = self.item.wire(self.protocol)["content"][0]
         await self._emit("response.content_part.added", part=part, **self._where())
 
+    async def _open(self) -> Session:
+        try:
+            return await self.core.open(self.request)
+        except OmniError as exc:
+            request = await self.refit(exc) if self.refit is not None else None
+            if request is None:
+                raise
+            self.request = request
+            return await self.core.open(request)
+
     async def _stream(self) -> None:
-        self.session = session = await self.core.open(self.request)
+        self.session = session = await self._open()
         # Closed here, not left to the generator: a cancel that lands while a delta waits for room
         # in the send queue is raised outside `events()`, which would only close on collection.
         try:

@@ -53,6 +53,17 @@ class RealtimeState:
             "Responses cancelled because the user spoke",
             registry=registry,
         )
+        self.history_dropped = Counter(
+            "omnistream_realtime_history_dropped_items_total",
+            "Conversation items dropped from a session's history, by the bound they would pass "
+            "(context: the thinker's context; message_size, prompt_chars: what one stage message "
+            "carries; max_items, audio_seconds: the optional caps)",
+            ["reason"],
+            registry=registry,
+        )
+
+    def dropped(self, reason: str, count: int) -> None:
+        self.history_dropped.labels(reason=reason).inc(count)
 
 
 def _authorized(websocket: WebSocket, api_key: str | None) -> bool:
@@ -132,7 +143,8 @@ def add_realtime_route(app: FastAPI, core: GatewayCore) -> None:
 
 async def _serve(websocket: WebSocket, core: GatewayCore, state: RealtimeState, beta: bool) -> None:
     outbound = Outbound(websocket.send_text)
-    conn = Connection(core, outbound, beta, websocket.query_params.get("model"), state.barge_ins.inc)
+    model = websocket.query_params.get("model")
+    conn = Connection(core, outbound, beta, model, state.barge_ins.inc, state.dropped)
     await conn.open()  # session.created is the first event, before any client event is read
     sender = asyncio.create_task(outbound.run())
     watchdog = asyncio.create_task(_idle_watchdog(websocket, conn, core.config.realtime_idle_timeout))

@@ -1,5 +1,6 @@
 """A response's request: the session's instructions as the system message, then the conversation's
-items (the bounded history, kept by the gateway so a client never re-sends it) as chat messages.
+items (the history, kept by the gateway so a client never re-sends it, as much as the context holds:
+gateway/realtime/context.py) as chat messages.
 
 User items keep their media (audio as the decoded 16 kHz samples, images as decoded pixels), so the
 thinker hears earlier turns, not a transcript it never made; assistant items are their text. System
@@ -9,11 +10,12 @@ Defaults come from the one table (`omnistream.request.defaults.resolve`), as for
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
 from gateway.realtime.events import ResponseFields
-from gateway.realtime.session import Conversation, SessionConfig, apply_shared_fields
+from gateway.realtime.session import Conversation, Item, SessionConfig, apply_shared_fields
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
 from omnistream.request.generation import GenerationRequest
 
@@ -46,21 +48,32 @@ class ResponseSettings:
         return settings
 
 
-def messages_of(conversation: Conversation, instructions: str | None) -> list[dict[str, Any]]:
+def message_of(item: Item) -> dict[str, Any] | None:
+    """The chat message `item` is in a prompt; None for one that is not a message of its own (a
+    system item joins the system message; an answer being made, or cut before a word, is left out)."""
+    if item.status == "in_progress" or item.role == "system":
+        return None
+    if item.role == "assistant":
+        return {"role": "assistant", "content": item.text} if item.text else None
+    return {"role": "user", "content": list(item.parts)} if item.parts else None
+
+
+def system_text(conversation: Conversation, instructions: str | None) -> str:
+    """The one system message: the instructions, then the system items' text ("": none)."""
     system = [instructions] if instructions else []
-    messages: list[dict[str, Any]] = []
     for item in conversation.items.values():
-        if item.status == "in_progress":
-            continue
-        if item.role == "system":
+        if item.role == "system" and item.status != "in_progress":
             system.extend(p["text"] for p in item.parts if p["type"] == "text")
-        elif item.role == "assistant":
-            if item.text:
-                messages.append({"role": "assistant", "content": item.text})
-        elif item.parts:
-            messages.append({"role": "user", "content": list(item.parts)})
-    if system:
-        messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
+    return "\n\n".join(system)
+
+
+def messages_of(conversation: Conversation, instructions: str | None) -> list[dict[str, Any]]:
+    system = system_text(conversation, instructions)
+    messages = [{"role": "system", "content": system}] if system else []
+    for item in conversation.items.values():
+        message = message_of(item)
+        if message is not None:
+            messages.append(message)
     return messages
 
 
@@ -69,10 +82,12 @@ def build_request(
     config: SessionConfig,
     settings: ResponseSettings,
     serving: ServingDefaults,
+    cache_scope: bytes = b"",
 ) -> GenerationRequest:
+    """The turn's request: the whole history as chat messages, in the session's cache scope."""
     ext = config.extensions
     messages = messages_of(conversation, settings.instructions)
-    return resolve(
+    request = resolve(
         RequestInput(
             messages=messages,
             max_tokens=settings.max_output_tokens,
@@ -85,3 +100,4 @@ def build_request(
         ),
         serving,
     )
+    return dataclasses.replace(request, cache_scope=cache_scope)

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 import torch
 
 DEFAULT_BLOCK_SIZE = 16
+ENDED_SCOPES_KEPT = 4096  # released scopes remembered, so that late stores for them are refused
 
 
 @dataclass
@@ -92,6 +93,9 @@ class PrefixCache:
         self._scopes: dict[bytes, set[bytes]] = {}  # a named scope's stored keys
         self._scope_of: dict[bytes, bytes] = {}  # key -> its named scope
         self._releases: list[bytes] = []  # scopes ended, to release on the engine thread
+        # Scopes released lately: a request of one still running (its abort on its way) stores
+        # nothing more for it.
+        self._ended: OrderedDict[bytes, None] = OrderedDict()
         self._releases_lock = threading.Lock()
         self.cached_bytes = 0
         self.stats = PrefixStats()
@@ -165,7 +169,12 @@ class PrefixCache:
     def store(self, key: bytes, block: CachedBlock, scope: bytes = b"") -> None:
         """Keep `block` under `key` (a block already there is kept: same key, same rows); `scope`:
         the scope whose chain it is (its key starts from that scope's root)."""
-        if not self.enabled or block.nbytes > self.budget_bytes or key in self._blocks:
+        if (
+            not self.enabled
+            or block.nbytes > self.budget_bytes
+            or key in self._blocks
+            or scope in self._ended
+        ):
             return
         self._blocks[key] = block
         self.cached_bytes += block.nbytes
@@ -187,6 +196,9 @@ class PrefixCache:
             scopes, self._releases = self._releases, []
         dropped = 0
         for scope in scopes:
+            self._ended[scope] = None
+            while len(self._ended) > ENDED_SCOPES_KEPT:
+                self._ended.popitem(last=False)
             for key in self._scopes.pop(scope, ()):
                 self._scope_of.pop(key, None)
                 block = self._blocks.pop(key, None)

@@ -1,16 +1,25 @@
 """/v1/realtime end to end with the official openai SDK's realtime client, on the real processes:
 speech rendered by espeak-ng, streamed in 20 ms pieces at real time, found by the server VAD,
-answered with text and audio deltas; a second turn that uses the history; a barge-in."""
+answered with text and audio deltas; a second turn that uses the history; a barge-in; a long
+conversation kept whole on the default context, and the oldest turns dropped on a small one."""
 
 from __future__ import annotations
 
 import asyncio
 import base64
+import itertools
 
 import pytest
 from openai import AsyncOpenAI
 
-from tests.integration.conftest import configured_gateway, gateway_idle, gateway_url, metric_at, wait_for
+from tests.integration.conftest import (
+    configured_gateway,
+    gateway_idle,
+    gateway_url,
+    metric,
+    metric_at,
+    wait_for,
+)
 from tests.speech import pieces, silence_pcm16, speech_pcm16
 
 API_KEY = "realtime-test-key"
@@ -21,6 +30,17 @@ VAD = {"type": "server_vad", "threshold": 0.5, "prefix_padding_ms": 200, "silenc
 def gateway(stages, tmp_path_factory):
     with configured_gateway(stages, tmp_path_factory.mktemp("realtime"), {"api_key": API_KEY}) as gw:
         yield gw
+
+
+@pytest.fixture(scope="module")
+def small_context_gateway(stages, tmp_path_factory):
+    """A gateway whose realtime conversations may fill 256 tokens of the thinker's 4096."""
+    config = {"api_key": API_KEY, "realtime_context_tokens": SMALL_CONTEXT}
+    with configured_gateway(stages, tmp_path_factory.mktemp("realtime-small"), config) as gw:
+        yield gw
+
+
+SMALL_CONTEXT = 256
 
 
 def client(gateway) -> AsyncOpenAI:
@@ -176,3 +196,73 @@ def test_barge_in_cancels_every_stage(gateway, stages):
             assert metric_at(f"{gateway_url(gateway)}/metrics", "omnistream_realtime_barge_ins_total") >= 1
 
     asyncio.run(run())
+
+
+async def text_turns(conn, count: int, max_output_tokens: int) -> tuple[list, list]:
+    """`count` typed turns, each answered in text: (every event, each turn's response.done)."""
+    seen: list = []
+    dones = []
+    for k in range(count):
+        content = [{"type": "input_text", "text": f"Turn {k}: what should I cook tonight?"}]
+        await conn.conversation.item.create(item={"type": "message", "role": "user", "content": content})
+        await conn.response.create(
+            response={"output_modalities": ["text"], "max_output_tokens": max_output_tokens}
+        )
+        dones.append(await events_until(conn, "response.done", seen, timeout=60))
+    return seen, dones
+
+
+async def text_session(gateway, count: int, max_output_tokens: int) -> tuple[list, list]:
+    async with client(gateway).realtime.connect(model="omnistream") as conn:
+        await conn.recv()
+        session = {
+            "type": "realtime",
+            "audio": {"input": {"turn_detection": None}},
+            "omnistream": {"seed": 5},
+        }
+        await conn.session.update(session=session)
+        assert (await conn.recv()).type == "session.updated"
+        return await text_turns(conn, count, max_output_tokens)
+
+
+def test_a_long_conversation_keeps_every_item_on_the_default_context(gateway):
+    """18 turns (36 items, past the 16 items a session once kept): nothing is dropped, each prompt
+    holds the whole history (it keeps growing) and starts with the previous one (cached)."""
+    seen, dones = asyncio.run(text_session(gateway, 18, 4))
+    assert all(finished(d) for d in dones), [d.response.status for d in dones]
+    assert "conversation.item.deleted" not in types(seen)
+    inputs = [d.response.usage.input_tokens for d in dones]
+    assert all(b > a for a, b in itertools.pairwise(inputs)), inputs
+    last = dones[-1].response.usage
+    assert last.input_token_details.cached_tokens >= inputs[-2]
+
+
+def test_a_small_context_drops_the_oldest_turns_and_answers_the_newest(small_context_gateway):
+    seen, dones = asyncio.run(text_session(small_context_gateway, 14, 8))
+    assert all(finished(d) for d in dones), [d.response.status for d in dones]
+    inputs = [d.response.usage.input_tokens for d in dones]
+    assert all(n + 8 <= SMALL_CONTEXT for n in inputs), inputs
+    deleted = [e.item_id for e in seen if e.type == "conversation.item.deleted"]
+    added = list(dict.fromkeys(e.item.id for e in seen if e.type == "conversation.item.added"))
+    assert deleted and deleted == added[: len(deleted)]  # oldest first, each once
+    assert added[-1] not in deleted and added[-2] not in deleted  # the newest turn and its answer
+    assert inputs[-1] > SMALL_CONTEXT // 2  # drops keep the history near the context, not empty
+    url = f"{gateway_url(small_context_gateway)}/metrics"
+    assert metric_at(url, "omnistream_realtime_history_dropped_items_total") == len(deleted)
+
+
+def test_a_session_finds_only_its_own_turns_and_its_cache_share_goes_when_it_ends(gateway, stages):
+    """Each session is its own cache scope (a secret the gateway keeps): a second session saying
+    exactly what the first said finds nothing of it, yet finds its own first turn; when a session
+    closes, the thinker drops its blocks (released, in its /metrics)."""
+    released = "omnistream_stage_prefix_cache_released_blocks_total"
+    before = metric(stages["thinker"], released)
+    _, first = asyncio.run(text_session(gateway, 2, 4))
+    assert asyncio.run(wait_for(lambda: metric(stages["thinker"], released) > before, 10))
+    _, second = asyncio.run(text_session(gateway, 2, 4))
+    assert [d.response.usage.input_tokens for d in second] == [d.response.usage.input_tokens for d in first]
+    assert second[0].response.usage.input_token_details.cached_tokens == 0  # not the other session's
+    assert (
+        second[1].response.usage.input_token_details.cached_tokens
+        >= first[0].response.usage.input_tokens // 16 * 16
+    )

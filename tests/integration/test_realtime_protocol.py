@@ -227,13 +227,24 @@ def test_bad_frames_and_events_get_errors_and_the_session_lives_on(gateway):
             await c.send({"type": "session.update", "event_id": "v", "session": {"voice": "nobody"}})
             error = await c.error()
             assert error["event_id"] == "v" and "voice" in error["param"]
-            # a response the stages refuse fails alone: response.done failed, then the session goes on
+            # an answer that cannot fit the thinker's context (max_output_tokens 100000 is capped at
+            # the gateway's 4096, the whole context) is refused before it starts: nothing dropped
             await c.send({"type": "conversation.item.create", "item": {"type": "message", "role": "user",
                           "content": [{"type": "input_text", "text": "Hi"}]}})  # fmt: skip
-            await c.send({"type": "response.create", "response": {"max_output_tokens": 100000}})
+            await c.send({"type": "response.create", "event_id": "long",
+                          "response": {"max_output_tokens": 100000}})  # fmt: skip
+            error = await c.error()
+            assert error["code"] == "context_length_exceeded" and error["event_id"] == "long"
+            assert "max_output_tokens 4096" in error["message"]
+            # a response refused where it runs fails alone: response.done failed, the session goes on
+            await c.send({"type": "session.update", "session": {"omnistream": {"max_audio_frames": 10**9}}})
+            await c.until("session.updated")
+            await c.send({"type": "response.create"})
             done = await c.until("response.done")
             assert done["response"]["status"] == "failed"
             assert done["response"]["status_details"]["error"]["code"] == "invalid_request"
+            await c.send({"type": "session.update", "session": {"omnistream": {}}})
+            await c.until("session.updated")
             # still usable
             await c.send({"type": "session.update", "session": {"instructions": "Be brief."}})
             assert (await c.until("session.updated"))["session"]["instructions"] == "Be brief."

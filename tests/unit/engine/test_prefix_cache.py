@@ -125,3 +125,16 @@ def test_an_evicted_block_leaves_its_scope_and_a_released_scope_keeps_the_budget
     assert len(cache) == 3 and cache.stats.evicted_blocks == 1
     cache.request_release(b"s")
     assert cache.apply_releases() == 1 and cache.cached_bytes == 2 * BLOCK_BYTES
+
+
+def test_a_released_scope_stores_nothing_more():
+    """A request of a session that just ended may still finish (its abort on its way): what it
+    would store for the released scope is refused, so nothing of it outlives the release."""
+    cache = PrefixCache(1 << 20, block_size=4)
+    cache.request_release(b"gone")
+    cache.apply_releases()
+    key = cache.digests([1, 2, 3, 4], scope=b"gone")[0]
+    cache.store(key, _block(1.0), b"gone")
+    assert len(cache) == 0
+    cache.store(cache.digests([1, 2, 3, 4], scope=b"alive")[0], _block(1.0), b"alive")
+    assert len(cache) == 1

@@ -87,3 +87,15 @@ def test_what_the_gateway_reports_comes_from_the_stages():
     )
     assert list(info.input_modalities) == ["text"] and list(info.output_modalities) == ["text", "audio"]
     assert [s.stage for s in info.stages] == [1, 2, 3]
+
+
+def test_the_context_is_the_thinkers_max_model_len():
+    """What a realtime conversation may fill; unknown before a thinker that reports one."""
+    assert Deployment().max_model_len is None
+    assert deployment().max_model_len is None  # a stage too old to report it
+    d = Deployment()
+    limits = stage_pb2.StageLimits(max_batch=8, max_model_len=8192)
+    assert d.admit("thinker", stage_info("thinker", limits=limits)) is None
+    assert d.max_model_len == 8192
+    d.thinker_max_model_len = lambda: 4096  # the thinkers in rotation (Replicas sets it)
+    assert d.max_model_len == 4096

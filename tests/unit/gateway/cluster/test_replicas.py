@@ -11,6 +11,7 @@ import pytest
 from gateway.cluster import replicas as replicas_module
 from gateway.cluster.discovery import Target, resolve_addresses
 from gateway.cluster.replicas import Replicas
+from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request.errors import Unavailable
 from tests.unit.gateway.infos import stage_info
 
@@ -314,5 +315,64 @@ async def test_thinkers_taking_different_media_share_a_deployment_and_media_go_t
         assert replicas.pick("thinker").address == "127.0.0.1:7011"
         with pytest.raises(Unavailable, match="no healthy thinker replica takes image input now"):
             replicas.pick("thinker", frozenset({"image"}))
+    finally:
+        await replicas.stop()
+
+
+async def test_the_deployments_context_is_the_smallest_thinker_in_rotation(monkeypatch):
+    """A request may go to any thinker in rotation: a conversation fills the smallest context."""
+    lengths = {"127.0.0.1:7001": 8192, "127.0.0.1:7011": 4096}
+
+    async def check(self, replica) -> None:
+        replica.healthy = True
+        limits = stage_pb2.StageLimits(max_batch=8, max_model_len=lengths.get(replica.address, 0))
+        replica.info = stage_info(replica.stage, limits=limits)
+
+    monkeypatch.setattr(Replicas, "check", check)
+    replicas = Replicas({"thinker": list(lengths), "talker": ["127.0.0.1:7002"]}, 1024)
+    await replicas.start()
+    try:
+        assert replicas.deployment.max_model_len == 4096
+        replicas.sets["thinker"].replicas[1].healthy = False  # the shorter one is down
+        assert replicas.deployment.max_model_len == 8192
+    finally:
+        await replicas.stop()
+
+
+async def test_a_released_cache_scope_reaches_every_healthy_thinker_and_talker(checked):
+    """Best effort: one replica that fails to answer neither stops the others nor raises."""
+    import grpc
+
+    replicas = Replicas(
+        {
+            "thinker": ["127.0.0.1:7001", "127.0.0.1:7011"],
+            "talker": ["127.0.0.1:7002"],
+            "code2wav": ["127.0.0.1:7003"],
+        },
+        1024,
+    )
+    await replicas.start()
+    told: list[tuple[str, bytes]] = []
+
+    class Stub:
+        def __init__(self, address: str, fails: bool) -> None:
+            self.address, self.fails = address, fails
+
+        async def ReleaseCache(self, request, timeout):
+            told.append((self.address, request.cache_scope))
+            if self.fails:
+                raise grpc.aio.AioRpcError(grpc.StatusCode.UNAVAILABLE, None, None, "down")
+            return stage_pb2.ReleaseCacheReply()
+
+    try:
+        for replica in (r for s in replicas.sets.values() for r in s.replicas):
+            replica.stub = Stub(replica.address, fails=replica.address == "127.0.0.1:7001")
+        replicas.sets["talker"].replicas[0].healthy = True
+        await replicas.release_cache(b"session-secret")
+        assert sorted(told) == [
+            ("127.0.0.1:7001", b"session-secret"),
+            ("127.0.0.1:7002", b"session-secret"),
+            ("127.0.0.1:7011", b"session-secret"),
+        ]  # not code2wav, which caches nothing
     finally:
         await replicas.stop()

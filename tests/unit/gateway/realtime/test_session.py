@@ -1,11 +1,15 @@
-"""A session's buffer, append rate, history bounds and truncation."""
+"""A session's buffer, append rate, history bounds (the stage message, the optional caps) and
+truncation."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from gateway.config import GatewayConfig
 from gateway.realtime.events import EventError
-from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item
+from gateway.realtime.session import AppendRate, Conversation, HistoryLimits, InputBuffer, Item
+from omnistream.request.media import AudioInput
 
 
 def test_input_buffer_is_bounded_and_tracks_stream_positions():
@@ -36,13 +40,21 @@ def user(item_id: str, seconds: float = 0.0) -> Item:
     return Item(item_id, "user", [{"type": "text", "text": item_id}], [], audio_seconds=seconds)
 
 
-def test_history_drops_the_oldest_items_past_its_bounds():
-    conversation = Conversation(max_items=3, max_audio_seconds=10.0)
+def test_history_has_no_item_or_audio_bound_by_default():
+    conversation = Conversation(HistoryLimits.of(GatewayConfig()))
+    for n in range(40):
+        assert conversation.add(user(f"u{n}", 30.0)) == []  # 40 items, 20 min of audio: all kept
+    assert len(conversation.items) == 40
+
+
+def test_the_optional_caps_drop_the_oldest_items_past_them():
+    limits = HistoryLimits(max_bytes=10**9, max_chars=10**9, max_items=3, max_audio_seconds=10.0)
+    conversation = Conversation(limits)
     assert conversation.add(user("a", 4.0)) == []
     assert conversation.add(user("b")) == []
     assert conversation.add(user("c", 4.0)) == []
-    assert conversation.add(user("d")) == ["a"]  # items
-    assert conversation.add(user("e", 7.0)) == ["b", "c"]  # audio seconds
+    assert conversation.add(user("d")) == [("a", "max_items")]
+    assert conversation.add(user("e", 7.0)) == [("b", "max_items"), ("c", "audio_seconds")]
     assert list(conversation.items) == ["d", "e"]
     with pytest.raises(EventError):
         conversation.add(user("d"))
@@ -50,8 +62,28 @@ def test_history_drops_the_oldest_items_past_its_bounds():
         conversation.get("a")
 
 
+def test_the_history_always_fits_one_stage_message_to_the_thinker():
+    """Every turn re-sends the history's decoded audio in one ThinkerOpen: past what that message
+    carries the oldest go, never a system item, the newest user item or what follows it."""
+    second = AudioInput(np.zeros(16000, np.float32))  # 64000 bytes on the wire
+    conversation = Conversation(HistoryLimits(max_bytes=200_000, max_chars=10**6))
+    system = Item("s", "system", [{"type": "text", "text": "Be brief."}], [])
+    assert conversation.add(system) == []
+    for n in range(3):
+        audio = Item(f"u{n}", "user", [{"type": "audio", "audio": second}], [], audio_seconds=1.0)
+        assert conversation.add(audio) == []
+        assert conversation.add(Item(f"a{n}", "assistant", [], [], text="ok")) == []
+    audio = Item("u3", "user", [{"type": "audio", "audio": second}], [], audio_seconds=1.0)
+    assert conversation.add(audio) == [("u0", "message_size")]
+    assert list(conversation.items) == ["s", "a0", "u1", "a1", "u2", "a2", "u3"]
+    assert conversation.totals().bytes <= 200_000
+    assert conversation.droppable() == [conversation.items[i] for i in ("a0", "u1", "a1", "u2", "a2")]
+
+
 def test_truncation_keeps_the_share_of_text_that_was_heard():
     item = Item("x", "assistant", [], [{"type": "output_audio"}], text="0123456789")
     item.audio_samples_made = 24000  # 1 s made
+    item.tokens = 9  # as the thinker counted it
     item.truncate(300)
     assert (item.audio_end_ms, item.text) == (300, "012")
+    assert item.tokens is None and item.revision == 1  # what it says changed: estimated again

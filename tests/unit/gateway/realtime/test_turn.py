@@ -12,7 +12,7 @@ from omnistream.request.media import AudioInput
 
 
 def conversation() -> Conversation:
-    c = Conversation(max_items=10, max_audio_seconds=60)
+    c = Conversation()
     audio = AudioInput(np.zeros(16000, np.float32))
     c.add(Item("u1", "user", [{"type": "audio", "audio": audio}], [], audio_seconds=1.0))
     c.add(Item("a1", "assistant", [], [], text="It is noon."))
