@@ -29,6 +29,7 @@ Greedy stays one explicit value away: temperature 0 (talker_temperature 0 for th
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -140,6 +141,18 @@ class RequestInput:
     async_chunk: bool | None = None
     use_audio_in_video: bool | None = None
     assistant_text: str | None = None  # speech: the answer to speak, not generated
+    # vLLM's `cache_salt`: requests with the same salt share cached prefixes with each other only.
+    cache_salt: str | None = None
+
+
+def cache_scope_of_salt(salt: str | None) -> bytes:
+    """A client's cache salt as the stages' cache scope (16 bytes; b"": none given, the shared one).
+    Hashed under a label of its own, so a salt is never some other scope (a realtime session's)."""
+    if salt is None:
+        return b""
+    if not salt:
+        raise InvalidRequest("cache_salt must not be empty", field="cache_salt")
+    return hashlib.sha256(b"omnistream-cache-salt\0" + salt.encode()).digest()[:16]
 
 
 def _given(value: Any, default: Any) -> Any:
@@ -216,6 +229,7 @@ def resolve(
         mode="async" if async_chunk else "sequential",
         use_audio_in_video=_given(given.use_audio_in_video, defaults.use_audio_in_video),
         assistant_text=given.assistant_text,
+        cache_scope=cache_scope_of_salt(given.cache_salt),
     )
     request.validate()
     return request

@@ -130,6 +130,13 @@ class ChatCompletionRequest(BaseModel):
         description=f"Extension: also hear the sound of video_url parts "
         f"(default {DEFAULTS.use_audio_in_video}).",
     )
+    cache_salt: str | None = Field(
+        None,
+        min_length=1,
+        max_length=256,
+        description="Extension (vLLM): requests with the same salt share cached prompt prefixes "
+        "with each other only (none: every request shares with any other of the same content).",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -179,6 +186,7 @@ def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] 
         codec_chunk_schedule=body.codec_chunk_schedule,
         async_chunk=body.async_chunk,
         use_audio_in_video=body.use_audio_in_video,
+        cache_salt=body.cache_salt,
     )
 
 

@@ -301,3 +301,20 @@ def test_readme_has_the_table() -> None:
         value = getattr(DEFAULTS, knob)
         expected[knob] = "none" if value is None else str(value).lower()
     assert {k: v.split()[0].strip("`") for k, v in stated.items()} == expected
+
+
+def test_a_cache_salt_becomes_a_scope_of_its_own_and_none_is_the_shared_one():
+    from omnistream.request.defaults import RequestInput, ServingDefaults, cache_scope_of_salt, resolve
+    from omnistream.request.errors import InvalidRequest
+
+    def scope(salt):
+        return resolve(
+            RequestInput(messages=[{"role": "user", "content": "hi"}], cache_salt=salt), ServingDefaults()
+        ).cache_scope
+
+    assert scope(None) == b""
+    assert scope("tenant-a") == scope("tenant-a") == cache_scope_of_salt("tenant-a")
+    assert len(scope("tenant-a")) == 16 and scope("tenant-a") != scope("tenant-b")
+    with pytest.raises(InvalidRequest) as err:
+        scope("")
+    assert err.value.field == "cache_salt"

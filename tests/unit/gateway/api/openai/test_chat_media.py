@@ -236,3 +236,13 @@ def test_media_the_thinker_does_not_take_are_422_naming_the_part():
     # a bad file is reported as such, whatever the deployment takes
     assert "not a valid PNG" in corrupt.json()["error"]["message"]
     assert not core.opened
+
+
+def test_a_cache_salt_reaches_open_as_the_requests_scope(client_core):
+    from omnistream.request.defaults import cache_scope_of_salt
+
+    client, core = client_core
+    assert chat(client, "hi", cache_salt="tenant-a").status_code == 503
+    assert chat(client, "hi").status_code == 503
+    assert [r.cache_scope for r in core.opened] == [cache_scope_of_salt("tenant-a"), b""]
+    assert chat(client, "hi", cache_salt="").status_code == 422  # an empty salt is no salt
