@@ -334,13 +334,14 @@ def test_one_gateway_over_both_thinkers_sends_text_to_either_and_media_to_the_on
 def test_both_thinkers_report_the_prompt_tokens_their_prefix_cache_served(stack):
     """The same long prompt twice: the second run's chunk 0 says how many prompt tokens came from
     the prefix cache (vLLM's automatic prefix caching; ours, thinker/prefix.py), and vLLM's
-    /metrics count the hits."""
+    /metrics count the hits. In a cache scope of its own (vLLM: its cache_salt) the same prompt
+    finds nothing, then finds its own."""
     ids = [5 + (i * 7) % 200 for i in range(300)]
 
-    async def cached_tokens(service, rid: str) -> int:
+    async def cached_tokens(service, rid: str, scope: bytes = b"") -> int:
         async with grpc.aio.insecure_channel(service.address) as channel:
             call = stage_pb2_grpc.ThinkerServiceStub(channel).Stream(timeout=60)
-            await call.write(thinker_open(rid, ids, max_tokens=2))
+            await call.write(thinker_open(rid, ids, max_tokens=2, cache_scope=scope))
             await call.done_writing()
             chunks = [chunk async for chunk in call]
             assert chunks[-1].usage.cached_tokens == chunks[0].cached_tokens
@@ -353,4 +354,6 @@ def test_both_thinkers_report_the_prompt_tokens_their_prefix_cache_served(stack)
         second = asyncio.run(cached_tokens(stack[name], f"apc-2-{name}"))
         assert first < second < len(ids), (name, first, second)  # never the last position
         assert second >= len(ids) // 2, (name, second)
+        assert asyncio.run(cached_tokens(stack[name], f"apc-scoped-1-{name}", b"session")) == 0, name
+        assert asyncio.run(cached_tokens(stack[name], f"apc-scoped-2-{name}", b"session")) >= second, name
     assert metric(vllm, "vllm:prefix_cache_hits_total") - hits >= second
