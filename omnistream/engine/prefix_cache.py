@@ -36,7 +36,7 @@ import hashlib
 import threading
 from array import array
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -157,6 +157,25 @@ class PrefixCache:
                 found.append(block)
             self._touch(keys[: len(found)])
         return found
+
+    def lookup(
+        self, keys: Sequence[bytes], limit_tokens: int, tail_key: Callable[[int, int], bytes]
+    ) -> tuple[list[CachedBlock], int]:
+        """The longest cached prefix, at most `limit_tokens` long: its whole blocks (`match`), then
+        the longest cached tail of the next block (`tail_key(full, length)`: the key of the first
+        `length` positions after `full` whole blocks); (its blocks, its length in positions)."""
+        blocks = self.match(keys, limit_tokens)
+        full = len(blocks)
+        reuse = full * self.block_size
+        if self.enabled:
+            for length in range(min(self.block_size - 1, limit_tokens - reuse), 0, -1):  # longest first
+                key = tail_key(full, length)
+                tail = self._blocks.get(key)
+                if tail is not None:
+                    blocks.append(tail)
+                    self._touch([*keys[:full], key])
+                    return blocks, reuse + length
+        return blocks, reuse
 
     def count_query(self, queried: int, hit: int) -> None:
         self.stats.queries += queried

@@ -138,3 +138,20 @@ def test_a_released_scope_stores_nothing_more():
     assert len(cache) == 0
     cache.store(cache.digests([1, 2, 3, 4], scope=b"alive")[0], _block(1.0), b"alive")
     assert len(cache) == 1
+
+
+def test_lookup_takes_the_whole_blocks_then_the_longest_cached_tail_within_the_limit():
+    cache = PrefixCache(1 << 20, block_size=4)
+    tokens = list(range(11))  # two whole blocks and a tail of 3
+    keys = _stored(cache, tokens)
+
+    def tail(full: int, length: int) -> bytes:
+        return cache.tail_digest(keys[full - 1] if full else None, tokens[full * 4 : full * 4 + length])
+
+    cache.store(tail(2, 3), _block(7.0, size=3))
+    blocks, reuse = cache.lookup(keys, 11, tail)
+    assert reuse == 11 and [b.positions for b in blocks] == [4, 4, 3]
+    assert cache.lookup(keys, 10, tail)[1] == 8  # the tail of 3 would pass the limit; none of 2 is cached
+    cache.store(tail(2, 2), _block(6.0, size=2))
+    assert cache.lookup(keys, 10, tail)[1] == 10
+    assert PrefixCache(0, block_size=4).lookup(keys, 11, tail) == ([], 0)

@@ -86,17 +86,7 @@ class TalkerPrefixes:
         state.prefix_tail = tail(len(keys), n % size) if n % size else None
         state.prefix_rows = n
         # Every user row may come from the cache: the assistant rows after them are always computed.
-        blocks = self.cache.match(keys, limit_tokens=n)
-        full = len(blocks)
-        reuse = full * size
-        for length in range(min(size - 1, n - reuse), 0, -1):  # the next block's tail, longest first
-            key = tail(full, length)
-            found = self.cache.get(key)
-            if found is not None:
-                blocks.append(found)
-                reuse += length
-                self.cache.touch_chain([*keys[:full], key])
-                break
+        blocks, reuse = self.cache.lookup(keys, n, tail)
         self.cache.count_query(n, reuse)
         if reuse:
             self.kv.load(state.slot, torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :reuse])

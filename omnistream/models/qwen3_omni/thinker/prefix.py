@@ -98,17 +98,9 @@ class ThinkerPrefixes:
         ids, size = state.prompt_ids, self.cache.block_size
         limit = len(ids) - 1  # the last position is computed: its logits choose the first token
         keys = self.keys(state, ids)
-        blocks = self.cache.match(keys, limit_tokens=limit)
-        full = len(blocks)
-        reuse = full * size
-        for length in range(min(size - 1, limit - reuse), 0, -1):  # the next block's tail, longest first
-            key = self.tail_key(state, ids, keys, full, length)
-            tail = self.cache.get(key)
-            if tail is not None:
-                blocks.append(tail)
-                reuse += length
-                self.cache.touch_chain([*keys[:full], key])
-                break
+        blocks, reuse = self.cache.lookup(
+            keys, limit, lambda full, length: self.tail_key(state, ids, keys, full, length)
+        )
         moved = True
         while moved:
             moved = False
