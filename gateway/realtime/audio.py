@@ -3,6 +3,13 @@
 In: a committed turn (or an `input_audio` part) is wrapped as a WAV file and handed to the
 gateway's media decoder like any REST audio part, so it gets the same resampler (FFmpeg's, to the
 thinker's 16 kHz), the same limits and the same worker threads, off the event loop.
+A user audio item's samples end on a feature frame's boundary after a short digital silence
+(`settled`): the model's audio features (Whisper's log-mel, which Qwen3-Omni takes: a 25 ms window
+every 10 ms at 16 kHz) of an item followed by other, longer audio in the same prompt are computed
+with zeros after it, and without them when it is the longest, so the same spoken turn would get
+other features (and a frame more or less) once a longer turn followed it: its cached prefix would
+no longer match, and every later turn would prefill it again. Ending it with a window of zeros on
+a frame boundary makes both the same (checked against the feature extractor in the tests).
 Out: the stages' float32 audio at the deployment's sample rate becomes pcm16 at 24 kHz; Qwen3-Omni's
 code2wav is 24 kHz already, any other rate goes through FFmpeg's resampler, which keeps its state
 across chunks.
@@ -21,6 +28,7 @@ from gateway.media.parts import EncodedMedia
 from gateway.realtime.events import EventError
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.audio.wav import to_pcm16
+from omnistream.request.media import AudioInput
 
 
 def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | None) -> bytes:
@@ -43,6 +51,19 @@ def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | Non
             "pcm16 audio has an even number of bytes", code="invalid_value", param=param, event_id=event_id
         )
     return pcm
+
+
+FEATURE_HOP = 160  # samples per feature frame at 16 kHz (10 ms)
+FEATURE_WINDOW = 400  # samples in one frame's window (25 ms)
+
+
+def settled(audio: AudioInput) -> AudioInput:
+    """The item's audio followed by at least a window of zeros, to a frame boundary (the module doc)."""
+    samples = audio.samples
+    length = -(-(samples.size + FEATURE_WINDOW) // FEATURE_HOP) * FEATURE_HOP
+    padded = np.zeros(length, dtype=np.float32)
+    padded[: samples.size] = samples
+    return AudioInput(padded, audio.sample_rate)
 
 
 def wav_of(pcm: bytes, rate: int = INPUT_RATE) -> bytes:

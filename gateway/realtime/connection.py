@@ -18,7 +18,7 @@ from typing import Any
 
 from gateway.config import GatewayConfig
 from gateway.realtime import events as ev
-from gateway.realtime.audio import decode_base64_pcm, encoded_turn
+from gateway.realtime.audio import decode_base64_pcm, encoded_turn, settled
 from gateway.realtime.context import (
     CONTEXT_EXCEEDED,
     DEFAULT_CONTEXT_TOKENS,
@@ -50,6 +50,7 @@ from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import OmniError, from_kind
 from omnistream.request.generation import GenerationRequest
+from omnistream.request.media import AudioInput
 
 log = logging.getLogger(__name__)
 
@@ -311,10 +312,15 @@ class Connection:
 
     # -- conversation --------------------------------------------------------------------------
     async def _decode(self, parts: list[dict[str, Any]], event_id: str | None) -> None:
+        """Decode the item's media in the gateway's decoder threads; its audio ends settled
+        (gateway/realtime/audio.py), so its features stay those of its first turn."""
         try:
             await self.core.media.decode([{"role": "user", "content": parts}], False)
         except OmniError as exc:
             raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+        for part in parts:
+            if part["type"] == "audio" and isinstance(part["audio"], AudioInput):
+                part["audio"] = settled(part["audio"])
 
     async def _add_item(self, item: Item, previous: str | None) -> None:
         dropped = self.conversation.add(item)

@@ -9,6 +9,7 @@ import asyncio
 import base64
 import itertools
 
+import numpy as np
 import pytest
 from openai import AsyncOpenAI
 
@@ -144,11 +145,13 @@ def test_spoken_turns_use_vad_and_history(gateway, stages):
             assert extra["stalls"] >= 0 and extra["underrun_ms"] >= 0 and extra["stall_ms"] >= 0
             assert isinstance(extra["continuity_ok"], bool)
 
-            _, done2 = await spoken_turn(conn, "Hello, can you tell me what time it is?")
+            longer = "Hello again: what time is it now, and what will the weather be like tomorrow?"
+            _, done2 = await spoken_turn(conn, longer)
             assert finished(done2), done2.response
-            # The same words again: the prompt grew by the first turn (its audio and the answer).
-            assert done2.response.usage.input_tokens > usage1.input_tokens + usage1.output_tokens - 1
-            # ... and starts with the first turn's whole prompt, which the thinker kept (its audio too).
+            # The prompt grew by the first turn (its audio and the answer) and the longer second one.
+            assert done2.response.usage.input_tokens > 2 * usage1.input_tokens + usage1.output_tokens
+            # ... and starts with the first turn's whole prompt, which the thinker kept (its audio
+            # too: settled, its features are the same before the longer turn as they were alone).
             assert done2.response.usage.input_token_details.cached_tokens >= usage1.input_tokens
 
     asyncio.run(run())
@@ -266,3 +269,42 @@ def test_a_session_finds_only_its_own_turns_and_its_cache_share_goes_when_it_end
         second[1].response.usage.input_token_details.cached_tokens
         >= first[0].response.usage.input_tokens // 16 * 16
     )
+
+
+def test_a_spoken_item_is_found_again_after_a_longer_one(gateway):
+    """Audio items as a microphone gives them (a noise floor, any length): the first turn's whole
+    prompt is found at the second, longer turn, because the gateway settles each item's audio
+    (gateway/realtime/audio.py); unsettled, its features would change before the longer audio."""
+    rng = np.random.default_rng(0)
+
+    def mic(text: str, cut: int) -> str:
+        speech = np.frombuffer(speech_pcm16(text), dtype="<i2")[:-cut].astype(np.int32)
+        noisy = np.clip(speech + rng.integers(-40, 40, speech.size), -32768, 32767).astype("<i2")
+        return base64.b64encode(noisy.tobytes()).decode()
+
+    async def run():
+        async with client(gateway).realtime.connect(model="omnistream") as conn:
+            await conn.recv()
+            session = {
+                "type": "realtime",
+                "audio": {"input": {"turn_detection": None}},
+                "omnistream": {"seed": 2},
+            }
+            await conn.session.update(session=session)
+            assert (await conn.recv()).type == "session.updated"
+            dones = []
+            for text, cut in (
+                ("What time is it?", 7),
+                ("And what will the weather be like tomorrow, and after?", 11),
+            ):
+                content = [{"type": "input_audio", "audio": mic(text, cut)}]
+                await conn.conversation.item.create(
+                    item={"type": "message", "role": "user", "content": content}
+                )
+                await conn.response.create(response={"output_modalities": ["text"], "max_output_tokens": 4})
+                dones.append(await events_until(conn, "response.done", [], timeout=60))
+            return dones
+
+    first, second = asyncio.run(run())
+    assert finished(first) and finished(second)
+    assert second.response.usage.input_token_details.cached_tokens >= first.response.usage.input_tokens

@@ -36,3 +36,36 @@ def test_output_audio_is_pcm16_at_24_khz_whatever_the_stage_rate():
     resampled = OutputAudio()
     total = sum(len(resampled.convert(np.zeros(1600, np.float32), 16000)) for _ in range(10)) // 2
     assert abs(total - 24000) <= 100  # 1 s at 16 kHz is about 1 s at 24 kHz (the resampler keeps a tail)
+
+
+def test_a_settled_item_has_the_same_features_alone_and_before_longer_audio(tiny_model_dir):
+    """The model's feature extractor pads a prompt's audio to the longest: an item's features (and
+    frame count) change once a longer one follows it, unless it was settled."""
+    from transformers import WhisperFeatureExtractor
+
+    from gateway.realtime.audio import FEATURE_HOP, settled
+    from omnistream.request.media import AudioInput
+
+    extractor = WhisperFeatureExtractor.from_pretrained(tiny_model_dir)
+
+    def features(batch: list[np.ndarray], row: int) -> np.ndarray:
+        out = extractor(
+            batch, padding=True, truncation=False, return_attention_mask=True, sampling_rate=16000
+        )
+        return np.asarray(out["input_features"][row])[:, : int(np.sum(out["attention_mask"][row]))]
+
+    rng = np.random.default_rng(3)
+    changed = 0
+    for _ in range(12):
+        raw = (rng.standard_normal(int(rng.integers(8000, 60000))) * rng.uniform(0.01, 0.5)).astype(
+            np.float32
+        )
+        item = settled(AudioInput(raw)).samples
+        assert item.size % FEATURE_HOP == 0 and not item[raw.size :].any() and item.size - raw.size >= 400
+        np.testing.assert_array_equal(item[: raw.size], raw)
+        for pad in (1, 160, 399, 5000):
+            longer = (rng.standard_normal(item.size + pad) * 0.1).astype(np.float32)
+            np.testing.assert_array_equal(features([item], 0), features([longer, item], 1))
+            before, after = features([raw], 0), features([longer[: raw.size + pad], raw], 1)
+            changed += before.shape != after.shape or not np.array_equal(before, after)
+    assert changed  # unsettled, the same audio does get other features
