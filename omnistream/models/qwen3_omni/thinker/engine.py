@@ -40,6 +40,7 @@ from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
+from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
@@ -98,6 +99,8 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         tc = self.config.thinker_config
         self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
+        # Spoken turns re-sent by later turns keep their features (audio_features.py).
+        self.processor.feature_extractor = CachedAudioFeatures(self.processor.feature_extractor)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
         # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
         # is at most this much, so decode steps wait for at most one slice. Audio slices are whole

@@ -1,0 +1,77 @@
+"""Audio features kept between turns (thinker/audio_features.py): a batch of settled items takes
+each one's features from the cache and they are the extractor's own; any other batch is the
+extractor's call."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from gateway.realtime.audio import settled
+from omnistream.engine.load_options import LoadOptions
+from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
+from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+from tests.media_samples import tone
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    return ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=4096)
+
+
+def _conversation(audios):
+    messages = []
+    for i, audio in enumerate(audios):
+        messages += [{"role": "user", "content": [{"type": "audio", "audio": audio}]}]
+        messages += [{"role": "assistant", "content": f"Answer {i}."}]
+    return messages[:-1]
+
+
+def _prepared(engine, messages, cached: bool):
+    wrapper = engine.processor.feature_extractor
+    assert isinstance(wrapper, CachedAudioFeatures)
+    if not cached:
+        engine.processor.feature_extractor = wrapper.extractor
+    try:
+        return engine.prepare_media(messages)
+    finally:
+        engine.processor.feature_extractor = wrapper
+
+
+def _same(a, b) -> None:
+    assert a.prompt_ids == b.prompt_ids and a.layout == b.layout
+    assert len(a.audio_features) == len(b.audio_features)
+    for x, y in zip(a.audio_features, b.audio_features, strict=True):
+        assert torch.equal(x, y)
+
+
+def test_settled_turns_take_their_features_from_the_cache_and_they_are_the_extractors(engine):
+    cache = engine.processor.feature_extractor
+    audios = [settled(tone(s, hz=300 + 90 * i, seed=i)) for i, s in enumerate((1.3, 2.71, 0.9, 3.05))]
+    for turns in range(1, len(audios) + 1):  # each turn adds a longer or a shorter one
+        messages = _conversation(audios[:turns])
+        hits, misses = cache.hits, cache.misses
+        _same(_prepared(engine, messages, cached=True), _prepared(engine, messages, cached=False))
+        assert cache.misses - misses <= 1 and cache.hits - hits >= turns - 1  # only the new one computed
+
+
+def test_a_batch_with_an_unsettled_item_is_the_extractors_call(engine):
+    cache = engine.processor.feature_extractor
+    messages = _conversation(
+        [settled(tone(1.1, seed=4)), tone(2.3, seed=5)]
+    )  # the second as a client sent it
+    hits, misses = cache.hits, cache.misses
+    _same(_prepared(engine, messages, cached=True), _prepared(engine, messages, cached=False))
+    assert (cache.hits, cache.misses) == (hits, misses)
+
+
+def test_the_budget_keeps_the_most_recent_features_only(engine):
+    small = CachedAudioFeatures(engine.processor.feature_extractor.extractor, budget_bytes=1)
+    item = settled(tone(1.0, seed=9)).samples
+    kwargs = {"sampling_rate": 16000, "padding": True, "truncation": False}
+    kwargs |= {"return_attention_mask": True, "return_tensors": "pt"}
+    small([item], **kwargs)
+    small([item], **kwargs)
+    assert (small.hits, small.misses) == (0, 2)  # over the budget: nothing kept
+    assert not small.settled(np.ones(1600, dtype=np.float32)) and small.settled(item)
