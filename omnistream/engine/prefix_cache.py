@@ -117,11 +117,16 @@ class PrefixCache:
         return hashlib.sha256(self._root + b"scope\0" + scope).digest() if scope else self._root
 
     def digests(
-        self, tokens: Sequence[int], salts: Sequence[bytes] | None = None, scope: bytes = b""
+        self,
+        tokens: Sequence[int],
+        salts: Sequence[bytes] | None = None,
+        scope: bytes = b"",
+        parent: bytes | None = None,
     ) -> list[bytes]:
-        """The chained key of each full block of `tokens`; `salts[i]`: block i's extra key bytes."""
+        """The chained key of each full block of `tokens`; `salts[i]`: block i's extra key bytes;
+        `parent`: the key of the block before `tokens` (None: they start the sequence)."""
         keys: list[bytes] = []
-        parent = self.root(scope)
+        parent = self.root(scope) if parent is None else parent
         size = self.block_size
         for i in range(len(tokens) // size):
             h = hashlib.sha256(parent)

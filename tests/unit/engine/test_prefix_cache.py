@@ -155,3 +155,11 @@ def test_lookup_takes_the_whole_blocks_then_the_longest_cached_tail_within_the_l
     cache.store(tail(2, 2), _block(6.0, size=2))
     assert cache.lookup(keys, 10, tail)[1] == 10
     assert PrefixCache(0, block_size=4).lookup(keys, 11, tail) == ([], 0)
+
+
+def test_a_chain_goes_on_from_a_known_key_as_if_computed_whole():
+    cache = PrefixCache(1 << 20, block_size=4)
+    tokens = list(range(14))
+    whole = cache.digests(tokens, scope=b"s")
+    head = cache.digests(tokens[:8], scope=b"s")
+    assert head + cache.digests(tokens[8:], scope=b"s", parent=head[-1]) == whole

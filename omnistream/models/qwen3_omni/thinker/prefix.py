@@ -58,21 +58,38 @@ class ThinkerPrefixes:
         return torch.cat([prompt, after.expand(3, -1)], dim=1)
 
     def _salt(self, state: _ThinkerState, positions: torch.Tensor, lo: int, hi: int) -> bytes:
-        """What positions [lo, hi) depend on besides their tokens: their M-RoPE positions and the
-        content of the media items with placeholders among them."""
-        salt = hashlib.sha256(positions[:, lo:hi].contiguous().numpy().tobytes())
-        for item in state.items:
-            if item.first < hi and item.last >= lo:
-                salt.update(item.digest)
+        """What positions [lo, hi) depend on besides their tokens: their M-RoPE positions where
+        they are not their sequence indexes (those the chain already holds: a text block keys the
+        same before and after media join the conversation), and the content of the media items
+        with placeholders among them."""
+        items = [item.digest for item in state.items if item.first < hi and item.last >= lo]
+        block = positions[:, lo:hi]
+        plain = state.prompt_positions is None or bool(
+            (block == torch.arange(lo, hi, dtype=block.dtype)).all()
+        )
+        if plain and not items:
+            return b""
+        salt = hashlib.sha256(b"" if plain else b"positions\0" + block.contiguous().numpy().tobytes())
+        for digest in items:
+            salt.update(digest)
         return salt.digest()
 
-    def keys(self, state: _ThinkerState, tokens: list[int]) -> list[bytes]:
-        """The chained keys of the full blocks of `tokens` (the request's sequence, from 0)."""
+    def keys(self, state: _ThinkerState, tokens: list[int], known: list[bytes] | None = None) -> list[bytes]:
+        """The chained keys of the full blocks of `tokens` (the request's sequence, from 0);
+        `known`: the keys of its first blocks, already computed (the chain goes on from them)."""
         size = self.cache.block_size
         blocks = len(tokens) // size
-        positions = self._positions(state, blocks * size)
-        salts = [self._salt(state, positions, b * size, (b + 1) * size) for b in range(blocks)]
-        return self.cache.digests(tokens, salts, state.params.cache_scope)
+        known = list(known or [])[:blocks]
+        if state.prompt_positions is None and not state.items and state.rope_delta == 0:
+            salts: list[bytes] | None = None  # plain text: no block has a salt
+        else:
+            positions = self._positions(state, blocks * size)
+            salts = [
+                self._salt(state, positions, b * size, (b + 1) * size) for b in range(len(known), blocks)
+            ]
+        parent = known[-1] if known else None
+        rest = self.cache.digests(tokens[len(known) * size :], salts, state.params.cache_scope, parent)
+        return known + rest
 
     def tail_key(
         self, state: _ThinkerState, tokens: list[int], keys: list[bytes], full: int, length: int
@@ -97,7 +114,7 @@ class ThinkerPrefixes:
             state.prompt_positions = state.media.positions.to("cpu", torch.float64)
         ids, size = state.prompt_ids, self.cache.block_size
         limit = len(ids) - 1  # the last position is computed: its logits choose the first token
-        keys = self.keys(state, ids)
+        keys = state.prefix_keys = self.keys(state, ids)
         blocks, reuse = self.cache.lookup(
             keys, limit, lambda full, length: self.tail_key(state, ids, keys, full, length)
         )
@@ -141,7 +158,7 @@ class ThinkerPrefixes:
             tokens = list(state.prompt_ids) + (state.generated[:-1] if answer else [])
             tokens = tokens[: self.kv.lengths[state.slot]]
             size = self.cache.block_size
-            keys = self.keys(state, tokens)
+            keys = state.prefix_keys = self.keys(state, tokens, state.prefix_keys)
             ranges = [(keys[b], b * size, (b + 1) * size) for b in self.cache.missing(keys)]
             chain = list(keys)
             if len(tokens) % size:

@@ -40,6 +40,7 @@ class _ThinkerState(RequestState):
     items: list[MediaItem] = field(default_factory=list)
     prompt_positions: torch.Tensor | None = None  # [3, L] float64, a media prompt's
     prompt_deep: torch.Tensor | None = None
+    prefix_keys: list[bytes] = field(default_factory=list)  # its sequence's block keys computed so far
 
 
 @dataclass
