@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/omni/v1/*.proto)
 
 .PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-parallel-args check test-slow lint bench bench-capacity bench-seed \
 	bench-engine \
-	bench-thinkers clean
+	bench-thinkers bench-conversation clean
 
 setup: $(STAMP) proto
 
@@ -133,6 +133,14 @@ bench-engine: tiny-model
 # tokens/s at concurrency 1 and 10, a 10-turn conversation's TTFT per turn (tools/thinker-backends).
 bench-thinkers: tiny-model setup-vllm
 	$(PY) tools/thinker-backends --model $(TINY) --json bench-results/thinker-backends.json
+
+# Conversation memory (issue 37): a 20-turn realtime conversation of spoken turns (espeak-ng), a 20-turn
+# REST chat and 10 concurrent 10-turn REST chats, the prefix cache on against off (A B B A, a fresh stack
+# each run), on the tiny and the real-shaped checkpoints: TTFT, TTFP and cached share per turn, the c10
+# throughput, the targets (omnistream/bench/conversation.py; docs/benchmarks.md "Conversation memory").
+bench-conversation: tiny-model sysdeps
+	$(VENV)/bin/omnistream bench --conversation --conversation-models tiny,real-shaped --repeats 4 \
+		--output-dir bench-results/conversation
 
 test-slow: setup sysdeps
 	$(PY) -m pytest -q --durations=25 $(PARALLEL) -m slow

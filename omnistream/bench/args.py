@@ -101,6 +101,44 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="more `serve gateway` flags for the services target's gateways, one string "
         "(e.g. \"--audio-start-jitter 0.2\")",
     )
+    p.add_argument(
+        "--conversation",
+        action="store_true",
+        help="instead of the latency table: conversation memory (issue 37), the prefix cache on against "
+        "off, A B B A over --repeats, a fresh stack each run: a realtime conversation of spoken turns "
+        "and a REST chat (TTFT, TTFP and cached share per turn), and concurrent REST conversations "
+        "(throughput); writes conversation.json and conversation.md (omnistream/bench/conversation.py)",
+    )
+    p.add_argument(
+        "--conversation-models",
+        default="",
+        help="comma list of checkpoints for --conversation: tiny, real-shaped (the tiny build with the "
+        "real code predictor's depth, built under .cache), or directories (default: --model)",
+    )
+    p.add_argument(
+        "--conversation-workloads",
+        default="realtime,rest,concurrent",
+        help="comma list of the --conversation workloads to run: realtime, rest, concurrent",
+    )
+    p.add_argument("--conversation-turns", type=int, default=20, help="turns of the realtime and REST chats")
+    p.add_argument(
+        "--conversation-concurrency", type=int, default=10, help="REST conversations at once (concurrent)"
+    )
+    p.add_argument(
+        "--conversation-concurrent-turns", type=int, default=10, help="turns of each concurrent conversation"
+    )
+    p.add_argument(
+        "--conversation-max-tokens", type=int, default=16, help="text tokens of each answer (ignore EOS)"
+    )
+    p.add_argument(
+        "--conversation-audio-frames", type=int, default=24, help="at most this many codec frames an answer"
+    )
+    p.add_argument(
+        "--conversation-throughput-tolerance",
+        type=float,
+        default=0.05,
+        help="the concurrency target passes when the cache's audio s/s is at least (1 - this) x without it",
+    )
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)

@@ -244,7 +244,14 @@ class RestGatewayClient:
             prompt_ids=None,
             messages=[{"role": "user", "content": text}],
         )
+        return await self.chat(given)
+
+    async def chat(self, given: RequestInput) -> RequestResult:
+        """One streamed chat completion of `given` (messages, not ids), pcm16 audio, usage included:
+        every text and audio chunk's arrival, the answer's text, its usage (prompt and cached
+        tokens)."""
         body = rest_body(given) | {"stream": True, "timeout": REQUEST_TIMEOUT}
+        body["stream_options"] = {"include_usage": True}
         body["audio"] = {**body.get("audio", {}), "format": "pcm16"}
         rate = await self._gateway_rate()
         result = RequestResult(start=time.perf_counter())
@@ -266,14 +273,19 @@ class RestGatewayClient:
                     delta = chunk["choices"][0]["delta"] if chunk.get("choices") else {}
                     audio = delta.get("audio") or {}
                     # With audio the text is the transcript (content null, as OpenAI sends it).
-                    if audio.get("transcript") or delta.get("content"):
+                    said = audio.get("transcript") or delta.get("content")
+                    if said:
                         result.token_times.append(now)
                         result.tokens += 1
+                        result.text += said
                     if audio.get("data"):
                         samples = len(base64.b64decode(audio["data"])) // 2  # pcm16 mono
                         result.add_audio(now, samples, rate)
-                    if chunk.get("usage"):
-                        result.tokens = chunk["usage"]["completion_tokens"]
+                    usage = chunk.get("usage")
+                    if usage:
+                        result.tokens = usage["completion_tokens"]
+                        result.prompt_tokens = usage.get("prompt_tokens")
+                        result.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
         except Exception as exc:
             result.error = f"{type(exc).__name__}: {exc}"[:200]
         result.end = time.perf_counter()

@@ -9,51 +9,23 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
-import os
-import platform
 import re
 import shlex
-import subprocess
 import sys
 import time
 import urllib.request
 from collections.abc import Callable
-from datetime import UTC, datetime
 from pathlib import Path
 
 from omnistream.bench import report
 from omnistream.bench.cells import audio_holds, chunk_schedules, interleave, ratios
 from omnistream.bench.clients import GrpcGatewayClient, InProcessClient, RestGatewayClient, Workload, run_cell
+from omnistream.bench.machine import machine_info
 from omnistream.bench.stats import merge_runs, summarize
 
 # (count, input_len, seed) -> prompts of exactly input_len ids, in the model family's chat framing.
 PromptMaker = Callable[[int, int, int], list[list[int]]]
-
-
-def machine_info() -> dict:
-    import torch
-
-    cpu = ""
-    with contextlib.suppress(OSError):
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")), "")
-    commit = subprocess.run(
-        ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True
-    ).stdout.strip()
-    dirty = bool(
-        subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True).stdout.strip()
-    )
-    return {
-        "commit": commit + ("-dirty" if dirty else ""),
-        "date": datetime.now(UTC).isoformat(timespec="seconds"),
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
 
 
 def _scrape(port: int) -> dict[str, float]:
@@ -105,6 +77,10 @@ async def chunk_cost(
 
 
 async def run_bench(args: argparse.Namespace) -> int:
+    if getattr(args, "conversation", False):
+        from omnistream.bench.conversation import run_conversation
+
+        return await run_conversation(args)
     import torch
     from tqdm import tqdm
 

@@ -28,6 +28,12 @@ class RequestResult:
     audio_seconds: float = 0.0
     audio_chunks: list[AudioArrival] = field(default_factory=list)  # every non-empty audio chunk
     end: float = 0.0
+    # What the answer said and the usage the server reported with it (REST: its last chunk), where
+    # the client reads them: the text a conversation sends back as the assistant's turn, the prompt
+    # tokens and how many of them came from the prefix cache.
+    text: str = ""
+    prompt_tokens: int | None = None
+    cached_tokens: int | None = None
 
     def add_audio(self, now: float, samples: int, sample_rate: int) -> None:
         """One audio chunk arrived at `now`: TTFP, RTF and the listener all read from here. An empty
