@@ -173,6 +173,7 @@ class Replicas:
         self._task: asyncio.Task | None = None
         self._discovery: asyncio.Task | None = None
         self._closing: set[asyncio.Task] = set()
+        self._releasing: set[asyncio.Task] = set()  # cache scopes being released (release_cache_soon)
         # Called after every health round (the loads may have changed): admission re-checks who waits.
         self.on_load: Callable[[], None] | None = None
 
@@ -314,6 +315,13 @@ class Replicas:
         ]
         await asyncio.gather(*(release(r) for r in targets if r.healthy))
 
+    def release_cache_soon(self, scope: bytes) -> None:
+        """`release_cache` in the background: a closing session does not wait on the stages (its
+        slot is free at once; the release lands before their next step)."""
+        task = asyncio.get_running_loop().create_task(self.release_cache(scope))
+        self._releasing.add(task)
+        task.add_done_callback(self._releasing.discard)
+
     async def check_all(self) -> None:
         replicas = [r for s in self.sets.values() for r in s.replicas]
         await asyncio.gather(*(self.check(r) for r in replicas))
@@ -376,7 +384,7 @@ class Replicas:
             self._discovery = asyncio.create_task(self._rediscover())
 
     async def stop(self) -> None:
-        for task in (self._task, self._discovery):
+        for task in (self._task, self._discovery, *self._releasing):
             if task is not None:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

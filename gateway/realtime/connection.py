@@ -512,4 +512,4 @@ class Connection:
         and release the session's cache scope in the stages that cached its prefixes."""
         if self.response is not None:
             await self.response.cancel("client_cancelled")
-        await self.core.replicas.release_cache(self.cache_scope)
+        self.core.replicas.release_cache_soon(self.cache_scope)
