@@ -352,7 +352,12 @@ def test_a_conversations_next_turn_reports_the_prompt_tokens_it_found_cached(gat
     ]
     hit_tokens = "omnistream_stage_prefix_cache_hit_tokens_total"
     hits_before = metric(stages["thinker"], hit_tokens)
-    body = {"max_tokens": 8, "modalities": ["text", "audio"], "audio": {"voice": "ethan", "format": "wav"}}
+    body = {
+        "max_tokens": 8,
+        "max_audio_frames": 8,
+        "modalities": ["text", "audio"],
+        "audio": {"voice": "ethan", "format": "wav"},
+    }
     first = httpx.post(url, json={"messages": history, **body}, timeout=120)
     assert first.status_code == 200, first.text
     history += [
