@@ -216,6 +216,8 @@ class PrefixCache:
 
     def apply_releases(self) -> int:
         """Engine thread: drop the blocks of the scopes that ended; how many went."""
+        if not self._releases:  # every step asks: no lock while none ended (a list read is atomic)
+            return 0
         with self._releases_lock:
             scopes, self._releases = self._releases, []
         dropped = 0
@@ -235,6 +237,35 @@ class PrefixCache:
     def touch_chain(self, keys: Sequence[bytes]) -> None:
         """Mark a stored chain used, its first block most recent (see the module doc)."""
         self._touch(keys)
+
+    def store_sequence(
+        self,
+        keys: Sequence[bytes],
+        tail: bytes | None,
+        length: int,
+        block_of: Callable[[int, int], CachedBlock | None],
+        scope: bytes = b"",
+    ) -> None:
+        """Keep a computed sequence of `length` positions: its whole blocks under `keys` and its
+        partial last one under `tail` (None: it has none), each made by `block_of(lo, hi)` only if
+        not cached already (None: not one to keep); then touch the chain."""
+        size = self.block_size
+        ranges = [(keys[b], b * size, (b + 1) * size) for b in self.missing(keys)]
+        chain = list(keys)
+        if tail is not None:
+            chain.append(tail)
+            if self.get(tail) is None:
+                ranges.append((tail, len(keys) * size, length))
+        for key, lo, hi in ranges:
+            block = block_of(lo, hi)
+            if block is not None:
+                self.store(key, block, scope)
+        self.touch_chain(chain)
+
+    @staticmethod
+    def kv_of(blocks: Sequence[CachedBlock], length: int) -> torch.Tensor:
+        """The first `length` positions of `blocks`' KV, as one tensor (what `SlotKVCache.load` takes)."""
+        return torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :length]
 
     def resize(self, budget_bytes: int) -> None:
         """A new budget (an operator's, or a test's); what lies over it is evicted at once, least

@@ -89,7 +89,7 @@ class TalkerPrefixes:
         blocks, reuse = self.cache.lookup(keys, n, tail)
         self.cache.count_query(n, reuse)
         if reuse:
-            self.kv.load(state.slot, torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :reuse])
+            self.kv.load(state.slot, self.cache.kv_of(blocks, reuse))
             state.prefilled = state.cached_rows = reuse
 
     def store(self, state: _TalkerState) -> None:
@@ -99,15 +99,11 @@ class TalkerPrefixes:
         if not self.cache.enabled or state.slot is None or n == 0:
             return
         try:
-            size = self.cache.block_size
-            ranges = [(keys[b], b * size, (b + 1) * size) for b in self.cache.missing(keys)]
-            chain = list(keys)
-            if tail is not None:
-                chain.append(tail)
-                if self.cache.get(tail) is None:
-                    ranges.append((tail, len(keys) * size, n))
-            for key, lo, hi in ranges:
-                self.cache.store(key, CachedBlock(self.kv.read(state.slot, lo, hi)), state.params.cache_scope)
-            self.cache.touch_chain(chain)
+            slot = state.slot
+
+            def block_of(lo: int, hi: int) -> CachedBlock:
+                return CachedBlock(self.kv.read(slot, lo, hi))
+
+            self.cache.store_sequence(keys, tail, n, block_of, state.params.cache_scope)
         except Exception:  # the cache is an optimisation: a failure to store never fails the request
             log.exception("talker: storing the prompt of %s failed", state.request_id)

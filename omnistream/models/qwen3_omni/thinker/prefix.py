@@ -137,8 +137,7 @@ class ThinkerPrefixes:
             return
         blocks, reuse = state.reuse
         state.reuse = None
-        kv = torch.cat([b.kv for b in blocks], dim=3)[:, :, :, :reuse]
-        self.kv.load(state.held_slot, kv)
+        self.kv.load(state.held_slot, self.cache.kv_of(blocks, reuse))
         mm = sum(1 for t in state.prompt_ids[:reuse] if t in self.multimodal_ids)
         if mm:
             deep = torch.cat([b.extra for b in blocks if b.extra is not None])[:mm]
@@ -157,25 +156,22 @@ class ThinkerPrefixes:
                 state.prompt_deep = deep
             tokens = list(state.prompt_ids) + (state.generated[:-1] if answer else [])
             tokens = tokens[: self.kv.lengths[state.slot]]
-            size = self.cache.block_size
+            size, slot = self.cache.block_size, state.slot
             keys = state.prefix_keys = self.keys(state, tokens, state.prefix_keys)
-            ranges = [(keys[b], b * size, (b + 1) * size) for b in self.cache.missing(keys)]
-            chain = list(keys)
+            tail = None
             if len(tokens) % size:
                 tail = self.tail_key(state, tokens, keys, len(keys), len(tokens) % size)
-                chain.append(tail)
-                if self.cache.get(tail) is None:
-                    ranges.append((tail, len(keys) * size, len(tokens)))
             ordinals = torch.tensor([t in self.multimodal_ids for t in tokens], dtype=torch.long).cumsum(0)
-            for key, lo, hi in ranges:
+
+            def block_of(lo: int, hi: int) -> CachedBlock | None:
                 extra = None
                 first, last = int(ordinals[lo - 1]) if lo else 0, int(ordinals[hi - 1])
                 if last > first:
                     if state.prompt_deep is None:
-                        continue  # its deep rows are gone: not a block a reuse could use
+                        return None  # its deep rows are gone: not a block a reuse could use
                     extra = state.prompt_deep[first:last].clone()
-                block = CachedBlock(self.kv.read(state.slot, lo, hi), extra)
-                self.cache.store(key, block, state.params.cache_scope)
-            self.cache.touch_chain(chain)
+                return CachedBlock(self.kv.read(slot, lo, hi), extra)
+
+            self.cache.store_sequence(keys, tail, len(tokens), block_of, state.params.cache_scope)
         except Exception:  # the cache is an optimisation: a failure to store never fails the request
             log.exception("thinker: storing the prefix of %s failed", state.request_id)
