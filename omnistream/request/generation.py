@@ -13,6 +13,7 @@ from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
 from omnistream.request.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES, ChunkPlan
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.sampling_params import SamplingParams
+from omnistream.request.structured import StructuredOutput
 
 MODES = ("async", "sequential")
 
@@ -50,6 +51,9 @@ class GenerationRequest:
     # The prefix cache's scope (omnistream/engine/prefix_cache.py): b"" shares cached prefixes with
     # any request of the same content; a realtime session has its own, a secret the gateway keeps.
     cache_scope: bytes = b""
+    # A grammar the thinker's output must follow (tool calls, response_format): see
+    # omnistream/request/structured.py. None: free text.
+    structured_output: StructuredOutput | None = None
 
     def validate(self) -> None:
         if self.mode not in MODES:
@@ -62,6 +66,8 @@ class GenerationRequest:
             )
         if self.assistant_text is not None and not self.assistant_text:
             raise InvalidRequest("the text to speak is empty", field="input")
+        if self.structured_output is not None:
+            self.structured_output.validate()
 
     def chunk_plan(self, initial: int) -> ChunkPlan:
         """This request's codec chunk plan with a first window of `initial` frames (the runner

@@ -1,0 +1,39 @@
+"""A grammar the thinker's output must follow: the one form every entry point and both thinker
+backends speak (tool calls that must happen, a named function, `response_format` JSON).
+
+The gateway turns OpenAI's `tools` / `tool_choice` / `response_format` into one of these; the
+transformers thinker enforces it with xgrammar (a token bitmask over the batch each step), the vLLM
+thinker hands it to vLLM's structured outputs. Torch-free and xgrammar-free on purpose: the gateway
+builds and checks specs without loading either.
+
+Kinds (the spec's text in each):
+* `json_schema`: a JSON schema (JSON text); the output is one JSON value that validates.
+* `json_object`: any JSON object (spec empty).
+* `structural_tag`: xgrammar's structural tag (JSON text, the format vLLM's `structural_tag`
+  takes too): how tool calls are enforced, e.g. triggered `<tool_call>` tags whose content is the
+  function's arguments schema.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from omnistream.request.errors import InvalidRequest
+
+KINDS = ("json_schema", "json_object", "structural_tag")
+# A spec larger than this is refused before any compiling (a grammar "too large").
+MAX_SPEC_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class StructuredOutput:
+    kind: str
+    spec: str = ""
+
+    def validate(self) -> None:
+        if self.kind not in KINDS:
+            raise InvalidRequest(f"structured output kind must be one of {', '.join(KINDS)}", field="response_format")
+        if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+            raise InvalidRequest(
+                f"the output grammar is over {MAX_SPEC_BYTES} bytes", field="response_format"
+            )
