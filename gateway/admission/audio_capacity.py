@@ -199,27 +199,18 @@ def predicted_stalls(
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
     jitter: float = 0.0,
-    delivered: int = 0,
-    in_hand: float = 0.0,
 ) -> int:
     """Stalls the listener model predicts for a stream made `headroom` times faster than real time
     and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows;
     every window after the first arrives `pause + jitter` seconds later still (`pause`: the other
     streams' work that runs between two of this one's, `code2wav_pause`; `jitter`: the start
-    jitter allowance).
-
-    From the middle of a stream: its first `delivered` windows have reached the listener, who has
-    `in_hand` seconds of them left to play; the rest are predicted from now, none of their frames
-    made yet, each `pause + jitter` late (what a stream already playing needs from here on)."""
+    jitter allowance)."""
     if headroom <= 0:
         return PREDICTED_WINDOWS
     made = headroom * frame_rate  # frames a second
     rate = 24_000  # any rate: the prediction is in seconds
     arrivals, end = [], 0
-    if delivered:
-        arrivals.append(AudioArrival(0.0, max(0, round(in_hand * rate)), rate))
-    lengths = plan.window_lengths(delivered + PREDICTED_WINDOWS)
-    for index, length in enumerate(lengths[delivered:], start=delivered):
+    for index, length in enumerate(plan.window_lengths(PREDICTED_WINDOWS)):
         end += length
         seconds = length / frame_rate - (FIRST_CHUNK_HOLDBACK_S if index == 0 else 0.0)
         late = pause + jitter if index else 0.0
@@ -270,25 +261,16 @@ def headroom_needed(
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
     jitter: float = DEFAULT_START_JITTER_S,
-    delivered: int = 0,
-    in_hand: float = 0.0,
 ) -> float:
     """The smallest headroom at which `plan`'s listener is predicted never to wait (to 1%; at most
     MAX_NEEDED_HEADROOM): what a starting stream of that plan needs the others to leave it (the
-    start guard, start_guard.py). From the middle of a stream with `delivered` windows out and
-    `in_hand` seconds left to play (`predicted_stalls`): the need falls as audio builds up, so a
-    wave's later streams can start while its first ones are still settling. More headroom never
-    adds a stall, so a bisection finds it."""
-
-    def stalls(headroom: float) -> int:
-        return predicted_stalls(headroom, plan, frame_rate, pause, jitter, delivered, in_hand)
-
-    if stalls(MAX_NEEDED_HEADROOM):
+    start guard, start_guard.py). More headroom never adds a stall, so a bisection finds it."""
+    if predicted_stalls(MAX_NEEDED_HEADROOM, plan, frame_rate, pause, jitter):
         return MAX_NEEDED_HEADROOM
     low, high = 0.0, MAX_NEEDED_HEADROOM
     while high - low > 0.01 * high:
         mid = (low + high) / 2
-        if stalls(mid):
+        if predicted_stalls(mid, plan, frame_rate, pause, jitter):
             low = mid
         else:
             high = mid

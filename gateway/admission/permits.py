@@ -259,14 +259,6 @@ class Permit:
                 self.need = need
             self._admission._fragile.add(self)
 
-    def lower_need(self, need: float) -> None:
-        """The fragile stream needs less from here (it has audio in hand, start_guard.py): held
-        requests that now fit are let in. A need is never raised: a stream admitted beside this
-        one was judged against the old need, and a rising one would only hold the next longer."""
-        if self.starting and (self.need is None or need < self.need):
-            self.need = need
-            self._admission.reconsider()
-
     def settle(self) -> None:
         """The stream has enough audio in hand (or gave up waiting for it, or ended)."""
         if self.starting:

@@ -24,7 +24,6 @@ from gateway.admission.audio_capacity import (
     replica_speeds,
 )
 from gateway.admission.permits import Admission, Permit, Rejected
-from gateway.admission.start_guard import NeedFrom
 from gateway.cluster.deployment import Deployment
 from gateway.cluster.readiness import Readiness
 from gateway.cluster.replicas import Replicas
@@ -265,18 +264,6 @@ class GatewayCore:
             return None
         return headroom_needed(plan, *self._start_allowances(self.admission.audio_active, plan.chunk))
 
-    def _need_from(self, request: GenerationRequest, plan: ChunkPlan) -> NeedFrom:
-        """What an admitted stream of `plan` needs once it has audio out (the start guard's falling
-        need, start_guard.py): the same prediction as `start_need`, from the windows delivered and
-        the audio in hand, with the allowances of one more stream beside the ones playing now (the
-        need is what a newcomer must leave it)."""
-
-        def need(delivered: int, in_hand: float) -> float:
-            allowances = self._start_allowances(self.admission.audio_active + 1, plan.chunk)
-            return headroom_needed(plan, *allowances, delivered=delivered, in_hand=in_hand)
-
-        return need
-
     def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
         """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio
         streams is predicted with (audio_capacity.py): its first chunk is sized with them and its
@@ -332,18 +319,8 @@ class GatewayCore:
             first_chunk_s = plan.initial / (self.deployment.frames_per_second or DEFAULT_FRAME_RATE)
             audio_s = first_chunk_s if request.return_audio else None
             guard = self.config.audio_start_guard if self.config.audio_hold else 0.0
-            need_from = self._need_from(request, plan) if permit.need is not None else None
             session = Session(
-                self.metrics,
-                self.replicas.mark_failed,
-                rid,
-                permit,
-                picked,
-                body,
-                deadline,
-                audio_s,
-                guard,
-                need_from,
+                self.metrics, self.replicas.mark_failed, rid, permit, picked, body, deadline, audio_s, guard
             )
             session.start()
             try:

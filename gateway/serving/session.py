@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from gateway.admission.permits import Permit
-from gateway.admission.start_guard import NeedFrom, StartGuard
+from gateway.admission.start_guard import StartGuard
 from gateway.cluster.replicas import Replica
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.audio.listener import AudioArrival, Listening, listen
@@ -91,15 +91,13 @@ class Session:
         deadline: float,
         first_chunk_s: float | None = None,
         start_guard: float = 0.0,
-        need_from: NeedFrom | None = None,
     ) -> None:
         """`metrics`: where the request's latencies and end go; `mark_failed`: called for each of its
         replicas whose stage said it is unavailable (the core takes it out of rotation). Passed in,
         not read off the core: a session needs nothing else of it.
         `first_chunk_s`: the audio seconds of the request's first chunk, when it has audio; while
         a stream that started with less than `start_guard` seconds has less than that in hand, new
-        audio starts wait (the start guard, gateway/admission/start_guard.py); `need_from` says
-        what the stream needs once it has audio in hand."""
+        audio starts wait (the start guard, gateway/admission/start_guard.py)."""
         self._metrics = metrics
         self._mark_failed = mark_failed
         self.request_id = request_id
@@ -114,7 +112,7 @@ class Session:
         self._closed = False
         self._status = "cancelled"
         self._first: Event | None = None
-        self._start_guard = StartGuard(permit, first_chunk_s, start_guard, need_from)
+        self._start_guard = StartGuard(permit, first_chunk_s, start_guard)
 
     def _audio_in_hand(self, now: float) -> float:
         """Seconds of audio the listener has received but not yet played (listener model)."""
@@ -163,7 +161,7 @@ class Session:
             t.last_audio = now
             t.audio_seconds += item.audio.size / item.sample_rate
             t.audio_chunks.append(AudioArrival(now, item.audio.size, item.sample_rate))
-            self._start_guard.on_audio(lambda: self._audio_in_hand(now), len(t.audio_chunks))
+            self._start_guard.on_audio(lambda: self._audio_in_hand(now))
         elif isinstance(item, DoneEvent):
             self.done = item
             m.e2e.observe(now - t.started)

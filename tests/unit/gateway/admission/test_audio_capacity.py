@@ -187,19 +187,3 @@ def test_the_headroom_needed_is_the_smallest_without_a_predicted_stall():
     assert headroom_needed(ChunkPlan(2, 25), FPS) > headroom_needed(ChunkPlan(8, 25), FPS)
     chosen = initial_frames_for(3.0, 25)
     assert headroom_needed(ChunkPlan(chosen, 25), FPS) <= 3.0
-
-
-def test_a_playing_streams_need_falls_as_its_audio_in_hand_grows():
-    plan = ChunkPlan(2, 25)
-    at_start = headroom_needed(plan, FPS)
-    # From the middle: the windows out so far and the seconds in hand replace the start's prediction.
-    assert headroom_needed(plan, FPS, delivered=0, in_hand=0.0) == at_start
-    needs = [headroom_needed(plan, FPS, delivered=3, in_hand=s) for s in (0.2, 0.4, 0.6)]
-    assert needs[0] > needs[1] > needs[2] and needs[2] < at_start
-    need = needs[1]
-    assert predicted_stalls(need, plan, FPS, jitter=DEFAULT_START_JITTER_S, delivered=3, in_hand=0.4) == 0
-    assert (
-        predicted_stalls(need * 0.97, plan, FPS, jitter=DEFAULT_START_JITTER_S, delivered=3, in_hand=0.4) > 0
-    )
-    # Little in hand and the next window long: more than at the start.
-    assert headroom_needed(plan, FPS, delivered=4, in_hand=0.05) > at_start

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 
-import pytest
-
 import gateway.admission.start_guard as start_guard
 from gateway.admission.permits import Admission
 from gateway.admission.start_guard import StartGuard
@@ -44,24 +42,3 @@ async def test_a_stream_that_never_gets_ahead_settles_at_the_timeout(monkeypatch
     assert permit.starting
     await asyncio.sleep(0.1)
     assert not permit.starting
-
-
-async def test_audio_in_hand_lowers_a_fragile_streams_need_until_it_settles():
-    admission, permit = await _audio_permit()
-    asked = []
-
-    def need_from(delivered: int, in_hand: float) -> float:
-        asked.append((delivered, in_hand))
-        return 3.5 - in_hand
-
-    permit.need = 3.0
-    guard = StartGuard(permit, first_chunk_s=0.16, guard_s=1.0, need_from=need_from)
-    guard.on_audio(lambda: 0.0, delivered=1)  # nothing in hand: nothing to go by
-    guard.on_audio(lambda: 0.5, delivered=2)  # 3.0: no lower
-    assert permit.need == 3.0
-    guard.on_audio(lambda: 0.9, delivered=3)
-    assert permit.need == pytest.approx(2.6) and permit.starting
-    guard.on_audio(lambda: 1.0, delivered=4)  # the guard in hand: settled, need no longer asked
-    assert not permit.starting and admission.audio_starting == 0
-    assert asked == [(2, 0.5), (3, 0.9)]
-    guard.cancel()
