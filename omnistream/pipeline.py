@@ -31,6 +31,7 @@ from omnistream.request.generation import (  # re-exported: the pipeline's API s
 )
 from omnistream.request.media import has_media
 from omnistream.request.relay import Emit, relay
+from omnistream.request.spoken import TokenPieces
 from omnistream.request.stage_chain import STAGES, CodecFeed, InputHold, TalkerFeed, stage_opens
 
 __all__ = [
@@ -78,6 +79,8 @@ class Pipeline:
         self.code2wav.set_decode(code2wav_decode)  # "recompute": the benchmark's baseline
         self.max_batch = max_batch
         self._active = 0
+        # What the talker speaks of each answer (as the thinker service decides it): no tool call.
+        self._pieces = TokenPieces(self.thinker.tokenizer)
 
     def start(self) -> Pipeline:
         for engine in (self.thinker, self.talker, self.code2wav):
@@ -114,19 +117,24 @@ class Pipeline:
         prompt_ids = request.prompt_ids
         opens = stage_opens(request, self.chunk_plan(request) if request.return_audio else None)
         media = None
+        messages, tools = request.messages or [], request.tools
         if prompt_ids is None and has_media(request.messages):
             # The processor's feature extraction is CPU work: a thread, as tokenizing is.
             media = await asyncio.to_thread(
-                self.thinker.prepare_media, request.messages or [], opens.thinker.use_audio_in_video
+                self.thinker.prepare_media, messages, opens.thinker.use_audio_in_video, tools
             )
             prompt_ids = media.prompt_ids
         elif prompt_ids is None:
-            prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, request.messages or [])
+            prompt_ids = await asyncio.to_thread(self.thinker.encode_chat, messages, tools)
         out: Emit  # set by run_all: hands an event to the consumer
-        spoken = None
+        spoken = grammar = None
         if opens.thinker.assistant_text is not None:
             spoken = await asyncio.to_thread(self.thinker.encode_assistant_text, opens.thinker.assistant_text)
-        thinker_out = self.thinker.add_request(rid, prompt_ids, opens.thinker, media=media, spoken=spoken)
+        elif opens.thinker.structured_output is not None:  # off the loop, within the thinker's bound
+            grammar = await self.thinker.compile_grammar(opens.thinker.structured_output)
+        thinker_out = self.thinker.add_request(
+            rid, prompt_ids, opens.thinker, media=media, spoken=spoken, grammar=grammar
+        )
         talker_out = code2wav_out = None
         try:
             if opens.talker is not None and opens.plan is not None:
@@ -161,6 +169,8 @@ class Pipeline:
             for piece in code2wav_hold.push(feed, feed.last):
                 self.code2wav.feed(rid, piece.codes, piece.last)
 
+        speech = self._pieces.filter(request.structured_output)
+
         async def pump_thinker() -> None:
             first = True
             async for step in thinker_out:
@@ -172,7 +182,8 @@ class Pipeline:
                     hidden = None
                     if step.multimodal_positions:
                         hidden = dict(zip(step.multimodal_positions, step.prompt_hidden, strict=True))
-                    feed_talker(TalkerFeed(step.token_ids, step.finished, prompt, hidden, step.media_layout))
+                    said = speech.push(step.token_ids) + (speech.finish() if step.finished else [])
+                    feed_talker(TalkerFeed(said, step.finished, prompt, hidden, step.media_layout))
                 first = False
                 if step.finished:
                     finish["reason"] = step.finish_reason or "stop"

@@ -32,6 +32,7 @@ from gateway.realtime.context import (
     shape_of,
 )
 from gateway.realtime.events import EventError
+from gateway.realtime.function_calls import function_item
 from gateway.realtime.items import check_modality, item_parts
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
@@ -322,7 +323,8 @@ class Connection:
             if part["type"] == "audio" and isinstance(part["audio"], AudioInput):
                 part["audio"] = settled(part["audio"])
 
-    async def _add_item(self, item: Item, previous: str | None) -> None:
+    async def _add_item(self, item: Item, previous: str | None = None) -> None:
+        previous = previous or self.conversation.last_id()
         dropped = self.conversation.add(item)
         wire = item.wire(self.protocol)
         await self.send("conversation.item.added", previous_item_id=previous, item=wire)
@@ -379,13 +381,16 @@ class Connection:
         item_id = given.id or new_id("item")
         if item_id in self.conversation.items:
             raise EventError(f"an item with id {item_id!r} exists", code="duplicate_item_id", param="item.id")
+        if given.type != "message":  # a function call or its result
+            await self._add_item(function_item(given.model_copy(update={"id": item_id}), self.conversation))
+            return
         modalities = self.core.deployment.input_modalities
         parts, content, text, seconds = item_parts(given, modalities, self.buffer.max_bytes, event.event_id)
         await self._decode(parts, event.event_id)
-        item = Item(item_id, given.role, parts, content, audio_seconds=seconds)
+        item = Item(item_id, given.role or "user", parts, content, audio_seconds=seconds)
         if given.role == "assistant":
             item.text = text
-        await self._add_item(item, self.conversation.last_id())
+        await self._add_item(item)
 
     async def _truncate(self, event: ev.ItemTruncate) -> None:
         item = self.conversation.get(event.item_id)
@@ -454,7 +459,17 @@ class Connection:
         self.turn = (settings, serving)
         self.shape = shape_of(self.conversation, settings.instructions)
         self.response = ResponseRun(
-            self.core, self.protocol, self.outbound, request, item, previous, self._ended, self._refit
+            self.core,
+            self.protocol,
+            self.outbound,
+            request,
+            item,
+            previous,
+            self._ended,
+            self._refit,
+            tools=settings.tool_use,
+            conversation=self.conversation,
+            on_dropped=self._dropped,
         )
         self.response.start()
 

@@ -58,6 +58,9 @@ AUDIO_WINDOW_FRAMES = 100
 AUDIO_WINDOW_TOKENS = 13
 # An answer's text re-tokenizes to about the tokens generated (its end-of-turn token among them).
 ANSWER_SLACK = 2
+# A function call's or result's markup around its text: `<tool_call>\n{"name": "", "arguments": }
+# \n</tool_call>` (under 20 tokens), `<tool_response>\n\n</tool_response>` (a few).
+CALL_MARKUP_TOKENS = 20
 CONTEXT_EXCEEDED = "context_length_exceeded"
 
 
@@ -90,6 +93,8 @@ def estimate(item: Item) -> int:
     """The tokens `item`'s message takes in a prompt, estimated high (0: it is in no message)."""
     if message_of(item) is None:
         return 0
+    if item.type != "message":  # a function call or its result (its own turn at most)
+        return MESSAGE_TOKENS + CALL_MARKUP_TOKENS + utf8_len(item.call_text)
     if item.role == "assistant":
         text = utf8_len(item.text)
         if item.generated_tokens is not None:

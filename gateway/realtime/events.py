@@ -87,6 +87,28 @@ class Extensions(BaseModel):
     max_audio_frames: int | None = Field(None, ge=1)
 
 
+class FunctionTool(BaseModel):
+    """A tool of the session (or of one response): the Realtime API's function object."""
+
+    model_config = LENIENT
+    type: Literal["function"]
+    name: Annotated[str, Field(max_length=256)]
+    description: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    parameters: dict[str, Any] | None = None
+
+
+class FunctionChoice(BaseModel):
+    """`tool_choice` naming one function."""
+
+    model_config = LENIENT
+    type: Literal["function"]
+    name: Annotated[str, Field(max_length=256)]
+
+
+Tools = Annotated[list[FunctionTool], Field(max_length=128)]
+ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
+
+
 class SessionFields(BaseModel):
     model_config = LENIENT
     type: Literal["realtime"] | None = None
@@ -101,6 +123,8 @@ class SessionFields(BaseModel):
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None  # beta
     temperature: float | None = Field(None, ge=0.0, le=2.0)
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
     omnistream: Extensions | None = None
 
     def turn_detection_given(self) -> tuple[bool, ServerVad | None]:
@@ -126,11 +150,18 @@ class ContentPart(BaseModel):
 
 
 class Item(BaseModel):
+    """A created item: a message (role and content), a function call (call_id, name, arguments)
+    or a call's result (call_id, output); what each needs is checked where it is made."""
+
     model_config = LENIENT
     id: Id | None = None
-    type: Literal["message"] = "message"
-    role: Literal["user", "assistant", "system"]
-    content: Annotated[list[ContentPart], Field(min_length=1, max_length=64)]
+    type: Literal["message", "function_call", "function_call_output"] = "message"
+    role: Literal["user", "assistant", "system"] | None = None
+    content: Annotated[list[ContentPart], Field(min_length=1, max_length=64)] | None = None
+    call_id: Id | None = None
+    name: Annotated[str, Field(max_length=256)] | None = None
+    arguments: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    output: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
 
 
 class ResponseFields(BaseModel):
@@ -143,6 +174,8 @@ class ResponseFields(BaseModel):
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None  # beta
     temperature: float | None = Field(None, ge=0.0, le=2.0)
+    tools: Tools | None = None
+    tool_choice: ToolChoice | None = None
     conversation: Literal["auto", "none"] | None = None
 
 

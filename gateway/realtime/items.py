@@ -27,7 +27,11 @@ def check_modality(modalities: tuple[str, ...] | None, kind: str, param: str) ->
 def item_parts(
     given: GivenItem, modalities: tuple[str, ...] | None, max_audio_bytes: int, event_id: str | None
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], str, float]:
-    """(thinker parts, client content, the item's text, seconds of audio) of a created item."""
+    """(thinker parts, client content, the item's text, seconds of audio) of a created message."""
+    if given.role is None:
+        raise EventError("a message item needs its role", code="invalid_value", param="item.role")
+    if not given.content:
+        raise EventError("a message item needs its content", code="invalid_value", param="item.content")
     parts: list[dict[str, Any]] = []
     content: list[dict[str, Any]] = []
     text = ""

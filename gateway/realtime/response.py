@@ -9,6 +9,10 @@ and the same share of text).
 
 A thinker that refuses the prompt as too long for its context (before anything reached the client)
 gets it once more after `refit` dropped the oldest items (gateway/realtime/context.py).
+
+With tools, the text goes through the tool-call parser: the message item opens at the answer's
+first word (or audio), so an answer that is only calls has no message item; the calls are output
+items of their own (gateway/realtime/function_calls.py).
 """
 
 from __future__ import annotations
@@ -22,12 +26,15 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.realtime.audio import OutputAudio
+from gateway.realtime.function_calls import CallOutputs, Dropped
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
-from gateway.realtime.session import Item
+from gateway.realtime.session import Conversation, Item
 from gateway.realtime.vad import INPUT_RATE
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
+from gateway.tools.parser import CallPiece, Piece, TextPiece, ToolCallParser
+from gateway.tools.spec import ToolUse
 from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
@@ -51,7 +58,12 @@ class ResponseRun:
         previous_item_id: str | None,
         on_end: Callable[[ResponseRun], Awaitable[None]],
         refit: Callable[[OmniError], Awaitable[GenerationRequest | None]] | None = None,
+        tools: ToolUse | None = None,
+        conversation: Conversation | None = None,
+        on_dropped: Dropped | None = None,
     ) -> None:
+        """`tools`: the answer's tool use; when it parses calls, `conversation` (where the calls'
+        items go, and the answer's own item, in it since the response began) is needed."""
         self.core = core
         self.protocol = protocol
         self.outbound = outbound
@@ -74,6 +86,18 @@ class ResponseRun:
         self._finishing = False
         self._running = False  # `_run` has begun (a task cancelled before that never runs its try)
         self._stop_asked = False  # stopped before `_run` began: it cancels itself once it begins
+        self.conversation = conversation
+        self.parser: ToolCallParser | None = None
+        self.calls: CallOutputs | None = None
+        if tools is not None and tools.parse_calls:
+            assert conversation is not None, "a response that parses calls adds them to the conversation"
+            self.parser = ToolCallParser(tools.names, enforced=tools.enforced_calls)
+            self.calls = CallOutputs(
+                protocol, self._emit, self.id, conversation, self._next_index, self._previous_id, on_dropped
+            )
+        self.message_open = False  # the answer's own item was announced
+        self.message_index = 0  # its output_index
+        self._outputs = 0  # output items announced
 
     # -- called by the sender when this response's audio really leaves
     def sent(self, samples: int) -> None:
@@ -115,7 +139,24 @@ class ResponseRun:
         await self.outbound.put(self.protocol.event(kind, **fields), self if owner else None, samples)
 
     def _where(self) -> dict[str, Any]:
-        return {"response_id": self.id, "item_id": self.item.id, "output_index": 0, "content_index": 0}
+        return {
+            "response_id": self.id,
+            "item_id": self.item.id,
+            "output_index": self.message_index,
+            "content_index": 0,
+        }
+
+    def _next_index(self) -> int:
+        self._outputs += 1
+        return self._outputs - 1
+
+    def _previous_id(self) -> str | None:
+        """The last conversation item the client knows (the answer's own is hidden until it opens)."""
+        assert self.conversation is not None
+        for item_id in reversed(self.conversation.items):
+            if self.message_open or item_id != self.item.id:
+                return item_id
+        return None
 
     async def _run(self) -> None:
         self._running = True
@@ -145,6 +186,13 @@ class ResponseRun:
 
     async def _begin(self) -> None:
         await self._emit("response.created", response=self.describe())
+        if self.parser is None:
+            await self._open_message()
+
+    async def _open_message(self) -> None:
+        """Announce the answer's own item (at once, or with tools at its first word)."""
+        self.message_open = True
+        self.message_index = self._next_index()
         await self._emit(
             "conversation.item.added",
             previous_item_id=self.previous_item_id,
@@ -153,7 +201,7 @@ class ResponseRun:
         await self._emit(
             "response.output_item.added",
             response_id=self.id,
-            output_index=0,
+            output_index=self.message_index,
             item=self.item.wire(self.protocol),
         )
         part = self.item.wire(self.protocol)["content"][0]
@@ -186,13 +234,18 @@ class ResponseRun:
             async for event in events:
                 if isinstance(event, TextEvent):
                     self.output_tokens += len(event.token_ids)
-                    if event.delta:
+                    if self.parser is not None:
+                        for piece in self.parser.feed(event.delta):
+                            await self._piece(piece, text_kind)
+                    elif event.delta:
                         self.item.text += event.delta
                         await self._emit(text_kind, owner=True, delta=event.delta, **self._where())
                 elif isinstance(event, AudioEvent):
                     pcm = converter.convert(event.audio, event.sample_rate)
                     if not pcm:
                         continue
+                    if not self.message_open:  # audio is of words: their item is open by now
+                        await self._open_message()
                     samples = len(pcm) // 2
                     self.item.audio_samples_made += samples
                     delta = base64.b64encode(pcm).decode()
@@ -205,19 +258,43 @@ class ResponseRun:
                     )
                 elif isinstance(event, DoneEvent):
                     self.done = event
+        if self.parser is not None:
+            for piece in self.parser.finish():
+                await self._piece(piece, text_kind)
+
+    async def _piece(self, piece: Piece, text_kind: str) -> None:
+        """One piece of a parsed answer: words for the answer's item, or a call's piece."""
+        if isinstance(piece, CallPiece):
+            assert self.calls is not None
+            await self.calls.take(piece)
+        elif isinstance(piece, TextPiece) and piece.text:
+            if not self.message_open:
+                await self._open_message()
+            self.item.text += piece.text
+            await self._emit(text_kind, owner=True, delta=piece.text, **self._where())
 
     async def _finish(self, status: str) -> None:
         self.status = status
-        item = self.item
-        if status == "cancelled" and self.speaks and item.audio_samples_made:
-            item.truncate(item.audio_samples_sent * 1000 // INPUT_RATE)
-            await self._emit(
-                "conversation.item.truncated",
-                item_id=item.id,
-                content_index=0,
-                audio_end_ms=item.audio_end_ms,
-            )
-        item.status = "completed" if status == "completed" else "incomplete"
+        if self.calls is not None:
+            await self.calls.finish()
+        if not self.message_open:
+            if self.calls is not None and (self.calls.calls or status == "cancelled"):
+                self._leave_out_message()
+            else:
+                await self._open_message()  # an answer with nothing in it still has its (empty) item
+        if self.message_open:
+            await self._close_message(status)
+        else:
+            await self._send_error()
+        await self._emit("response.done", response=self.describe())
+
+    def _leave_out_message(self) -> None:
+        """An answer of calls alone (or cut before a word) has no item of its own: it leaves, unseen,
+        the conversation it joined when the response began."""
+        if self.conversation is not None and self.conversation.items.get(self.item.id) is self.item:
+            self.conversation.remove(self.item)
+
+    async def _send_error(self) -> None:
         if self.error is not None:
             await self.outbound.put(
                 self.protocol.error(
@@ -228,6 +305,19 @@ class ResponseRun:
                     "server_error" if self.error.kind == "internal" else "invalid_request_error",
                 )
             )
+
+    async def _close_message(self, status: str) -> None:
+        item = self.item
+        if status == "cancelled" and self.speaks and item.audio_samples_made:
+            item.truncate(item.audio_samples_sent * 1000 // INPUT_RATE)
+            await self._emit(
+                "conversation.item.truncated",
+                item_id=item.id,
+                content_index=0,
+                audio_end_ms=item.audio_end_ms,
+            )
+        item.status = "completed" if status == "completed" else "incomplete"
+        await self._send_error()
         if self.speaks:
             await self._emit("response.output_audio.done", **self._where())
             await self._emit("response.output_audio_transcript.done", transcript=item.text, **self._where())
@@ -235,9 +325,10 @@ class ResponseRun:
             await self._emit("response.output_text.done", text=item.text, **self._where())
         wire = item.wire(self.protocol)
         await self._emit("response.content_part.done", part=wire["content"][0], **self._where())
-        await self._emit("response.output_item.done", response_id=self.id, output_index=0, item=wire)
+        await self._emit(
+            "response.output_item.done", response_id=self.id, output_index=self.message_index, item=wire
+        )
         await self._emit("conversation.item.done", previous_item_id=self.previous_item_id, item=wire)
-        await self._emit("response.done", response=self.describe())
 
     def usage(self) -> dict[str, Any]:
         prompt = len(self.done.prompt_ids) if self.done else 0
@@ -278,6 +369,13 @@ class ResponseRun:
                 out["continuity_ok"] = heard.continuity_ok
         return out
 
+    def outputs(self) -> list[Item]:
+        """The response's output items in output order: its own (once announced) and its calls."""
+        found = [(self.message_index, self.item)] if self.message_open else []
+        if self.calls is not None:
+            found += self.calls.outputs
+        return [item for _, item in sorted(found, key=lambda pair: pair[0])]
+
     def describe(self) -> dict[str, Any]:
         modalities = ["audio"] if self.speaks else ["text"]
         details: dict[str, Any] | None = None
@@ -295,7 +393,7 @@ class ResponseRun:
             "object": "realtime.response",
             "status": self.status,
             "status_details": details,
-            "output": [self.item.wire(self.protocol)] if self.status != "in_progress" else [],
+            "output": [] if self.status == "in_progress" else [i.wire(self.protocol) for i in self.outputs()],
             "conversation_id": None,
             "usage": None if self.status == "in_progress" else self.usage(),
             "omnistream": self.timings(),

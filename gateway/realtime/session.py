@@ -20,7 +20,9 @@ from typing import Any
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.realtime.events import EventError, Extensions, ServerVad, SessionFields
 from gateway.realtime.protocol import Protocol
+from gateway.realtime.tool_config import choice_wire, tools_wire, updated
 from gateway.realtime.vad import INPUT_RATE
+from gateway.tools.spec import Choice, Function, Named
 from omnistream.request.media import AudioInput, ImageInput, VideoInput
 
 PCM_FORMAT = {"type": "audio/pcm", "rate": INPUT_RATE}
@@ -62,10 +64,15 @@ class SessionConfig:
     max_output_tokens: int | None = None
     temperature: float | None = None
     extensions: Extensions = field(default_factory=Extensions)
+    tools: tuple[Function, ...] = ()
+    tool_choice: Choice | Named = "auto"
 
     def apply(self, update: SessionFields) -> None:
-        """Apply a session.update (GA or beta fields); only the fields it names change."""
+        """Apply a session.update (GA or beta fields); only the fields it names change. Its tools
+        are checked first: a bad one (EventError naming it) changes nothing."""
+        tools = updated(self.tools, self.tool_choice, update.tools, update.tool_choice, "session")
         apply_shared_fields(self, update)
+        self.tools, self.tool_choice = tools
         given, detection = update.turn_detection_given()
         if given:
             self.turn_detection = detection
@@ -93,6 +100,8 @@ class SessionConfig:
                 "turn_detection": detection,
                 "temperature": self.temperature,
                 "max_response_output_tokens": tokens,
+                "tools": tools_wire(self.tools),
+                "tool_choice": choice_wire(self.tool_choice),
             }
         return {
             "type": "realtime",
@@ -106,6 +115,8 @@ class SessionConfig:
                 "output": {"format": PCM_FORMAT, "voice": voice},
             },
             "max_output_tokens": tokens,
+            "tools": tools_wire(self.tools),
+            "tool_choice": choice_wire(self.tool_choice),
         }
 
 
@@ -168,16 +179,26 @@ class InputBuffer:
         self.data.clear()
 
 
+FUNCTION_CALL, FUNCTION_CALL_OUTPUT = "function_call", "function_call_output"
+
+
 @dataclass
 class Item:
     """A conversation item: `parts` as the thinker takes them (omnistream/request/media.py parts), `content`
-    as the client sees it (GA part types)."""
+    as the client sees it (GA part types). A function call (`type` function_call, role assistant)
+    and a call's result (function_call_output, role tool) have no parts: their `call_id`, `name`,
+    `arguments` and `output` (gateway/realtime/function_calls.py)."""
 
     id: str
     role: str
     parts: list[dict[str, Any]]
     content: list[dict[str, Any]]
     status: str = "completed"
+    type: str = "message"
+    call_id: str = ""
+    name: str = ""
+    arguments: str = ""  # JSON text
+    output: str = ""
     audio_seconds: float = 0.0  # user audio it holds
     # assistant items
     text: str = ""
@@ -192,6 +213,11 @@ class Item:
     revision: int = 0
 
     def wire(self, protocol: Protocol) -> dict[str, Any]:
+        base = {"id": self.id, "object": "realtime.item", "type": self.type, "status": self.status}
+        if self.type == FUNCTION_CALL:
+            return {**base, "call_id": self.call_id, "name": self.name, "arguments": self.arguments}
+        if self.type == FUNCTION_CALL_OUTPUT:
+            return {**base, "call_id": self.call_id, "output": self.output}
         content = []
         for part in self.content:
             out = dict(part)
@@ -210,6 +236,11 @@ class Item:
             "content": content,
         }
 
+    @property
+    def call_text(self) -> str:
+        """A function item's text in a prompt: the call's name and arguments, or the result."""
+        return self.name + self.arguments if self.type == FUNCTION_CALL else self.output
+
     def truncate(self, audio_end_ms: int) -> None:
         """Keep what was heard: the audio to `audio_end_ms`, and the same share of the transcript
         (the text leads the voice, so the share of audio made is the best estimate available).
@@ -225,6 +256,8 @@ class Item:
     @property
     def chars(self) -> int:
         """Characters of text it puts in a prompt (what `max_prompt_chars` counts)."""
+        if self.type != "message":
+            return len(self.call_text)
         if self.role == "assistant":
             return len(self.text)
         return sum(len(p["text"]) for p in self.parts if p["type"] == "text")
@@ -233,6 +266,8 @@ class Item:
     def payload_bytes(self) -> int:
         """Bytes it takes in the stage message that carries a prompt to the thinker: its text as
         UTF-8 and its decoded media as they go on the wire (float32 samples, uint8 pixels)."""
+        if self.type != "message":
+            return utf8_len(self.call_text)
         if self.role == "assistant":
             return utf8_len(self.text)
         return sum(part_bytes(p) for p in self.parts)

@@ -4,7 +4,10 @@ gateway/realtime/context.py) as chat messages.
 
 User items keep their media (audio as the decoded 16 kHz samples, images as decoded pixels), so the
 thinker hears earlier turns, not a transcript it never made; assistant items are their text. System
-items join the instructions (one system message, as the chat template expects).
+items join the instructions (one system message, as the chat template expects). Function calls and
+their results are the template's tool turns (gateway/realtime/function_calls.py); the session's
+tools (or the response's) are in the prompt, and `required` or a named function is the answer's
+grammar (gateway/tools/spec.py).
 Defaults come from the one table (`omnistream.request.defaults.resolve`), as for REST and gRPC.
 """
 
@@ -15,7 +18,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.realtime.events import ResponseFields
+from gateway.realtime.function_calls import joined, prompt_message
 from gateway.realtime.session import Conversation, Item, SessionConfig, apply_shared_fields
+from gateway.realtime.tool_config import checked_use, updated
+from gateway.tools.spec import Choice, Function, Named, ToolUse
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
 from omnistream.request.generation import GenerationRequest
 
@@ -29,22 +35,35 @@ class ResponseSettings:
     voice: str | None
     max_output_tokens: int | None
     temperature: float | None
+    tools: tuple[Function, ...] = ()
+    tool_choice: Choice | Named = "auto"
 
     @property
     def speaks(self) -> bool:
         return "audio" in self.output_modalities
 
+    @property
+    def tool_use(self) -> ToolUse:
+        """What the answer does with its tools (checked when they were set)."""
+        return checked_use(self.tools, self.tool_choice, "response")
+
     @classmethod
     def of(cls, config: SessionConfig, fields: ResponseFields | None) -> ResponseSettings:
+        """The session's settings with response.create's; its tools are checked (EventError)."""
         settings = cls(
             config.instructions,
             list(config.output_modalities),
             config.voice,
             config.max_output_tokens,
             config.temperature,
+            config.tools,
+            config.tool_choice,
         )
         if fields is not None:
+            given = (fields.tools, fields.tool_choice)
+            tools = updated(settings.tools, settings.tool_choice, *given, "response")
             apply_shared_fields(settings, fields)
+            settings.tools, settings.tool_choice = tools
         return settings
 
 
@@ -53,6 +72,8 @@ def message_of(item: Item) -> dict[str, Any] | None:
     system item joins the system message; an answer being made, or cut before a word, is left out)."""
     if item.status == "in_progress" or item.role == "system":
         return None
+    if item.type != "message":
+        return prompt_message(item)
     if item.role == "assistant":
         return {"role": "assistant", "content": item.text} if item.text else None
     return {"role": "user", "content": list(item.parts)} if item.parts else None
@@ -69,12 +90,14 @@ def system_text(conversation: Conversation, instructions: str | None) -> str:
 
 def messages_of(conversation: Conversation, instructions: str | None) -> list[dict[str, Any]]:
     system = system_text(conversation, instructions)
-    messages = [{"role": "system", "content": system}] if system else []
+    turns: list[tuple[Item | None, dict[str, Any]]] = []
+    if system:
+        turns.append((None, {"role": "system", "content": system}))
     for item in conversation.items.values():
         message = message_of(item)
         if message is not None:
-            messages.append(message)
-    return messages
+            turns.append((item, message))
+    return joined(turns)
 
 
 def build_request(
@@ -87,6 +110,7 @@ def build_request(
     """The turn's request: the whole history as chat messages, in the session's cache scope."""
     ext = config.extensions
     messages = messages_of(conversation, settings.instructions)
+    use = settings.tool_use
     request = resolve(
         RequestInput(
             messages=messages,
@@ -97,6 +121,8 @@ def build_request(
             return_audio=settings.speaks,
             voice=settings.voice,
             max_audio_frames=ext.max_audio_frames,
+            tools=use.prompt_tools(),
+            structured_output=use.structured_output,
         ),
         serving,
     )

@@ -23,6 +23,7 @@ from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, Gen
 from omnistream.request.relay import Emit, relay
 from omnistream.request.stage_chain import TALKER, stage_opens, stages_for
 from omnistream.service.server import (
+    ERROR_FIELD_METADATA_KEY,
     ERROR_KIND_METADATA_KEY,
     STAGE_ORIGIN,
     STATUS_ORIGIN_METADATA_KEY,
@@ -89,6 +90,8 @@ def stage_error(
         error = from_grpc(code, f"{stage}: {details}")
         if sent_by_stage and kind is not None:
             error.kind = kind
+        if sent_by_stage and metadata.get(ERROR_FIELD_METADATA_KEY):  # the field it names: the client's param
+            error.field = str(metadata[ERROR_FIELD_METADATA_KEY])
     error.stage = stage  # the gateway takes a failed replica out of rotation
     return error
 
@@ -148,7 +151,7 @@ async def run_stages(
         await accepted("code2wav", code2wav)
 
     async def run_thinker() -> None:
-        open_ = thinker_open_proto(rid, opens, request.messages, request.prompt_ids)
+        open_ = thinker_open_proto(rid, opens, request.messages, request.prompt_ids, request.tools)
         key = ChunkKey(rid, Stage.GATEWAY, 0).to_proto()
         await thinker.write(stage_pb2.ThinkerRequest(open=open_, key=key))
         await thinker.done_writing()

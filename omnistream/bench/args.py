@@ -99,7 +99,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--gateway-args",
         default="",
         help="more `serve gateway` flags for the services target's gateways, one string "
-        "(e.g. \"--audio-start-jitter 0.2\")",
+        '(e.g. "--audio-start-jitter 0.2")',
     )
     p.add_argument(
         "--conversation",

@@ -17,11 +17,13 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from omnistream.engine.chat_encoding import Tools
     from omnistream.engine.output_stream import OutputStream
     from omnistream.engine.stats import EngineStats
     from omnistream.request.chunk_plan import ChunkPlan
     from omnistream.request.media import MediaLayout
     from omnistream.request.stage_chain import TalkerFeed, TalkerParams, ThinkerParams
+    from omnistream.request.structured import StructuredOutput
 
 # `listener(engine, seconds)` after each step (metrics, the speed meter, heap trimming).
 StepListener = Callable[[Any, float], None]
@@ -84,12 +86,20 @@ class ThinkerStageEngine(StageEngine, Protocol):
     """What `ThinkerServicer` calls on top (both thinker backends)."""
 
     max_model_len: int
+    tokenizer: Any  # a Hugging Face tokenizer: which output ids are spoken (request/spoken.py)
 
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]: ...
+    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]: ...
 
     def encode_assistant_text(self, text: str) -> list[int]: ...
 
-    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> Any: ...
+    def prepare_media(
+        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+    ) -> Any: ...
+
+    async def compile_grammar(self, structured: StructuredOutput) -> Any:
+        """The output grammar made ready off the event loop, within the engine's bound, for
+        `add_request(grammar=...)`; InvalidRequest naming the client's param when it cannot be."""
+        ...
 
     def add_request(
         self,
@@ -98,6 +108,7 @@ class ThinkerStageEngine(StageEngine, Protocol):
         params: ThinkerParams,
         media: Any = None,
         spoken: list[int] | None = None,
+        grammar: Any = None,
     ) -> OutputStream[Any]: ...
 
 

@@ -17,18 +17,28 @@ call that keeps specials racing one that splits them could encode a chat templat
 never flips it: the model's tokenizer only ever encodes with specials special (its default, which
 the processor and the chat template use too), and text whose special-token strings must stay text
 goes through a copy of it whose flag is set once, here, for good.
+
+Tools: a chat may offer function tools (`tools`, OpenAI's tool objects, beside the messages) and
+hold assistant `tool_calls` and `tool` turns; the template renders them in the model's own format.
+Everything in them the client wrote (tool names, descriptions and schemas, a call's name and
+arguments) is user text: its special-token strings stay text too. A call's arguments given as JSON
+text are rendered from their parsed value, as vLLM renders them (`{"city": "Paris"}` whatever
+the client's spacing).
 """
 
 from __future__ import annotations
 
 import copy
+import json
 import re
+from collections.abc import Sequence
 from typing import Any
 
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import text_of
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+Tools = Sequence[dict[str, Any]] | None  # OpenAI's function tool objects a chat offers
 # Stand-ins for cut-out strings: one private-use code point each. Code points of this block found in
 # user text are cut out (and put back) the same way, so a stand-in can never be forged.
 _STAND_IN_BASE = 0xF0000
@@ -50,31 +60,45 @@ class ChatEncoder:
         vocab = tokenizer.get_vocab()
         self.max_token_bytes = max(len(t.encode("utf-8", "surrogatepass")) for t in vocab) if vocab else 1
 
-    def check(self, messages: list[dict[str, Any]]) -> None:
+    def check(self, messages: list[dict[str, Any]], tools: Tools = None) -> None:
         """Cheap refusals (roles, a prompt that cannot fit) before the costly tokenizing."""
-        total = 0
+        tools = _checked_tools(tools)
+        total = _utf8_len(json.dumps(tools, ensure_ascii=False)) if tools else 0
         for i, message in enumerate(messages):
             if message.get("role") not in ROLES:
                 raise InvalidRequest(
-                    f"messages[{i}].role must be system, user or assistant", field="messages"
+                    f"messages[{i}].role must be system, user, assistant or tool", field="messages"
                 )
-            total += len(text_of(message.get("content", "")).encode("utf-8", "surrogatepass"))
+            total += _utf8_len(text_of(message.get("content", "")))
+            for call in message.get("tool_calls") or ():
+                function = call.get("function") if isinstance(call, dict) else None
+                if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                    raise InvalidRequest(
+                        f"messages[{i}].tool_calls: a call needs a function name", field="messages"
+                    )
+                total += _utf8_len(function["name"]) + _utf8_len(str(function.get("arguments", "")))
         if total > self.max_token_bytes * self.max_prompt_tokens:
             raise InvalidRequest(
                 f"the prompt ({total} bytes) cannot fit in {self.max_prompt_tokens} tokens", field="messages"
             )
 
-    def encode(self, messages: list[dict[str, Any]]) -> list[int]:
-        """The prompt ids for a chat (ChatML, generation prompt added); runs off the event loop.
-
-        Media parts render as the template's single placeholders (the processor expands them)."""
-        self.check(messages)
+    def encode(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+        """The prompt ids for a chat (ChatML, generation prompt added) offering `tools`; runs off
+        the event loop. Media parts render as the template's single placeholders (the processor
+        expands them)."""
+        self.check(messages, tools)
+        tools = _checked_tools(tools)
+        messages = _with_parsed_arguments(messages)
         cut: list[str] = []
-        escaped = self._escape(messages, cut)
+        escaped, escaped_tools = self._escape(messages, cut), self._cut_all(tools, cut)
         if not cut and all(isinstance(m.get("content", ""), str) for m in messages):
-            ids = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+            ids = self.tokenizer.apply_chat_template(
+                messages, tools=tools, add_generation_prompt=True, tokenize=True
+            )
             return list(ids if isinstance(ids, list) else ids["input_ids"])
-        rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
+        rendered = self.tokenizer.apply_chat_template(
+            escaped, tools=escaped_tools, add_generation_prompt=True, tokenize=False
+        )
         return self.tokenize(rendered, cut)
 
     def encode_text(self, text: str) -> list[int]:
@@ -82,15 +106,36 @@ class ChatEncoder:
         strings in it are the ordinary tokens of those characters ("text from users is text")."""
         return list(self._plain.encode(text, add_special_tokens=False, split_special_tokens=True))
 
-    def render(self, messages: list[dict[str, Any]]) -> tuple[str, list[str]]:
+    def render(self, messages: list[dict[str, Any]], tools: Tools = None) -> tuple[str, list[str]]:
         """The templated text with the user's special-token strings replaced by stand-ins (`cut`)."""
+        tools = _checked_tools(tools)
         cut: list[str] = []
-        escaped = self._escape(messages, cut)
-        rendered = self.tokenizer.apply_chat_template(escaped, add_generation_prompt=True, tokenize=False)
+        escaped = self._escape(_with_parsed_arguments(messages), cut)
+        escaped_tools = self._cut_all(tools, cut)
+        rendered = self.tokenizer.apply_chat_template(
+            escaped, tools=escaped_tools, add_generation_prompt=True, tokenize=False
+        )
         return rendered, cut
 
     def _escape(self, messages: list[dict[str, Any]], cut: list[str]) -> list[dict[str, Any]]:
-        return [{**m, "content": self._escape_content(m.get("content", ""), cut)} for m in messages]
+        escaped = []
+        for m in messages:
+            turn = {**m, "content": self._escape_content(m.get("content", ""), cut)}
+            if m.get("tool_calls"):
+                turn["tool_calls"] = self._cut_all(m["tool_calls"], cut)
+            escaped.append(turn)
+        return escaped
+
+    def _cut_all(self, value: Any, cut: list[str]) -> Any:
+        """Every string in a JSON-like value (object keys too) with its special-token strings cut
+        out: the template shows them as JSON (`tojson` keeps the stand-ins as they are)."""
+        if isinstance(value, str):
+            return self._cut_out(value, cut)
+        if isinstance(value, dict):
+            return {self._cut_all(k, cut): self._cut_all(v, cut) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [self._cut_all(v, cut) for v in value]
+        return value
 
     def tokenize(self, rendered: str, cut: list[str]) -> list[int]:
         """Ids of a `render`ed text: the template's special tokens special, the cut-out strings text."""
@@ -124,6 +169,44 @@ class ChatEncoder:
 
         text = _STAND_IN_RE.sub(stand_in, text)  # first: the stand-ins added next must stay
         return self._special_re.sub(stand_in, text)
+
+
+def _checked_tools(tools: Tools) -> list[dict[str, Any]] | None:
+    """The tools as the template takes them (None: none offered)."""
+    if not tools:
+        return None
+    if not all(isinstance(t, dict) for t in tools):
+        raise InvalidRequest("tools must be a list of tool objects", field="tools")
+    return list(tools)
+
+
+def _with_parsed_arguments(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Assistant calls whose arguments are JSON object text carry the parsed object instead (the
+    template writes it back as JSON); other turns are the same objects (the fast path's input)."""
+    out = []
+    for m in messages:
+        calls = m.get("tool_calls")
+        if calls:
+            m = {**m, "tool_calls": [_parsed_call(c) for c in calls]}
+        out.append(m)
+    return out
+
+
+def _parsed_call(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            value = json.loads(arguments)
+        except ValueError:
+            return call
+        if isinstance(value, dict):
+            return {**call, "function": {**function, "arguments": value}}
+    return call
+
+
+def _utf8_len(text: str) -> int:
+    return len(text.encode("utf-8", "surrogatepass"))
 
 
 def _splitting_copy(tokenizer: Any) -> Any:

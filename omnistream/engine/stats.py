@@ -28,3 +28,11 @@ class EngineStats:
     deferred: int = 0
     last_deferred: int = 0
     last_buffered: tuple[float, ...] = ()
+    # Grammar-constrained decoding (omnistream/engine/grammar.py): grammars compiled (each once:
+    # later requests with the same grammar are cache hits), their compile time in all and the
+    # last one's, and compiles a request stopped waiting for (its bound passed).
+    grammar_compiles: int = 0
+    grammar_compile_seconds: float = 0.0
+    last_grammar_compile_seconds: float = 0.0
+    grammar_cache_hits: int = 0
+    grammar_timeouts: int = 0

@@ -43,8 +43,11 @@ from omnistream.request.chunk_plan import (
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.sampling_params import SamplingParams
+from omnistream.request.structured import StructuredOutput
 
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+# What a turn may hold besides its role and content (see GenerationRequest.messages).
+TURN_FIELDS = ("tool_calls", "tool_call_id")
 
 
 @dataclass(frozen=True)
@@ -143,6 +146,8 @@ class RequestInput:
     assistant_text: str | None = None  # speech: the answer to speak, not generated
     # vLLM's `cache_salt`: requests with the same salt share cached prefixes with each other only.
     cache_salt: str | None = None
+    tools: Sequence[dict[str, Any]] | None = None  # the tools the prompt offers (GenerationRequest.tools)
+    structured_output: StructuredOutput | None = None  # the grammar the answer follows
 
 
 def cache_scope_of_salt(salt: str | None) -> bytes:
@@ -164,10 +169,15 @@ def _messages(given: RequestInput, defaults: Defaults) -> list[dict[str, Any]] |
         if given.system:
             raise InvalidRequest("a system prompt needs messages, not prompt_ids", field="system")
         return None
-    messages = [{"role": m["role"], "content": m["content"]} for m in given.messages]
+    messages = [
+        {"role": m["role"], "content": m["content"]} | {k: m[k] for k in TURN_FIELDS if k in m}
+        for m in given.messages
+    ]
     for i, message in enumerate(messages):
         if message["role"] not in ROLES:
-            raise InvalidRequest(f"messages[{i}].role must be system, user or assistant", field="messages")
+            raise InvalidRequest(
+                f"messages[{i}].role must be system, user, assistant or tool", field="messages"
+            )
     system = _given(given.system, defaults.system_prompt)
     if system == "":  # `--system ""`: no system message at all (not an empty one), whatever the table says
         system = None
@@ -230,6 +240,8 @@ def resolve(
         use_audio_in_video=_given(given.use_audio_in_video, defaults.use_audio_in_video),
         assistant_text=given.assistant_text,
         cache_scope=cache_scope_of_salt(given.cache_salt),
+        tools=None if given.tools is None else [dict(t) for t in given.tools],
+        structured_output=given.structured_output,
     )
     request.validate()
     return request

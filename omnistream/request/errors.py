@@ -28,6 +28,15 @@ class InvalidRequest(OmniError):
     kind = "invalid_request"
 
 
+class InvalidValue(InvalidRequest):
+    """A request of the right shape whose values do not hold together: a tool's `parameters` that
+    are not a JSON schema, a `tool_choice` naming a function the request does not offer, a tool
+    result answering no call, an output grammar too large. HTTP 400, as OpenAI answers these (a
+    shape error stays `InvalidRequest`'s 422, the project's answer to malformed input)."""
+
+    kind = "invalid_value"
+
+
 class TooLarge(InvalidRequest):
     """The request (its body or its prompt) is over a configured size limit: HTTP 413.
 
@@ -89,6 +98,7 @@ class Status:
 STATUS_TABLE: dict[str, Status] = {
     InvalidRequest.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
     SequenceError.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 422),
+    InvalidValue.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 400),
     TooLarge.kind: Status(grpc.StatusCode.INVALID_ARGUMENT, 413),
     Overloaded.kind: Status(grpc.StatusCode.RESOURCE_EXHAUSTED, 429),
     Unavailable.kind: Status(grpc.StatusCode.UNAVAILABLE, 503),
@@ -125,6 +135,7 @@ _BY_KIND = {
     cls.kind: cls
     for cls in (
         InvalidRequest,
+        InvalidValue,
         TooLarge,
         SequenceError,
         Overloaded,

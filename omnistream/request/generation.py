@@ -26,7 +26,13 @@ class GenerationRequest:
     a request directly, e.g. to compare with the greedy reference."""
 
     # Chat turns: {"role": ..., "content": str | list of parts} (parts: see omnistream/request/media.py).
+    # An assistant turn may hold its tool calls, `"tool_calls": [{"id": ..., "type": "function",
+    # "function": {"name": ..., "arguments": JSON text}}]` (its content "" when it has no words); a
+    # "tool" turn is a call's result: `"tool_call_id"` and its content.
     messages: list[dict[str, Any]] | None = None
+    # The function tools the prompt offers (OpenAI's chat-completions objects, `{"type": "function",
+    # "function": {"name", "description", "parameters"}}`), rendered by the chat template. None: none.
+    tools: list[dict[str, Any]] | None = None
     prompt_ids: list[int] | None = None
     max_tokens: int = 256
     ignore_eos: bool = False

@@ -25,6 +25,7 @@ from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import MediaLayout
 from omnistream.request.sampling_params import SamplingParams
+from omnistream.request.structured import StructuredOutput
 
 THINKER, TALKER, CODE2WAV = "thinker", "talker", "code2wav"
 STAGES = (THINKER, TALKER, CODE2WAV)
@@ -47,6 +48,8 @@ class ThinkerParams:
     # output, so the talker speaks exactly it (see ThinkerOpen.assistant_text).
     assistant_text: str | None = None
     cache_scope: bytes = b""  # the prefix cache's scope (ThinkerOpen.cache_scope): b"" the shared one
+    # The grammar the output follows (ThinkerOpen.structured_output); None: free text.
+    structured_output: StructuredOutput | None = None
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
             request.use_audio_in_video,
             request.assistant_text,
             request.cache_scope,
+            request.structured_output,
         ),
         talker=talker if audio else None,
         plan=plan if audio else None,

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from omnistream.request.errors import InvalidRequest
+from omnistream.request.errors import InvalidRequest, InvalidValue
 
 KINDS = ("json_schema", "json_object", "structural_tag")
 # A spec larger than this is refused before any compiling (a grammar "too large").
@@ -30,10 +30,16 @@ class StructuredOutput:
     kind: str
     spec: str = ""
 
+    @property
+    def param(self) -> str:
+        """The client's parameter this grammar came from, for errors about it (a grammar that does
+        not compile, or too slowly): tool calls are structural tags, JSON output is response_format."""
+        return "tools" if self.kind == "structural_tag" else "response_format"
+
     def validate(self) -> None:
         if self.kind not in KINDS:
-            raise InvalidRequest(f"structured output kind must be one of {', '.join(KINDS)}", field="response_format")
-        if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
             raise InvalidRequest(
-                f"the output grammar is over {MAX_SPEC_BYTES} bytes", field="response_format"
+                f"structured output kind must be one of {', '.join(KINDS)}", field="response_format"
             )
+        if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
+            raise InvalidValue(f"the output grammar is over {MAX_SPEC_BYTES} bytes", field="response_format")

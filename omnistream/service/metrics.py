@@ -21,6 +21,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # late one (the listener already waits) is observed as 0: bucket le=0 counts them, and the sum
 # stays a counter (a histogram with negative buckets would not expose its sum).
 BUFFERED_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
+# A grammar compiles in a millisecond (a small schema) to seconds (a large tool set; the bound is 10 s).
+GRAMMAR_COMPILE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
 class StageMetrics:
@@ -100,6 +102,17 @@ class StageMetrics:
         # An engine's own metrics beside ours (the vLLM thinker's `vllm:*`), and its prefix cache's.
         for collector in getattr(engine, "metric_collectors", list)():
             r.register(collector)
+        grammars = getattr(engine, "grammars", None)
+        if grammars is not None:  # the transformers thinker's compiled grammars (engine/grammar.py)
+            compile_seconds = Histogram(
+                "omnistream_stage_grammar_compile_seconds",
+                "Wall time of compiling one output grammar (tool calls, response_format); a grammar "
+                "sent again is taken from the cache, not compiled",
+                ["stage"],
+                buckets=GRAMMAR_COMPILE_BUCKETS,
+                registry=r,
+            ).labels(**labels)
+            grammars.add_compile_listener(compile_seconds.observe)
         prefix = getattr(engine, "prefix_cache", None)
         if isinstance(prefix, PrefixCache):
             r.register(PrefixCacheCollector(stage, prefix))

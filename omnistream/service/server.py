@@ -36,6 +36,9 @@ MAX_RECONNECT_BACKOFF_MS = 10_000
 # health probes with RESOURCE_EXHAUSTED and be restarted exactly when it is busiest.
 CONTROL_RPC_HEADROOM = 8
 ERROR_KIND_METADATA_KEY = "omni-error-kind"
+# The request field an INVALID_ARGUMENT names (`OmniError.field`), when it names one: the gateway
+# reports it as the client's `param` (a grammar that does not compile: "tools", "response_format").
+ERROR_FIELD_METADATA_KEY = "omni-error-field"
 # Set on every status our own code sends (`abort_with`): a status without it was made by gRPC itself
 # (a broken transport reads as INTERNAL "Internal error from Core", grpc/grpc#36066), so the gateway
 # trusts a stage's INTERNAL only when the stage marked it (gateway/serving/stage_calls.py, `stage_error`).
@@ -230,16 +233,16 @@ async def abort_with(
     """
     if isinstance(error, asyncio.CancelledError | grpc.aio.AbortError):
         raise error  # already cancelled or aborted: re-aborting would mask the real outcome
+    field = None
     if isinstance(error, OmniError):
-        kind, message = error.kind, error.message
+        kind, message, field = error.kind, error.message, error.field
     else:
         log.error("internal error in RPC", exc_info=error)
         kind, message = "internal", f"internal error ({type(error).__name__})"
-    await context.abort(
-        status_of(error).grpc_code,
-        message,
-        trailing_metadata=((ERROR_KIND_METADATA_KEY, kind), (STATUS_ORIGIN_METADATA_KEY, origin)),
-    )
+    metadata = [(ERROR_KIND_METADATA_KEY, kind), (STATUS_ORIGIN_METADATA_KEY, origin)]
+    if field:
+        metadata.append((ERROR_FIELD_METADATA_KEY, field))
+    await context.abort(status_of(error).grpc_code, message, trailing_metadata=tuple(metadata))
     raise AssertionError("context.abort returned")  # pragma: no cover  (abort always raises)
 
 

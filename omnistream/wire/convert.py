@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping, Sequence
 from typing import Any, overload
 
@@ -20,6 +21,7 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import AudioInput, ImageInput, MediaLayout, VideoInput
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import StageOpens
+from omnistream.request.structured import KINDS, MAX_SPEC_BYTES, StructuredOutput
 from omnistream.wire.tensors import numpy_from_proto, to_proto
 
 # Elements one decoded media part may hold on the stage API (the gRPC message size bounds it too).
@@ -128,11 +130,51 @@ def content_part_proto(part: Mapping[str, Any]) -> common_pb2.ContentPart:
 
 
 def message_proto(message: Mapping[str, Any]) -> common_pb2.Message:
-    """A chat turn: text-only content as `content` (as before media existed), else as `parts`."""
+    """A chat turn: text-only content as `content` (as before media existed), else as `parts`;
+    an assistant turn's tool calls and a tool turn's call id with it."""
     content: str | Sequence[Mapping[str, Any]] = message["content"]
     if isinstance(content, str):
-        return common_pb2.Message(role=message["role"], content=content)
-    return common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
+        msg = common_pb2.Message(role=message["role"], content=content)
+    else:
+        msg = common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
+    for call in message.get("tool_calls") or ():
+        function = call["function"]
+        msg.tool_calls.add(id=call.get("id") or "", name=function["name"], arguments=function["arguments"])
+    if message.get("tool_call_id") is not None:
+        msg.tool_call_id = message["tool_call_id"]
+    return msg
+
+
+def tool_calls_from_proto(calls: Sequence[common_pb2.ToolCall]) -> list[dict[str, Any]]:
+    """A turn's tool calls in the request model's form (GenerationRequest.messages)."""
+    return [
+        {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+        for c in calls
+    ]
+
+
+def tools_to_proto(tools: Sequence[Mapping[str, Any]] | None) -> str:
+    """ThinkerOpen.tools: the tools as one JSON text ("" for none)."""
+    return json.dumps(list(tools), ensure_ascii=False) if tools else ""
+
+
+def tools_from_proto(text: str) -> list[dict[str, Any]] | None:
+    """ThinkerOpen.tools back as the tools list (None when empty): a JSON array of objects, each
+    with a `function` object naming it; anything else is the sender's bug."""
+    if not text:
+        return None
+    try:
+        tools = json.loads(text)
+    except ValueError as exc:
+        raise InvalidRequest(f"tools is not JSON: {exc}", field="tools") from None
+    if not isinstance(tools, list) or not all(
+        isinstance(t, dict)
+        and isinstance(t.get("function"), dict)
+        and isinstance(t["function"].get("name"), str)
+        for t in tools
+    ):
+        raise InvalidRequest("tools must be a JSON array of function tool objects", field="tools")
+    return tools or None
 
 
 MAX_CACHE_SCOPE_BYTES = 64
@@ -147,11 +189,36 @@ def checked_cache_scope(scope: bytes) -> bytes:
     return bytes(scope)
 
 
+def structured_output_proto(structured: StructuredOutput) -> common_pb2.StructuredOutput:
+    return common_pb2.StructuredOutput(kind=structured.kind, spec=structured.spec)
+
+
+def structured_output_from_proto(msg: common_pb2.StructuredOutput) -> StructuredOutput:
+    """A grammar from the wire, checked before anything compiles it: an unknown kind is the
+    sender's bug (named by the stage field), a spec too large or missing the client's (named by its
+    param: see `StructuredOutput.param`). A json_object's spec is not read."""
+    if msg.kind not in KINDS:
+        raise InvalidRequest(
+            f"structured_output.kind {msg.kind!r} is not one of {', '.join(KINDS)}",
+            field="structured_output.kind",
+        )
+    structured = StructuredOutput(msg.kind, msg.spec)
+    size = len(msg.spec.encode("utf-8", "surrogatepass"))
+    if size > MAX_SPEC_BYTES:
+        raise InvalidRequest(
+            f"the output grammar is {size} bytes, over the limit of {MAX_SPEC_BYTES}", field=structured.param
+        )
+    if msg.kind != "json_object" and not msg.spec.strip():
+        raise InvalidRequest(f"a {msg.kind} grammar needs its spec", field=structured.param)
+    return structured
+
+
 def thinker_open_proto(
     rid: str,
     opens: StageOpens,
     messages: Sequence[Mapping[str, Any]] | None,
     prompt_ids: list[int] | None,
+    tools: Sequence[Mapping[str, Any]] | None = None,
 ) -> stage_pb2.ThinkerOpen:
     """The thinker's open; media parts (decoded arrays, omnistream/request/media.py) travel as tensors."""
     params = opens.thinker
@@ -164,10 +231,13 @@ def thinker_open_proto(
         assistant_text=params.assistant_text or "",
         cache_scope=params.cache_scope,
     )
+    if params.structured_output is not None:
+        open_.structured_output.CopyFrom(structured_output_proto(params.structured_output))
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
     else:
         open_.messages.extend(message_proto(m) for m in messages or ())
+        open_.tools = tools_to_proto(tools)
     return open_
 
 
@@ -179,11 +249,18 @@ def messages_from_proto(messages: Sequence[common_pb2.Message]) -> list[dict[str
     for i, m in enumerate(messages):
         if m.parts and m.content:
             raise InvalidRequest(f"messages[{i}]: give content or parts, not both", field="messages")
+        turn: dict[str, Any] = {"role": m.role}
         if not m.parts:
-            out.append({"role": m.role, "content": m.content})
-            continue
-        parts = [_part_from_proto(p, f"messages[{i}].parts[{j}]") for j, p in enumerate(m.parts)]
-        out.append({"role": m.role, "content": parts})
+            turn["content"] = m.content
+        else:
+            turn["content"] = [
+                _part_from_proto(p, f"messages[{i}].parts[{j}]") for j, p in enumerate(m.parts)
+            ]
+        if m.tool_calls:
+            turn["tool_calls"] = tool_calls_from_proto(m.tool_calls)
+        if m.tool_call_id:
+            turn["tool_call_id"] = m.tool_call_id
+        out.append(turn)
     return out
 
 
@@ -279,10 +356,11 @@ def code2wav_open_proto(rid: str, opens: StageOpens) -> stage_pb2.Code2WavOpen:
 
 def talker_input_proto(chunk: stage_pb2.ThinkerChunk) -> stage_pb2.TalkerInput:
     """A thinker chunk as talker input: chunk 0 carries the prompt (with, for media, the deep rows
-    and the media layout, forwarded as they are), the finished one is the last."""
+    and the media layout, forwarded as they are), the finished one is the last. The tokens are the
+    ones to speak (`spoken`: never a tool call), or all of them from a thinker older than that."""
     msg = stage_pb2.TalkerInput(
         prompt_ids=chunk.prompt_ids,
-        token_ids=chunk.token_ids,
+        token_ids=chunk.spoken.token_ids if chunk.HasField("spoken") else chunk.token_ids,
         last=chunk.finished,
         multimodal_positions=chunk.multimodal_positions,
     )

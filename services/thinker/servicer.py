@@ -11,6 +11,7 @@ from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import has_media
+from omnistream.request.spoken import TokenPieces
 from omnistream.request.stage_chain import ThinkerParams
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage, validate_request_id
@@ -19,6 +20,8 @@ from omnistream.wire.convert import (
     media_layout_to_proto,
     messages_from_proto,
     sampling_from_proto,
+    structured_output_from_proto,
+    tools_from_proto,
 )
 from omnistream.wire.tensors import to_proto
 
@@ -40,6 +43,8 @@ class ThinkerServicer(StageServicer):
     def __init__(self, engine, metrics, **identity) -> None:
         super().__init__(engine, metrics, **identity)
         self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
+        # What the talker speaks of each answer (ThinkerChunk.spoken): never a tool call.
+        self._pieces = TokenPieces(engine.tokenizer)
 
     def _describe(self, info: stage_pb2.StageInfo) -> None:
         facts = describe_loaded(self.engine.config)
@@ -59,12 +64,14 @@ class ThinkerServicer(StageServicer):
             messages = [{"role": "user", "content": open_.prompt_text}]
         else:
             messages = messages_from_proto(open_.messages)
+        tools = tools_from_proto(open_.tools)
         loop = asyncio.get_running_loop()
         if has_media(messages):
-            prepare = functools.partial(self.engine.prepare_media, messages, open_.use_audio_in_video)
+            prepare = functools.partial(self.engine.prepare_media, messages, open_.use_audio_in_video, tools)
             media = await loop.run_in_executor(self._tokenizer_pool, prepare)
             return media.prompt_ids, media
-        return await loop.run_in_executor(self._tokenizer_pool, self.engine.encode_chat, messages), None
+        encode = functools.partial(self.engine.encode_chat, messages, tools)
+        return await loop.run_in_executor(self._tokenizer_pool, encode), None
 
     async def _open(self, first: stage_pb2.ThinkerRequest) -> Admitted:
         open_ = first.open
@@ -76,14 +83,22 @@ class ThinkerServicer(StageServicer):
             sampling=sampling_from_proto(open_.sampling),
             assistant_text=open_.assistant_text or None,
             cache_scope=checked_cache_scope(open_.cache_scope),
+            structured_output=(
+                structured_output_from_proto(open_.structured_output)
+                if open_.HasField("structured_output")
+                else None
+            ),
         )
         prompt_ids, media = await self._prompt(open_)
-        spoken = None
+        spoken = grammar = None
         if params.assistant_text is not None:
             loop = asyncio.get_running_loop()
             encode = functools.partial(self.engine.encode_assistant_text, params.assistant_text)
             spoken = await loop.run_in_executor(self._tokenizer_pool, encode)
-        out = self.engine.add_request(rid, prompt_ids, params, media=media, spoken=spoken)
+        elif params.structured_output is not None:  # compiled off the loop, within the engine's bound
+            grammar = await self.engine.compile_grammar(params.structured_output)
+        out = self.engine.add_request(rid, prompt_ids, params, media=media, spoken=spoken, grammar=grammar)
+        speech = self._pieces.filter(params.structured_output)
 
         async def chunks():
             index = 0
@@ -100,6 +115,11 @@ class ThinkerServicer(StageServicer):
                         finished=last.finished,
                         finish_reason=last.finish_reason or "",
                     )
+                    said = speech.push(chunk.token_ids)
+                    if last.finished:
+                        said += speech.finish()
+                    chunk.spoken.SetInParent()  # set even when empty: nothing of it is spoken
+                    chunk.spoken.token_ids.extend(said)
                     if index == 0:
                         chunk.prompt_ids.extend(prompt_ids)
                         first = steps[0]

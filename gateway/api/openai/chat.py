@@ -21,6 +21,8 @@ from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, unavailab
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
+from gateway.tools.history import check_tool_results
+from gateway.tools.spec import Function, Named, ToolUse, response_format_output, tool_use
 from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
 from omnistream.request.generation import GenerationRequest
 
@@ -33,11 +35,97 @@ STRICT = ConfigDict(extra="forbid", strict=True)
 Name = Annotated[str, Field(max_length=256)]
 
 
+class FunctionCall(BaseModel):
+    model_config = STRICT
+    name: Name
+    arguments: str = Field(description="The arguments as JSON text.")
+
+
+class ToolCallParam(BaseModel):
+    """An earlier assistant turn's call (OpenAI's `tool_calls` entry)."""
+
+    model_config = STRICT
+    id: Name
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(BaseModel):
     model_config = STRICT
-    role: Literal["system", "user", "assistant", "developer"]
-    content: Content
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: Content | None = None
     name: Name | None = None
+    tool_calls: list[ToolCallParam] | None = Field(None, description="Assistant turns: the calls it made.")
+    tool_call_id: Name | None = Field(None, description="Tool turns: the call this is the result of.")
+
+    @model_validator(mode="after")
+    def _fields_of_its_role(self) -> ChatMessage:
+        """What each role must and may hold, as OpenAI's message types say."""
+        if self.role == "tool" and self.tool_call_id is None:
+            raise ValueError("a tool message needs tool_call_id")
+        if self.role != "tool" and self.tool_call_id is not None:
+            raise ValueError("only a tool message has tool_call_id")
+        if self.role != "assistant" and self.tool_calls is not None:
+            raise ValueError("only an assistant message has tool_calls")
+        if self.content is None and not (self.role == "assistant" and self.tool_calls):
+            raise ValueError("content is required (an assistant message may instead have tool_calls)")
+        return self
+
+
+class FunctionParam(BaseModel):
+    model_config = STRICT
+    name: str = Field(description="1 to 64 letters, digits, underscores or dashes.")
+    description: str | None = None
+    parameters: dict[str, Any] | None = Field(
+        None, description="A JSON schema of the arguments; absent: the function takes none."
+    )
+    strict: bool | None = Field(None, description="Accepted: arguments always follow the schema exactly.")
+
+
+class ToolParam(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: FunctionParam
+
+
+class NamedFunction(BaseModel):
+    model_config = STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: Annotated[str, Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")]
+    description: str | None = None
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormatText(BaseModel):
+    model_config = STRICT
+    type: Literal["text"]
+
+
+class ResponseFormatJsonObject(BaseModel):
+    model_config = STRICT
+    type: Literal["json_object"]
+
+
+class ResponseFormatJsonSchema(BaseModel):
+    model_config = STRICT
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaFormat
+
+
+ResponseFormat = Annotated[
+    ResponseFormatText | ResponseFormatJsonObject | ResponseFormatJsonSchema, Field(discriminator="type")
+]
 
 
 class AudioOptions(BaseModel):
@@ -80,6 +168,21 @@ class ChatCompletionRequest(BaseModel):
     )
     n: int | None = Field(None, ge=1, le=1)
     user: Name | None = None
+    tools: list[ToolParam] | None = Field(None, description="Functions the model may call.")
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = Field(
+        None,
+        description="auto (the default with tools): the model decides; none: no call (the tools are "
+        "left out of the prompt); required: only calls, at least one; a named function: one call of it. "
+        "required and a named function are enforced by grammar-constrained decoding.",
+    )
+    parallel_tool_calls: bool | None = Field(
+        None, description="Default true: with required, one or more calls; false: one."
+    )
+    response_format: ResponseFormat | None = Field(
+        None,
+        description="json_schema and json_object answers are enforced by grammar-constrained decoding "
+        "and are text only (`content`; no audio is made).",
+    )
     # extensions
     speaker: Name | None = Field(None, description="Extension: same as audio.voice.")
     initial_codec_chunk_frames: int | None = Field(
@@ -157,24 +260,65 @@ class ChatCompletionRequest(BaseModel):
         )
 
 
-def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] = ()) -> RequestInput:
+def to_tool_use(body: ChatCompletionRequest) -> ToolUse:
+    """What the body's tools, tool_choice, parallel_tool_calls and response_format mean for the
+    answer (gateway/tools/spec.py: the prompt's tools, the grammar, whether calls are parsed)."""
+    functions = [
+        Function(
+            t.function.name,
+            t.function.description,
+            t.function.parameters,
+            t.function.strict,
+            f"tools.{i}.function",
+        )
+        for i, t in enumerate(body.tools or ())
+    ]
+    choice = body.tool_choice
+    named = Named(choice.function.name) if isinstance(choice, NamedToolChoice) else None
+    fmt = body.response_format
+    output = None
+    if fmt is not None:
+        schema = fmt.json_schema.schema_ if isinstance(fmt, ResponseFormatJsonSchema) else None
+        output = response_format_output(fmt.type, schema)
+    return tool_use(functions, named or choice or "auto", body.parallel_tool_calls is not False, output)
+
+
+def turn(message: ChatMessage, index: int, url_prefixes: tuple[str, ...]) -> dict[str, Any]:
+    """One message as the request model's turn (GenerationRequest.messages)."""
+    content = "" if message.content is None else to_content(message.content, index, url_prefixes)
+    out: dict[str, Any] = {
+        "role": "system" if message.role == "developer" else message.role,
+        "content": content,
+    }
+    if message.tool_calls:
+        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    return out
+
+
+def to_request_input(
+    body: ChatCompletionRequest, url_prefixes: tuple[str, ...] = (), tools: ToolUse | None = None
+) -> RequestInput:
     """The body as given: every field the client left out stays None, for `resolve` to fill in.
-    Media parts stay encoded (`EncodedMedia`); `GatewayCore.open` decodes them before admission."""
+    Media parts stay encoded (`EncodedMedia`); `GatewayCore.open` decodes them before admission.
+    `tools`: the body's tool use (`to_tool_use`); a JSON answer is text only."""
     audio = body.audio
+    messages = [turn(m, i, url_prefixes) for i, m in enumerate(body.messages)]
+    check_tool_results(messages)
+    tools = tools or ToolUse()
+    structured = tools.structured_output
+    json_answer = structured is not None and structured.kind != "structural_tag"
     return RequestInput(
-        messages=[
-            {
-                "role": "system" if m.role == "developer" else m.role,
-                "content": to_content(m.content, i, url_prefixes),
-            }
-            for i, m in enumerate(body.messages)
-        ],
+        messages=messages,
+        tools=tools.prompt_tools(),
+        structured_output=structured,
         max_tokens=body.max_completion_tokens or body.max_tokens,
         ignore_eos=body.ignore_eos,
         temperature=body.temperature,
         top_p=body.top_p,
         seed=body.seed,
-        return_audio="audio" in body.modalities,
+        return_audio="audio" in body.modalities and not json_answer,
         voice=body.speaker or (audio.voice if audio else None),
         max_audio_frames=body.max_audio_frames,
         talker_temperature=body.talker_temperature,
@@ -190,12 +334,16 @@ def to_request_input(body: ChatCompletionRequest, url_prefixes: tuple[str, ...] 
     )
 
 
-def to_generation_request(body: ChatCompletionRequest, core: GatewayCore) -> tuple[GenerationRequest, str]:
-    """The request the body asks for, defaults from the one table (`omnistream.request.defaults`)."""
+def to_generation_request(
+    body: ChatCompletionRequest, core: GatewayCore
+) -> tuple[GenerationRequest, str, ToolUse]:
+    """The request the body asks for, defaults from the one table (`omnistream.request.defaults`),
+    and its tool use (how the answer's text is read)."""
     audio_format = body.audio.format if body.audio else "wav"
     serving = ServingDefaults.of(core.config, core.deployment.voices)
-    given = to_request_input(body, tuple(core.config.media_url_prefixes))
-    return resolve(given, serving), audio_format
+    tools = to_tool_use(body)
+    given = to_request_input(body, tuple(core.config.media_url_prefixes), tools)
+    return resolve(given, serving), audio_format, tools
 
 
 RESPONSES: dict[int | str, dict[str, Any]] = {
@@ -208,6 +356,12 @@ RESPONSES: dict[int | str, dict[str, Any]] = {
         "model": ErrorResponse,
         "description": "Body over max_request_bytes, prompt over max_prompt_chars, or media over "
         "a media limit (bytes, seconds, pixels)",
+    },
+    400: {
+        "model": ErrorResponse,
+        "description": "Tools, tool_choice, response_format or messages that do not hold together: "
+        "parameters that are not a JSON schema, tool_choice naming no given function, a tool message "
+        "answering no call, a grammar too large or failing to compile (`param` names the field)",
     },
     422: {
         "model": ErrorResponse,
@@ -227,7 +381,7 @@ def router(core: GatewayCore) -> APIRouter:
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         if not core.ready:
             raise unavailable()
-        request, audio_format = to_generation_request(body, core)
+        request, audio_format, tools = to_generation_request(body, core)
         session = await core.open(request, timeout=body.timeout)
         completion_id = f"chatcmpl-{session.request_id}"
         created = int(time.time())
@@ -242,6 +396,7 @@ def router(core: GatewayCore) -> APIRouter:
                 audio_format if request.return_audio else None,
                 include_usage,
                 body.transcript_in_content,
+                tools,
             )
             return SessionStream(
                 session,
@@ -258,6 +413,7 @@ def router(core: GatewayCore) -> APIRouter:
             request.return_audio,
             core.deployment.sample_rate or 0,
             body.transcript_in_content,
+            tools,
         )
 
     return api

@@ -8,6 +8,13 @@ arrives, `delta.audio.id` on the first audio delta only, and a last audio delta 
 `expires_at`; whole: `message.audio` {id, data, expires_at, transcript} with `content: null`.
 `transcript_in_content` (a request extension) also puts the text in `content`, for clients that read
 only that. Without audio, text is `content` as always.
+
+Tool calls (when the request's `ToolUse` parses them, gateway/tools/parser.py): the words outside
+the calls are the text above; each call is `message.tool_calls[i]` {id, type, function {name,
+arguments}}, streamed as `delta.tool_calls` with its index, id, type and name first (arguments "")
+and then its arguments in pieces; `finish_reason` "tool_calls" when the answer ended by itself with
+calls. An answer that is only calls has `content: null` and, with audio, no `audio` (nothing was
+spoken).
 """
 
 from __future__ import annotations
@@ -22,6 +29,8 @@ from fastapi.responses import JSONResponse
 from gateway.api.openai import sse
 from gateway.api.openai.audio_encode import wav_stream_header
 from gateway.api.openai.errors import error_body, error_response
+from gateway.tools.parser import CallPiece, Piece, TextPiece, ToolCall, ToolCallParser
+from gateway.tools.spec import ToolUse
 from omnistream.audio.wav import pcm16_wav_bytes, to_pcm16
 from omnistream.request.errors import InvalidRequest, OmniError, status_of
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
@@ -57,6 +66,42 @@ def _usage(done: DoneEvent) -> dict[str, Any]:
     }
 
 
+class _Reader:
+    """The answer's text as pieces: words and, when the request's tool use parses them, calls."""
+
+    def __init__(self, tools: ToolUse | None) -> None:
+        use = tools or ToolUse()
+        self.parser = ToolCallParser(use.names, use.enforced_calls) if use.parse_calls else None
+
+    def feed(self, delta: str) -> list[Piece]:
+        if self.parser is None:
+            return [TextPiece(delta)] if delta else []
+        return self.parser.feed(delta)
+
+    def finish(self) -> list[Piece]:
+        return [] if self.parser is None else self.parser.finish()
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [] if self.parser is None else self.parser.calls
+
+    def finish_reason(self, done: DoneEvent) -> str:
+        return "tool_calls" if self.calls and done.finish_reason == "stop" else done.finish_reason
+
+
+def _call_delta(piece: CallPiece) -> dict[str, Any]:
+    entry: dict[str, Any] = {"index": piece.index}
+    if piece.id is not None:
+        entry |= {"id": piece.id, "type": "function", "function": {"name": piece.name, "arguments": ""}}
+    else:
+        entry["function"] = {"arguments": piece.arguments}
+    return {"tool_calls": [entry]}
+
+
+def _call_object(call: ToolCall) -> dict[str, Any]:
+    return {"id": call.id, "type": "function", "function": {"name": call.name, "arguments": call.arguments}}
+
+
 class _AudioDeltas:
     """The `delta.audio` objects of one streamed answer: the id on the first only."""
 
@@ -78,11 +123,32 @@ async def sse_stream(
     audio_format: str | None,
     include_usage: bool,
     transcript_in_content: bool = False,
+    tools: ToolUse | None = None,
 ) -> AsyncIterator[str]:
     """`audio_format` None: a text-only answer (content deltas)."""
     audio = _AudioDeltas(f"audio-{session.request_id}")
+    reader = _Reader(tools)
     header_sent = audio_format != "wav"
     said = False  # a transcript delta went out
+    sounded = False  # an audio data delta went out
+
+    def deltas(pieces: list[Piece]) -> list[dict[str, Any]]:
+        nonlocal said
+        out: list[dict[str, Any]] = []
+        for piece in pieces:
+            if isinstance(piece, CallPiece):
+                out.append(_call_delta(piece))
+            elif audio_format is None:
+                out.append({"content": piece.text})
+            else:
+                delta: dict[str, Any] = {}
+                if transcript_in_content or not said:  # OpenAI: content null, said once
+                    delta["content"] = piece.text if transcript_in_content else None
+                said = True
+                delta["audio"] = audio(transcript=piece.text)
+                out.append(delta)
+        return out
+
     try:
         if audio_format is None:
             yield _chunk(cid, created, model, {"role": "assistant", "content": ""})
@@ -92,14 +158,7 @@ async def sse_stream(
             if isinstance(event, TextEvent):
                 if not event.delta:
                     continue
-                if audio_format is None:
-                    yield _chunk(cid, created, model, {"content": event.delta})
-                else:
-                    delta: dict[str, Any] = {}
-                    if transcript_in_content or not said:  # OpenAI: content null, said once
-                        delta["content"] = event.delta if transcript_in_content else None
-                    said = True
-                    delta["audio"] = audio(transcript=event.delta)
+                for delta in deltas(reader.feed(event.delta)):
                     yield _chunk(cid, created, model, delta)
             elif isinstance(event, AudioEvent):
                 data = to_pcm16(event.audio)
@@ -107,13 +166,16 @@ async def sse_stream(
                     data = wav_stream_header(event.sample_rate) + data
                     header_sent = True
                 b64 = base64.b64encode(data).decode()
+                sounded = True
                 yield _chunk(cid, created, model, {"audio": audio(data=b64)})
             elif isinstance(event, DoneEvent):
-                if audio_format is not None:
+                for delta in deltas(reader.finish()):
+                    yield _chunk(cid, created, model, delta)
+                if audio_format is not None and (said or sounded or not reader.calls):
                     expires = created + AUDIO_EXPIRY_SECONDS
                     yield _chunk(cid, created, model, {"audio": audio(expires_at=expires)})
                 usage = _usage(event) if include_usage else None
-                yield _chunk(cid, created, model, {}, finish=event.finish_reason, usage=usage)
+                yield _chunk(cid, created, model, {}, finish=reader.finish_reason(event), usage=usage)
         yield sse.DONE
     except OmniError as exc:
         status = status_of(exc).http_status
@@ -132,19 +194,26 @@ async def complete(
     want_audio: bool,
     sample_rate: int,
     transcript_in_content: bool = False,
+    tools: ToolUse | None = None,
 ) -> JSONResponse:
     """`sample_rate`: the deployment's, for a WAV without samples; audio events carry their own."""
+    reader = _Reader(tools)
     text: list[str] = []
     audio: list[np.ndarray] = []
     done: DoneEvent | None = None
+
+    def words(pieces: list[Piece]) -> None:
+        text.extend(p.text for p in pieces if isinstance(p, TextPiece))
+
     try:
         async for event in session.events():
             if isinstance(event, TextEvent):
-                text.append(event.delta)
+                words(reader.feed(event.delta))
             elif isinstance(event, AudioEvent):
                 audio.append(event.audio)
                 sample_rate = event.sample_rate
             elif isinstance(event, DoneEvent):
+                words(reader.finish())
                 done = event
     except OmniError as exc:
         return error_response(exc)
@@ -153,8 +222,14 @@ async def complete(
     if done is None:
         return error_response(InvalidRequest("the request ended without a result"))
     content = "".join(text)
-    message: dict[str, Any] = {"role": "assistant", "content": content}
-    if want_audio:
+    calls = reader.calls
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = [_call_object(c) for c in calls]
+    if want_audio and calls and not content and not audio:
+        message["content"] = None
+        message["audio"] = None  # only calls: nothing was spoken
+    elif want_audio:
         message["content"] = content if transcript_in_content else None
         message["refusal"] = None
         wav = np.concatenate(audio) if audio else np.zeros(0, np.float32)
@@ -171,7 +246,7 @@ async def complete(
             "object": "chat.completion",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "message": message, "finish_reason": done.finish_reason}],
+            "choices": [{"index": 0, "message": message, "finish_reason": reader.finish_reason(done)}],
             "usage": _usage(done),
         }
     )

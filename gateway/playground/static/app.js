@@ -5,6 +5,7 @@
 // the same facts (and the player's rendered-sample count) for the browser test.
 
 import { AudioEngine, fromBase64, RATE, toBase64 } from "./audio.js";
+import { argumentsText, callCard } from "./call-card.js";
 import { toContentPart } from "./media.js";
 import { RealtimeConnection } from "./realtime.js";
 import { stallTitle, turnCells } from "./turn-metrics.js";
@@ -313,6 +314,15 @@ function onEvent(event) {
     case "conversation.item.done":
       onItem(event.item);
       break;
+    case "response.function_call_arguments.delta":
+      appendArguments(event.item_id, event.delta);
+      break;
+    case "response.function_call_arguments.done":
+      onItem({ type: "function_call", id: event.item_id, name: event.name, arguments: event.arguments });
+      break;
+    case "conversation.item.deleted":
+      dropItem(event.item_id);
+      break;
     case "conversation.item.input_audio_transcription.completed":
       setText(event.item_id, "user", event.transcript);
       break;
@@ -348,6 +358,12 @@ function onEvent(event) {
 }
 
 function onItem(item) {
+  const card = callCard(item);
+  if (card && item.id) {
+    showCard(item.id, card);
+    if (item.status === "incomplete") markItem(item.id, "incomplete");
+    return;
+  }
   if (!item?.id || (item.role !== "user" && item.role !== "assistant")) return;
   let text = "";
   for (const part of item.content ?? []) {
@@ -522,10 +538,40 @@ function entryFor(itemId, role) {
     body.className = "text";
     element.append(who, body);
     ui.transcript.append(element);
-    entry = { role, element, body, text: "", status: null };
+    entry = { role, element, who, body, text: "", status: null };
     transcript.set(itemId, entry);
   }
   return entry;
+}
+
+/** A function call (or its result) as a card: its name, and its arguments as they stream. */
+function showCard(itemId, card) {
+  const entry = entryFor(itemId, "call");
+  entry.element.className = "call";
+  entry.who.textContent = card.title;
+  entry.body.replaceChildren(
+    Object.assign(document.createElement("code"), { className: "call-name", textContent: card.name }),
+    Object.assign(document.createElement("pre"), { className: "call-args", textContent: card.body }),
+  );
+  entry.text = card.plain;
+  entry.args = entry.body.querySelector("pre");
+  entry.raw = "";
+  ui.transcript.scrollTop = ui.transcript.scrollHeight;
+}
+
+function appendArguments(itemId, delta) {
+  const entry = transcript.get(itemId);
+  if (!entry?.args || !delta) return;
+  entry.raw += delta;
+  entry.args.textContent = argumentsText(entry.raw);
+}
+
+/** An item the gateway took out of the conversation (a call cut short, one dropped for the context). */
+function dropItem(itemId) {
+  const entry = transcript.get(itemId);
+  if (!entry) return;
+  entry.element.remove();
+  transcript.delete(itemId);
 }
 
 function setText(itemId, role, text) {

@@ -36,19 +36,63 @@ SPECIAL_TOKENS = [
 BPE_VOCAB = 480
 THINKER_VOCAB = 512  # BPE_VOCAB + specials, rounded up
 
+# Qwen3's tool tokens, as the real vocabulary has them: added tokens, not special (a call's markup
+# decodes into the answer's text, where the gateway's parser finds it). They take the ids after the
+# special tokens, so the BPE ids, the special ids and the weights stay those of a build without them.
+TOOL_TOKENS = ["<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>"]
+
 # ChatML; a content given as parts renders media the way the real Qwen3-Omni template does (one
 # placeholder between its start/end tokens, which the processor expands); a string renders as before.
-CHAT_TEMPLATE = (
-    "{% for message in messages %}"
-    "{{ '<|im_start|>' + message['role'] + '\n' }}"
-    "{% if message['content'] is string %}{{ message['content'] }}"
-    "{% else %}{% for part in message['content'] %}"
+# With `tools`, assistant `tool_calls` and `tool` messages: Qwen3's format, byte for byte (the
+# `# Tools` system block with one JSON line per tool inside <tools></tools>, each call as
+# `<tool_call>\n{"name": ..., "arguments": ...}\n</tool_call>`, consecutive tool results as one
+# user turn of `<tool_response>` blocks). A chat without any of them renders as it always did.
+_CONTENT_MACRO = (
+    "{% macro render_content(content) %}"
+    "{% if content is string %}{{ content }}"
+    "{% elif content %}{% for part in content %}"
     "{% if part['type'] == 'audio' %}{{ '<|audio_start|><|audio_pad|><|audio_end|>' }}"
     "{% elif part['type'] == 'image' %}{{ '<|vision_start|><|image_pad|><|vision_end|>' }}"
     "{% elif part['type'] == 'video' %}{{ '<|vision_start|><|video_pad|><|vision_end|>' }}"
     "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
     "{% endfor %}{% endif %}"
+    "{% endmacro %}"
+)
+_TOOLS_BLOCK = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\n' }}"
+    "{% if messages[0]['role'] == 'system' %}{{ render_content(messages[0]['content']) + '\n\n' }}{% endif %}"
+    "{{ '# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+    "You are provided with function signatures within <tools></tools> XML tags:\n<tools>' }}"
+    "{% for tool in tools %}{{ '\n' + (tool | tojson) }}{% endfor %}"
+    "{{ '\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+    'within <tool_call></tool_call> XML tags:\n<tool_call>\n{\\"name\\": <function-name>, '
+    '\\"arguments\\": <args-json-object>}\n</tool_call><|im_end|>\n\' }}'
+    "{% endif %}"
+)
+_TOOL_CALLS = (
+    "{% for tool_call in message['tool_calls'] %}"
+    "{% if not loop.first or message['content'] %}{{ '\n' }}{% endif %}"
+    "{% set call = tool_call['function'] if tool_call['function'] is defined else tool_call %}"
+    "{{ '<tool_call>\n{\"name\": \"' + call['name'] + '\", \"arguments\": ' }}"
+    "{% if call['arguments'] is string %}{{ call['arguments'] }}"
+    "{% else %}{{ call['arguments'] | tojson }}{% endif %}"
+    "{{ '}\n</tool_call>' }}"
+    "{% endfor %}"
+)
+CHAT_TEMPLATE = (
+    _CONTENT_MACRO + _TOOLS_BLOCK + "{% for message in messages %}"
+    "{% if tools and loop.first and message['role'] == 'system' %}"
+    "{% elif message['role'] == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1]['role'] != 'tool' %}{{ '<|im_start|>user' }}{% endif %}"
+    "{{ '\n<tool_response>\n' }}{{ render_content(message['content']) }}{{ '\n</tool_response>' }}"
+    "{% if loop.last or messages[loop.index0 + 1]['role'] != 'tool' %}{{ '<|im_end|>\n' }}{% endif %}"
+    "{% else %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{{ render_content(message['content']) }}"
+    "{% if message['role'] == 'assistant' and message['tool_calls'] %}" + _TOOL_CALLS + "{% endif %}"
     "{{ '<|im_end|>' + '\n' }}"
+    "{% endif %}"
     "{% endfor %}"
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
@@ -96,7 +140,7 @@ def _corpus() -> list[str]:
 
 def build_tokenizer(directory: Path) -> dict[str, int]:
     """Train a deterministic byte-level BPE and save it as a `PreTrainedTokenizerFast` directory."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
@@ -115,6 +159,7 @@ def build_tokenizer(directory: Path) -> dict[str, int]:
     while tok.get_vocab_size() < BPE_VOCAB:
         tok.add_tokens([f"<|unused_{tok.get_vocab_size()}|>"])
     tok.add_special_tokens(SPECIAL_TOKENS)
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in TOOL_TOKENS])
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         eos_token="<|im_end|>",

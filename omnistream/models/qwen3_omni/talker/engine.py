@@ -307,9 +307,15 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             elif state.prompt_ids is None:
                 raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
             state.stream.extend(token_ids)
+            state.spoken_tokens += len(token_ids)
             if last:
                 state.input_done = True
-                if len(state.stream) < ASSISTANT_PROMPT_TOKENS:
+                if not state.spoken_tokens:
+                    # Nothing to speak (an answer that is only a tool call: ThinkerChunk.spoken):
+                    # no frames, the end at once (a slot, if the prompt had one, goes as an abort's).
+                    state.output.put(TalkerOutput(None, 0, finished=True, finish_reason="stop"))
+                    self.finish(state)
+                elif len(state.stream) < ASSISTANT_PROMPT_TOKENS:
                     raise InvalidRequest("the talker needs at least one generated token to speak")
             self._cond.notify_all()
 

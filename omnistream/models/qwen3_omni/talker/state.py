@@ -32,6 +32,7 @@ class _TalkerState(RequestState):
     rope_delta: float = 0.0
     stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
     input_done: bool = False
+    spoken_tokens: int = 0  # thinker tokens given to speak (0 at the end: nothing to say, no frames)
     frames: int = 0
     pending_code0: int | None = None
     past_hidden: torch.Tensor | None = None

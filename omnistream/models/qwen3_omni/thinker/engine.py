@@ -32,8 +32,10 @@ from typing import Any
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling
+from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import Engine, present
+from omnistream.engine.grammar import DEFAULT_COMPILE_TIMEOUT_S, BatchMask, Grammars
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
@@ -54,8 +56,9 @@ from omnistream.models.qwen3_omni.thinker.thinker_media import (
     encode_slices,
     plan_slices,
 )
-from omnistream.request.errors import InvalidRequest
+from omnistream.request.errors import InternalError, InvalidRequest
 from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
+from omnistream.request.structured import StructuredOutput
 
 log = logging.getLogger(__name__)
 
@@ -77,9 +80,11 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         encode_budget: int | None = None,
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefix_cache_bytes: int | None = None,
+        grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
         """`prefix_cache_bytes`: the prefix cache's budget (prefix.py); None: half the KV slots'
-        bytes (memory.py's default), 0: off."""
+        bytes (memory.py's default), 0: off. `grammar_timeout`: how long a request's output grammar
+        may take to compile before the request is refused (grammar.py)."""
         super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
         holder = load_stage("thinker", model_dir, options)
         self.config = holder.config
@@ -122,6 +127,12 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.prefixes = ThinkerPrefixes(self.prefix_cache, self.cache, self.multimodal_ids, self.config)
         # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
         self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
+        # Grammar-constrained decoding (tool calls, response_format): compiled grammars kept per
+        # spec, one bitmask a step over the batch (grammar.py). The end of turn ends a grammar.
+        self.grammars = Grammars(
+            self.tokenizer, self.vocab_size, self.eos_ids, timeout=grammar_timeout, stats=self.stats
+        )
+        self.grammar_mask = BatchMask(self.vocab_size, max_batch)
         self.prefill = PromptPrefill(
             model=self,
             thinker_model=self.thinker.model,
@@ -144,18 +155,26 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.prefix_cache.clear()
 
     # --- public API ---------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
         """See `ThinkerText.encode_chat` (slow for long prompts: call it off the event loop)."""
-        return self.text.encode_chat(messages)
+        return self.text.encode_chat(messages, tools)
 
     def encode_assistant_text(self, text: str) -> list[int]:
         """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
         return self.text.encode_assistant_text(text)
 
-    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> MediaPrompt:
+    def prepare_media(
+        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+    ) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
         encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop."""
-        return self.media_prompts.build(messages, use_audio_in_video)
+        return self.media_prompts.build(messages, use_audio_in_video, tools)
+
+    async def compile_grammar(self, structured: StructuredOutput) -> Any:
+        """The request's output grammar compiled (or found compiled) off the event loop, within the
+        compile bound; pass it to `add_request` as `grammar`. InvalidRequest naming the client's
+        param when it does not compile, or not in time."""
+        return await self.grammars.compile_async(structured)
 
     def add_request(
         self,
@@ -164,9 +183,11 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         params: ThinkerParams,
         media: MediaPrompt | None = None,
         spoken: list[int] | None = None,
+        grammar: Any = None,
     ) -> OutputStream[ThinkerOutput]:
         """`spoken`: `encode_assistant_text(params.assistant_text)` when the caller already ran it
-        off the event loop (else it runs here)."""
+        off the event loop (else it runs here). `grammar`: `compile_grammar(params.structured_output)`
+        when the caller already awaited it (else it is compiled here, blocking up to the bound)."""
         self.text.check_ids(prompt_ids, has_media=media is not None)
         if media is not None:
             if list(prompt_ids) != media.prompt_ids:
@@ -174,6 +195,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             check_media_prompt(media, prompt_ids, self.config)
             media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
         spoken = self.text.check_budget(prompt_ids, params, spoken)
+        matcher = None
+        if params.structured_output is not None and spoken is None:  # a given answer generates nothing
+            compiled = grammar if grammar is not None else self.grammars.compile(params.structured_output)
+            matcher = self.grammars.matcher(compiled)
         state = _ThinkerState(
             request_id=request_id,
             output=self.new_output(),
@@ -183,6 +208,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             detok=IncrementalDetokenizer(self.tokenizer),
             media=media,
             spoken=spoken,
+            matcher=matcher,
         )
         if media is not None:
             merge = self.config.thinker_config.vision_config.spatial_merge_size
@@ -192,7 +218,12 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         return state.output
 
     # --- engine thread ------------------------------------------------------------------------------
+    def stop(self) -> None:
+        super().stop()
+        self.grammars.close()
+
     def _release(self, state: _ThinkerState) -> None:
+        state.matcher = None  # finished, failed or aborted: its grammar state goes with it
         if state.slot is not None:
             self.cache.release(state.slot)
             state.slot = None
@@ -350,11 +381,27 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
     def choose(self, states: Sequence[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
         """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
         ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
-        request's presence mask starts from its prompt on its first token."""
+        request's presence mask starts from its prompt on its first token.
+
+        Rows with a grammar choose only among the tokens it allows next: one bitmask for the batch,
+        filled for those rows (in parallel) and applied to their logits alone. A grammar that fails
+        here fails its request only (its row's token is then dropped by `_accept`)."""
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
                     self.sampler.reset(state.held_slot, state.prompt_ids)
+        constrained = [(row, s) for row, s in enumerate(states) if s.matcher is not None and not s.finished]
+        if constrained:
+            masked = [row for row, _ in constrained]
+            try:
+                self.grammar_mask.fill_rows([present(s.matcher) for _, s in constrained], masked)
+            except Exception:  # some row's grammar failed: row by row, each failure its request's alone
+                masked = []
+                for row, state in constrained:
+                    with self.row(state):
+                        self.grammar_mask.fill(present(state.matcher), row)
+                        masked.append(row)
+            self.grammar_mask.apply(logits, masked)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
@@ -365,6 +412,11 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             return
         state.generated.append(token)
         is_eos = token in self.eos_ids and not state.params.ignore_eos
+        if state.matcher is not None:
+            if not state.matcher.accept_token(token):
+                raise InternalError(f"the output grammar refused token {token}, which its mask allowed")
+            # Complete (its stop token taken): the answer ends here, even with ignore_eos.
+            is_eos = is_eos or state.matcher.is_terminated()
         done_length = len(state.generated) >= state.params.max_tokens
         finished = is_eos or done_length
         detok = present(state.detok)

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from omnistream.engine.chat_encoding import ChatEncoder
+from omnistream.engine.chat_encoding import ChatEncoder, Tools
 from omnistream.models.qwen3_omni.thinker.frame_video import FrameVideoProcessor
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import (
@@ -226,10 +226,12 @@ class MediaPromptBuilder:
         tok = processor.tokenizer
         self.placeholders = {tok.audio_token_id, tok.image_token_id, tok.video_token_id}
 
-    def build(self, messages: list[dict[str, Any]], use_audio_in_video: bool) -> MediaPrompt:
+    def build(
+        self, messages: list[dict[str, Any]], use_audio_in_video: bool, tools: Tools = None
+    ) -> MediaPrompt:
         media = check_media(messages, use_audio_in_video)  # first: it checks the parts' form too
-        self.chat.check(messages)
-        rendered, cut = self.chat.render(messages)
+        self.chat.check(messages, tools)
+        rendered, cut = self.chat.render(messages, tools)
         try:
             out = self.processor(
                 **processor_inputs(rendered, media, use_audio_in_video), return_text_replacement_offsets=True

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+import xgrammar as xgr
 
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import RequestState
@@ -41,6 +42,8 @@ class _ThinkerState(RequestState):
     prompt_positions: torch.Tensor | None = None  # [3, L] float64, a media prompt's
     prompt_deep: torch.Tensor | None = None
     prefix_keys: list[bytes] = field(default_factory=list)  # its sequence's block keys computed so far
+    # Its output grammar's state (grammar.py), when it has one; dropped when the request ends.
+    matcher: xgr.GrammarMatcher | None = None
 
 
 @dataclass

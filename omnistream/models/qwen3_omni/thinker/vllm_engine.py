@@ -11,7 +11,9 @@ conversation that re-sends its history each turn prefills only the new part), ch
 and given answers (speech), which need no model (`thinker/text.py`, shared with the transformers
 engine). Each request is one `AsyncLLM.generate` task over token ids with DELTA outputs; cancelling
 the task (the stream ended: client cancel, deadline, error) is what aborts it inside vLLM, through
-vLLM's own abort path in `generate`.
+vLLM's own abort path in `generate`. A request's output grammar (tool calls, response_format) goes to
+vLLM's own structured outputs (xgrammar): checked by vLLM's validation before the request is
+admitted, compiled and enforced inside vLLM's engine core.
 
 Text only: the talker needs nothing but the thinker's token ids for a text prompt (it embeds them
 itself); media prompts need the deep hidden rows at the media positions, which this engine does not
@@ -37,17 +39,28 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from omnistream.engine.api import FatalListener, StepListener
+from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.stats import EngineStats
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
-from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
+from omnistream.request.errors import (
+    InternalError,
+    InvalidRequest,
+    InvalidValue,
+    OmniError,
+    Overloaded,
+    Unavailable,
+)
 from omnistream.request.stage_chain import ThinkerParams
+from omnistream.request.structured import StructuredOutput
 
 log = logging.getLogger(__name__)
 
 INPUT_MODALITIES = ("text",)
+# How long vLLM's check of a request's output grammar may take before the request is refused.
+GRAMMAR_CHECK_TIMEOUT_S = 10.0
 TEXT_ONLY = (
     "this thinker replica (vLLM backend) takes text prompts only; requests with audio, images or "
     "video are served by a transformers thinker"
@@ -65,6 +78,7 @@ class _Request:
     started: bool = False  # vLLM (or the given answer) produced its first output
     generated: list[int] = field(default_factory=list)
     room: asyncio.Event = field(default_factory=asyncio.Event)
+    structured: Any = None  # vLLM's StructuredOutputsParams of its output grammar, when it has one
 
 
 class VllmThinkerEngine:
@@ -129,16 +143,43 @@ class VllmThinkerEngine:
         return str(ensure_converted(model_dir))
 
     # --- the engine API -------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]]) -> list[int]:
+    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
         """See `ThinkerText.encode_chat` (call it off the event loop)."""
-        return self.text.encode_chat(messages)
+        return self.text.encode_chat(messages, tools)
 
     def encode_assistant_text(self, text: str) -> list[int]:
         """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
         return self.text.encode_assistant_text(text)
 
-    def prepare_media(self, messages: list[dict[str, Any]], use_audio_in_video: bool = False) -> Any:
+    def prepare_media(
+        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+    ) -> Any:
         raise InvalidRequest(TEXT_ONLY, field="messages")
+
+    async def compile_grammar(self, structured: StructuredOutput) -> Any:
+        """vLLM's structured outputs for the grammar, checked by vLLM's own validation (which parses
+        it with xgrammar, off the event loop, within `GRAMMAR_CHECK_TIMEOUT_S`): a spec vLLM would
+        refuse is InvalidRequest naming the client's param before the request is admitted. vLLM
+        compiles it itself, in its engine core."""
+        from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
+
+        outputs = self._structured(structured)
+        check = self._sampling_for(ThinkerParams(structured_output=structured), outputs)
+        try:
+            await asyncio.wait_for(
+                asyncio.to_thread(validate_xgrammar_grammar, check), GRAMMAR_CHECK_TIMEOUT_S
+            )
+        except TimeoutError:
+            raise InvalidValue(
+                f"the output grammar was not checked within {GRAMMAR_CHECK_TIMEOUT_S:g} s (too large or "
+                "too complex)",
+                field=structured.param,
+            ) from None
+        except Exception as exc:
+            raise InvalidValue(
+                f"the output grammar does not compile: {exc}", field=structured.param
+            ) from None
+        return outputs
 
     def add_request(
         self,
@@ -147,9 +188,12 @@ class VllmThinkerEngine:
         params: ThinkerParams,
         media: Any = None,
         spoken: list[int] | None = None,
+        grammar: Any = None,
     ) -> OutputStream[Any]:
         """Checked as the transformers thinker checks (same errors), admitted under `max_requests`,
-        then run as one asyncio task; the returned stream ends with the request."""
+        then run as one asyncio task; the returned stream ends with the request. `grammar`: what
+        `compile_grammar(params.structured_output)` returned (else vLLM checks the grammar when
+        the request reaches it, and a refusal fails the stream)."""
         if media is not None:
             raise InvalidRequest(TEXT_ONLY, field="messages")
         self.text.check_ids(prompt_ids)
@@ -165,6 +209,10 @@ class VllmThinkerEngine:
         if len(self._requests) >= self.max_requests:
             raise Overloaded(f"thinker engine is at its limit of {self.max_requests} requests")
         request = _Request(request_id, None, list(prompt_ids), params, spoken)  # type: ignore[arg-type]
+        if params.structured_output is not None and spoken is None:
+            request.structured = (
+                grammar if grammar is not None else self._structured(params.structured_output)
+            )
         request.output = OutputStream(
             asyncio.get_running_loop(), self.output_capacity, on_consume=request.room.set
         )
@@ -247,10 +295,28 @@ class VllmThinkerEngine:
         self.llm.shutdown()
 
     # --- per request ----------------------------------------------------------------------------------
+    def _structured(self, structured: StructuredOutput) -> Any:
+        """Our grammar as vLLM's structured outputs (the same three kinds: grammar.py's)."""
+        from vllm.sampling_params import StructuredOutputsParams
+
+        if structured.kind == "json_schema":
+            return StructuredOutputsParams(json=structured.spec)
+        if structured.kind == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if structured.kind == "structural_tag":
+            return StructuredOutputsParams(structural_tag=structured.spec)
+        raise InvalidRequest(f"unknown structured output kind {structured.kind!r}", field=structured.param)
+
     def _sampling(self, request: _Request) -> Any:
+        return self._sampling_for(request.params, request.structured)
+
+    def _sampling_for(self, params: ThinkerParams, structured: Any) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams
 
-        s = request.params.sampling
+        s = params.sampling
+        # A grammar ends the answer at its end: its stop tokens (our end-of-turn ids) stop it even
+        # with ignore_eos, which never runs a grammar past its end.
+        stops = sorted(self.text.eos_ids) if structured is not None or not params.ignore_eos else []
         return SamplingParams(
             n=1,
             temperature=s.temperature,
@@ -258,13 +324,14 @@ class VllmThinkerEngine:
             top_k=s.top_k,
             repetition_penalty=s.repetition_penalty,
             seed=s.seed,
-            max_tokens=request.params.max_tokens,
+            max_tokens=params.max_tokens,
             # Our end-of-turn ids stop it (and are sent, as the transformers thinker sends them),
             # unless the request ignores them; vLLM's own EOS handling stays out of it.
             ignore_eos=True,
-            stop_token_ids=[] if request.params.ignore_eos else sorted(self.text.eos_ids),
+            stop_token_ids=stops,
             output_kind=RequestOutputKind.DELTA,
             detokenize=False,
+            structured_outputs=structured,
         )
 
     async def _generate(self, request: _Request) -> None:
@@ -340,7 +407,12 @@ class VllmThinkerEngine:
         if isinstance(exc, OmniError):
             error = exc
         elif isinstance(exc, VLLMClientError | ValueError):  # vLLM refused the request itself
-            error = InvalidRequest(f"the thinker's vLLM engine refused the request: {exc}")
+            structured = request.params.structured_output
+            error = InvalidRequest(
+                f"the thinker's vLLM engine refused the request: {exc}",
+                # With a grammar, it is what vLLM checks beyond our own checks.
+                field=structured.param if structured is not None else None,
+            )
         else:
             log.exception("thinker (vLLM): request %s failed", request.request_id, exc_info=exc)
             error = InternalError(f"thinker failed on this request: {type(exc).__name__}: {exc}")

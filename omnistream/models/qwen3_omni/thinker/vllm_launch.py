@@ -41,6 +41,7 @@ def start_async_llm(
 ) -> Any:
     """vLLM's AsyncLLM over `model` (a converted text directory, or with `native` the checkpoint
     itself), `on_step(scheduler_stats, iteration_stats)` called for every engine step it reports."""
+    from vllm.config import StructuredOutputsConfig
     from vllm.engine.arg_utils import AsyncEngineArgs
     from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -59,8 +60,13 @@ def start_async_llm(
         # vLLM's per-step token budget is our prefill chunk (its chunked prefill is on).
         max_num_batched_tokens=max(prefill_chunk, max_batch),
         enable_prefix_caching=True,
-        # Token ids in, token ids out: our tokenizer and chat encoding are the contract's.
-        skip_tokenizer_init=True,
+        # Token ids in, token ids out (requests ask for no detokenizing): our tokenizer and chat
+        # encoding are the contract's. vLLM still loads the tokenizer: its structured outputs build
+        # their token masks from it (the directory's tokenizer files, the thinker's own).
+        skip_tokenizer_init=False,
+        # Grammar-constrained decoding (tool calls, response_format) with xgrammar, which runs on
+        # the CPU as on GPUs; compact JSON, as the transformers thinker compiles it (grammar.py).
+        structured_outputs_config=StructuredOutputsConfig(backend="xgrammar", disable_any_whitespace=True),
         # Our sampling params are the request's whole truth (no generation_config defaults).
         generation_config="vllm",
         enforce_eager=not is_accelerator(device),

@@ -40,6 +40,7 @@ def test_the_page_is_served_at_root_and_playground(client, path):
         "realtime.js",
         "media.js",
         "turn-metrics.js",
+        "call-card.js",
         "player-worklet.js",
         "mic-worklet.js",
     ],
