@@ -14,17 +14,9 @@ import pytest
 from openai import AsyncOpenAI
 
 from tests.integration.conftest import configured_gateway, gateway_idle, gateway_url, wait_for
+from tests.integration.test_chat_tools import WEATHER_SCHEMA  # the same tool as the chat tests
 
 API_KEY = "realtime-tools-key"
-WEATHER_SCHEMA = {
-    "type": "object",
-    "properties": {
-        "city": {"type": "string", "enum": ["Paris", "Rome", "Oslo"]},
-        "celsius": {"type": "boolean"},
-    },
-    "required": ["city", "celsius"],
-    "additionalProperties": False,
-}
 WEATHER = {
     "type": "function",
     "name": "get_weather",

@@ -13,6 +13,7 @@ import grpc
 import jsonschema
 import pytest
 
+from gateway.tools.spec import CALL_END, Function, Named, call_begin, tool_use
 from omnistream.cli.launcher import start_services
 from omnistream.engine.load_options import LoadOptions
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
@@ -34,26 +35,11 @@ WEATHER = {
     "required": ["city", "days", "unit"],
     "additionalProperties": False,
 }
-CALL_BEGIN = '<tool_call>\n{"name": "get_weather", "arguments": '
-CALL_END = "}\n</tool_call>"
-NAMED_CALL = json.dumps(
-    {
-        "type": "structural_tag",
-        "format": {
-            "type": "triggered_tags",
-            "triggers": ["<tool_call>"],
-            "tags": [
-                {
-                    "begin": CALL_BEGIN,
-                    "content": {"type": "json_schema", "json_schema": WEATHER},
-                    "end": CALL_END,
-                }
-            ],
-            "at_least_one": True,
-            "stop_after_first": True,
-        },
-    }
-)
+# What the gateway sends for a named function (gateway/tools/spec.py).
+CALL_BEGIN = call_begin("get_weather")
+_NAMED = tool_use([Function("get_weather", parameters=WEATHER)], Named("get_weather")).structured_output
+assert _NAMED is not None
+NAMED_CALL = _NAMED.spec
 MESSAGES = [common_pb2.Message(role="user", content="What is the weather in Paris?")]
 
 

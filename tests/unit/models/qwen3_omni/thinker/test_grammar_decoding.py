@@ -13,6 +13,7 @@ import time
 import jsonschema
 import pytest
 
+from gateway.tools.spec import CALL_END, Function, Named, call_begin, tool_use
 from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
@@ -37,29 +38,9 @@ WEATHER = {
 SCHEMA = StructuredOutput("json_schema", json.dumps(WEATHER))
 # What the gateway sends for a named function (tool_choice {"function": {"name": "get_weather"}}):
 # the hermes / Qwen3 call format, the arguments held to the function's parameters.
-CALL_BEGIN = '<tool_call>\n{"name": "get_weather", "arguments": '
-CALL_END = "}\n</tool_call>"
-NAMED_CALL = StructuredOutput(
-    "structural_tag",
-    json.dumps(
-        {
-            "type": "structural_tag",
-            "format": {
-                "type": "triggered_tags",
-                "triggers": ["<tool_call>"],
-                "tags": [
-                    {
-                        "begin": CALL_BEGIN,
-                        "content": {"type": "json_schema", "json_schema": WEATHER},
-                        "end": CALL_END,
-                    }
-                ],
-                "at_least_one": True,
-                "stop_after_first": True,
-            },
-        }
-    ),
-)
+CALL_BEGIN = call_begin("get_weather")
+NAMED_CALL = tool_use([Function("get_weather", parameters=WEATHER)], Named("get_weather")).structured_output
+assert NAMED_CALL is not None
 
 
 @pytest.fixture(scope="module")
