@@ -16,8 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.api.openai.chat_responses import complete, sse_stream
-from gateway.api.openai.content import Content, to_content
 from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, unavailable
+from gateway.api.openai.messages import ChatMessage, Name, turn
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
@@ -30,51 +30,12 @@ from omnistream.request.generation import GenerationRequest
 # false): as OpenAI's API does, and as the published JSON schema says (an integer is still a number).
 STRICT = ConfigDict(extra="forbid", strict=True)
 
-# Names and labels, not prompt text: `model` is echoed into every streamed chunk, so an unbounded one
-# would multiply a request's size by the number of chunks.
-Name = Annotated[str, Field(max_length=256)]
-
-
-class FunctionCall(BaseModel):
-    model_config = STRICT
-    name: Name
-    arguments: str = Field(description="The arguments as JSON text.")
-
-
-class ToolCallParam(BaseModel):
-    """An earlier assistant turn's call (OpenAI's `tool_calls` entry)."""
-
-    model_config = STRICT
-    id: Name
-    type: Literal["function"] = "function"
-    function: FunctionCall
-
-
-class ChatMessage(BaseModel):
-    model_config = STRICT
-    role: Literal["system", "user", "assistant", "developer", "tool"]
-    content: Content | None = None
-    name: Name | None = None
-    tool_calls: list[ToolCallParam] | None = Field(None, description="Assistant turns: the calls it made.")
-    tool_call_id: Name | None = Field(None, description="Tool turns: the call this is the result of.")
-
-    @model_validator(mode="after")
-    def _fields_of_its_role(self) -> ChatMessage:
-        """What each role must and may hold, as OpenAI's message types say."""
-        if self.role == "tool" and self.tool_call_id is None:
-            raise ValueError("a tool message needs tool_call_id")
-        if self.role != "tool" and self.tool_call_id is not None:
-            raise ValueError("only a tool message has tool_call_id")
-        if self.role != "assistant" and self.tool_calls is not None:
-            raise ValueError("only an assistant message has tool_calls")
-        if self.content is None and not (self.role == "assistant" and self.tool_calls):
-            raise ValueError("content is required (an assistant message may instead have tool_calls)")
-        return self
-
 
 class FunctionParam(BaseModel):
     model_config = STRICT
-    name: str = Field(description="1 to 64 letters, digits, underscores or dashes.")
+    name: str = Field(
+        pattern=r"^[a-zA-Z0-9_-]{1,64}$", description="1 to 64 letters, digits, underscores or dashes."
+    )
     description: str | None = None
     parameters: dict[str, Any] | None = Field(
         None, description="A JSON schema of the arguments; absent: the function takes none."
@@ -281,20 +242,6 @@ def to_tool_use(body: ChatCompletionRequest) -> ToolUse:
         schema = fmt.json_schema.schema_ if isinstance(fmt, ResponseFormatJsonSchema) else None
         output = response_format_output(fmt.type, schema)
     return tool_use(functions, named or choice or "auto", body.parallel_tool_calls is not False, output)
-
-
-def turn(message: ChatMessage, index: int, url_prefixes: tuple[str, ...]) -> dict[str, Any]:
-    """One message as the request model's turn (GenerationRequest.messages)."""
-    content = "" if message.content is None else to_content(message.content, index, url_prefixes)
-    out: dict[str, Any] = {
-        "role": "system" if message.role == "developer" else message.role,
-        "content": content,
-    }
-    if message.tool_calls:
-        out["tool_calls"] = [c.model_dump() for c in message.tool_calls]
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    return out
 
 
 def to_request_input(

@@ -19,11 +19,12 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from gateway.admission.permits import Rejected
 from gateway.api.openai.content import PART_TAGS
+from gateway.api.openai.messages import ROLE_TAGS
 from gateway.api.openai.request_guards import BodyTooLarge, printable
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Unavailable, status_of
 
-# Tags of the message-content union: pydantic puts them in error locations, `param` leaves them out.
-UNION_TAGS = frozenset({"<string>", "<parts>"}) | PART_TAGS
+# Tags of the message and content unions: pydantic puts them in error locations, `param` leaves them out.
+UNION_TAGS = frozenset({"<string>", "<parts>"}) | PART_TAGS | ROLE_TAGS
 
 _TYPES = {
     401: "authentication_error",

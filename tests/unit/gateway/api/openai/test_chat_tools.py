@@ -191,7 +191,6 @@ def test_a_json_schema_answer_is_text_only_and_enforced(sdk):
             {"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}},
             "tool_choice",
         ),
-        ({"tools": [{**WEATHER, "function": {"name": "no spaces"}}]}, "tools.0.function.name"),
         (
             {"messages": [*ASK, {"role": "tool", "tool_call_id": "call_9", "content": "x"}]},
             "messages.1.tool_call_id",
@@ -219,12 +218,30 @@ def test_values_that_do_not_hold_together_are_400s_naming_the_param(sdk, fields,
     assert core.opened == []  # refused before anything ran
 
 
-def test_message_shapes_of_each_role_are_checked(sdk):
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "tool", "content": "x"}, "messages.0.tool_call_id"),
+        ({"role": "user", "content": None}, "messages.0.content"),
+        ({"role": "user"}, "messages.0.content"),
+        ({"role": "user", "content": "x", "tool_calls": []}, "messages.0.tool_calls"),
+        ({"role": "system", "content": "x", "tool_call_id": "c"}, "messages.0.tool_call_id"),
+        ({"role": "assistant"}, "messages.0"),
+        ({"role": "robot", "content": "x"}, "messages.0.role"),
+        ({"content": "x"}, "messages.0.role"),
+    ],
+)
+def test_message_shapes_of_each_role_are_checked_naming_the_field(sdk, message, param):
+    client, core = sdk
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="m", messages=[message])
+    assert caught.value.body["param"] == param
+    assert core.opened == []
+
+
+def test_a_function_name_outside_the_pattern_is_refused_naming_it(sdk):
     client, _ = sdk
-    for message in (
-        {"role": "tool", "content": "x"},  # no tool_call_id
-        {"role": "user", "content": None},
-        {"role": "user", "content": "x", "tool_calls": []},
-    ):
-        with pytest.raises(openai.UnprocessableEntityError):
-            client.chat.completions.create(model="m", messages=[message])
+    tools = [{**WEATHER, "function": {"name": "no spaces"}}]
+    with pytest.raises(openai.UnprocessableEntityError) as caught:
+        client.chat.completions.create(model="m", messages=ASK, tools=tools)
+    assert caught.value.body["param"] == "tools.0.function.name"
