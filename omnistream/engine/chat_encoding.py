@@ -154,7 +154,9 @@ class ChatEncoder:
         if isinstance(content, str):
             return self._cut_out(content, cut)
         return [
-            {**part, "text": self._cut_out(part["text"], cut)} if part.get("type") == "text" else part
+            {**part, "text": self._cut_out(part["text"], cut)}
+            if part.get("type") == "text"
+            else _keys_only(part)
             for part in content
         ]
 
@@ -220,3 +222,11 @@ def _splitting_copy(tokenizer: Any) -> Any:
             raise RuntimeError("the tokenizer's copy shares its backend")
         backend.encode_special_tokens = True
     return plain
+
+
+def _keys_only(part: Any) -> Any:
+    """A media part as the template sees it: its keys (templates test `'audio' in part`), not its
+    arrays, which the template never reads and transformers would walk and copy at every render."""
+    if not isinstance(part, dict):
+        return part
+    return {k: (v if isinstance(v, str | int | float | bool) or v is None else "") for k, v in part.items()}

@@ -225,6 +225,9 @@ class MediaPromptBuilder:
         self.max_model_len = max_model_len
         tok = processor.tokenizer
         self.placeholders = {tok.audio_token_id, tok.image_token_id, tok.video_token_id}
+        self._placeholder_text = {i: tok.convert_ids_to_tokens(i) for i in self.placeholders}
+        # A replacement is one placeholder repeated, or a video's interleaving: the same few recur.
+        self._replacement_ids: dict[str, list[int]] = {}
 
     def build(
         self, messages: list[dict[str, Any]], use_audio_in_video: bool, tools: Tools = None
@@ -232,14 +235,20 @@ class MediaPromptBuilder:
         media = check_media(messages, use_audio_in_video)  # first: it checks the parts' form too
         self.chat.check(messages, tools)
         rendered, cut = self.chat.render(messages, tools)
+        ids = self.chat.tokenize(rendered, cut)
+        # The processor is given the placeholders alone, in prompt order: each one's replacement
+        # depends on its media only, and the text around them (which the processor would tokenize,
+        # a whole conversation at every turn) is tokenized by `chat` already.
+        placeholders = "".join(self._placeholder_text[t] for t in ids if t in self.placeholders)
         try:
             out = self.processor(
-                **processor_inputs(rendered, media, use_audio_in_video), return_text_replacement_offsets=True
+                **processor_inputs(placeholders, media, use_audio_in_video),
+                return_text_replacement_offsets=True,
             )
         except ValueError as exc:  # e.g. a frame size the video processor refuses
             raise InvalidRequest(f"media cannot be processed: {exc}", field="messages") from exc
         replacements = [r["replacement"] for r in out["text_replacement_offsets"][0]]
-        prompt_ids = self._expand(self.chat.tokenize(rendered, cut), replacements)
+        prompt_ids = self._expand(ids, replacements)
         if len(prompt_ids) > self.max_model_len:
             raise InvalidRequest(
                 f"the prompt ({len(prompt_ids)} tokens with its media) exceeds the model length "
@@ -257,7 +266,13 @@ class MediaPromptBuilder:
                 text = next(pending, None)
                 if text is None:
                     raise InvalidRequest("the prompt has more placeholders than media", field="messages")
-                out += self.processor.tokenizer.encode(text, add_special_tokens=False)
+                expanded = self._replacement_ids.get(text)
+                if expanded is None:
+                    expanded = self.processor.tokenizer.encode(text, add_special_tokens=False)
+                    if len(self._replacement_ids) >= 4096:
+                        self._replacement_ids.clear()
+                    self._replacement_ids[text] = expanded
+                out += expanded
             else:
                 out.append(token)
         if next(pending, None) is not None:
