@@ -65,8 +65,10 @@ generate: tiny-model
 		--max-tokens 64 --max-audio-frames 100 --output-dir out/generate
 
 # Debian packages the tests use: espeak-ng renders real speech for the realtime tests, chromium runs
-# the playground's browser test. Installed only when missing (needs root or sudo and apt-get).
-SYSDEPS := espeak-ng chromium
+# the playground's browser test, prometheus (with promtool) checks deploy/prometheus and scrapes a real
+# stack (tests/deploy/test_prometheus.py starts the binary itself, on a port of its own). Installed only
+# when missing (needs root or sudo and apt-get).
+SYSDEPS := espeak-ng chromium prometheus
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 sysdeps:
 	@missing=""; for p in $(SYSDEPS); do command -v $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \

@@ -17,6 +17,7 @@ from gateway.serving.core import GatewayCore
 from omnistream.service.ports import listen_socket
 from omnistream.service.security import ApiKeyInterceptor, add_port, server_credentials
 from omnistream.service.server import GATEWAY_ORIGIN, add_health_and_reflection, build_server, set_serving
+from omnistream.service.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
 
@@ -30,12 +31,23 @@ def config_from_args(args: argparse.Namespace) -> GatewayConfig:
     return config
 
 
-async def serve(config: GatewayConfig) -> int:
+async def serve(config: GatewayConfig, otlp_traces_endpoint: str | None = None) -> int:
     """Bind both ports before anything starts, so a taken port ends the process with one line
-    (BindError, printed by the CLI) and nothing to clean up; then serve until SIGTERM/SIGINT."""
+    (BindError, printed by the CLI) and nothing to clean up; then serve until SIGTERM/SIGINT.
+    Tracing (when configured: the endpoint, or the OTEL_* environment) is installed before the
+    first request and flushed after the last."""
+    core = GatewayCore(config)
+    tracing = setup_tracing("gateway", otlp_traces_endpoint)
+    try:
+        return await _serve(core, config)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()  # the drained requests' last spans, within a bound
+
+
+async def _serve(core: GatewayCore, config: GatewayConfig) -> int:
     from gateway.api.grpc import SERVICE_NAME, add_gateway_api
 
-    core = GatewayCore(config)
     interceptors = None
     if config.api_key:
         interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"], GATEWAY_ORIGIN)]
@@ -109,4 +121,4 @@ async def serve(config: GatewayConfig) -> int:
 def main(args: argparse.Namespace) -> int:
     import uvloop
 
-    return uvloop.run(serve(config_from_args(args)))
+    return uvloop.run(serve(config_from_args(args), getattr(args, "otlp_traces_endpoint", None)))

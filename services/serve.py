@@ -16,6 +16,7 @@ from omnistream.models.family import family_for
 from omnistream.service.bootstrap import ServeOptions, run_stage_server
 from omnistream.service.cpu_priority import lower_cpu_priority
 from omnistream.service.metrics import StageMetrics
+from omnistream.service.tracing import setup_tracing
 from services import serve_args
 
 
@@ -79,7 +80,13 @@ async def serve(args: argparse.Namespace) -> int:
         await family.probe_speed(args.stage, engine)
         servicer.speed.seed()
 
-    return await run_stage_server(servicer, warmup, serve_options)
+    # Installed before the first stream can open; flushed (within its bound) once the server stopped.
+    tracing = setup_tracing(args.stage, args.otlp_traces_endpoint)
+    try:
+        return await run_stage_server(servicer, warmup, serve_options)
+    finally:
+        if tracing is not None:
+            tracing.shutdown()
 
 
 def main(args: argparse.Namespace) -> int:

@@ -18,6 +18,7 @@ from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
 from omnistream.service.cpu_priority import MAX_NICE
 from omnistream.service.settings import add_flags, setting, settings_of
+from omnistream.service.tracing import ENDPOINT_HELP, ENDPOINT_SHOWN, endpoint_flag
 from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 MODEL_ENV = "OMNISTREAM_MODEL"
@@ -98,6 +99,9 @@ class StageSettings:
     tls_cert: str | None = setting(None, help="PEM certificate: serve gRPC over TLS")
     tls_key: str | None = setting(None, help="PEM private key of --tls-cert")
     tls_client_ca: str | None = setting(None, help="PEM CA: require client certificates signed by it (mTLS)")
+    otlp_traces_endpoint: str | None = setting(
+        None, parse=endpoint_flag, metavar="URL", shown=ENDPOINT_SHOWN, help=ENDPOINT_HELP
+    )
 
 
 @dataclass

@@ -102,18 +102,22 @@ class Admission:
     async def acquire(self, audio: bool = False, request_id: str | None = None) -> Permit:
         """A permit; with `audio`, only once the audio gate lets one more stream start."""
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.queue_timeout
+        started = loop.time()
+        deadline = started + self.queue_timeout
         if audio:
             if self._concurrency_full():
                 raise self._refusal()
             await self._acquire_audio(deadline, request_id)
+        held = loop.time() - started
         try:
             await self._acquire_slot(deadline)
         except BaseException:
             if audio:
                 self._release_audio()
             raise
-        return Permit(self, audio)
+        permit = Permit(self, audio)
+        permit.held_s, permit.waited_s = held, loop.time() - started
+        return permit
 
     def _concurrency_full(self) -> bool:
         """Would `_acquire_slot` refuse right now?"""
@@ -248,6 +252,9 @@ class Permit:
         self.audio = audio  # counted among the audio streams (Admission.audio_active)
         self.starting = False  # counted among the fragile ones (Admission.audio_starting)
         self.need: float | None = None  # the headroom its first chunk was sized for (None: unknown)
+        # Seconds `acquire` waited in all, and of those in the audio hold (the request's span says).
+        self.waited_s = 0.0
+        self.held_s = 0.0
         self._released = False
 
     def mark_starting(self, need: float | None = None) -> None:

@@ -8,6 +8,9 @@ handlers, the body limit, the realtime WebSocket and the playground page.
 
 from __future__ import annotations
 
+import inspect
+from typing import Any
+
 from fastapi import FastAPI
 
 from gateway.api import probes
@@ -19,10 +22,22 @@ from gateway.playground import routes as playground
 from gateway.realtime.server import add_realtime_route
 from gateway.serving.core import GatewayCore
 
+# FastAPI's own OpenTelemetry (newer FastAPI: a span per HTTP request, WebSocket and dependency, as
+# soon as a tracer provider is installed) stays off: the gateway's spans are one SERVER span per
+# request on every face, REST, gRPC and realtime alike (gateway/serving/tracing.py), and probes and
+# /metrics scrapes make none.
+NATIVE_TELEMETRY_OFF = {"tracing": False, "metrics": False, "logs": False}
+
+
+def _fastapi(**kwargs: Any) -> FastAPI:
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters:
+        kwargs["telemetry"] = NATIVE_TELEMETRY_OFF
+    return FastAPI(**kwargs)
+
 
 def build_app(core: GatewayCore) -> FastAPI:
     """The app serving `core` on the HTTP port."""
-    app = FastAPI(
+    app = _fastapi(
         title="omnistream gateway",
         version="0.1.0",
         description="OpenAI-compatible chat completions with streamed text and audio (Qwen3-Omni).",

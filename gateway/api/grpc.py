@@ -25,6 +25,7 @@ import numpy as np
 
 from gateway.admission.permits import Rejected
 from gateway.media.parts import from_bytes
+from gateway.serving.tracing import grpc_entry
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
 from omnistream.request.errors import InvalidRequest, OmniError, Unavailable
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
@@ -219,7 +220,9 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             request = checked(request)  # bytes that did not parse: INVALID_ARGUMENT, not UNKNOWN
             generation = to_generation_request(request, self.core.config, self.core.deployment.voices)
             timeout = request_timeout(request, context.time_remaining())
-            session = await self.core.open(generation, request_id=request.request_id or None, timeout=timeout)
+            trace = grpc_entry(SERVICE_NAME, "Generate", context.invocation_metadata())
+            rid = request.request_id or None
+            session = await self.core.open(generation, request_id=rid, timeout=timeout, trace=trace)
         except Rejected as exc:
             await context.abort(
                 grpc.StatusCode.RESOURCE_EXHAUSTED,

@@ -33,6 +33,7 @@ from gateway.realtime.session import Conversation, Item
 from gateway.realtime.vad import INPUT_RATE
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
+from gateway.serving.tracing import realtime_entry
 from gateway.tools.parser import CallPiece, Piece, TextPiece, ToolCallParser
 from gateway.tools.spec import ToolUse
 from omnistream.request.errors import InternalError, OmniError
@@ -209,13 +210,13 @@ class ResponseRun:
 
     async def _open(self) -> Session:
         try:
-            return await self.core.open(self.request)
+            return await self.core.open(self.request, trace=realtime_entry(self.id))
         except OmniError as exc:
             request = await self.refit(exc) if self.refit is not None else None
             if request is None:
                 raise
             self.request = request
-            return await self.core.open(request)
+            return await self.core.open(request, trace=realtime_entry(self.id))
 
     async def _stream(self) -> None:
         self.session = session = await self._open()

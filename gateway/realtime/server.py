@@ -26,6 +26,7 @@ from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.serving.core import GatewayCore
+from gateway.serving.tracing import remote_parent
 from omnistream.service.security import bearer_matches
 
 KEY_PROTOCOL = "openai-insecure-api-key."
@@ -135,7 +136,8 @@ def add_realtime_route(app: FastAPI, core: GatewayCore) -> None:
         state.sessions += 1
         state.open_sessions.inc()
         try:
-            await _serve(websocket, core, state, beta)
+            with remote_parent(websocket.headers):  # the upgrade's traceparent: each response's parent
+                await _serve(websocket, core, state, beta)
         finally:
             state.sessions -= 1
             state.open_sessions.dec()

@@ -33,6 +33,7 @@ from gateway.media.parts import pending
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.session import Session
 from gateway.serving.stage_calls import StageStubs, run_stages
+from gateway.serving.tracing import Incoming, RequestSpan
 from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
 from omnistream.request.errors import InvalidRequest, OmniError, TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
@@ -127,6 +128,12 @@ class GatewayCore:
             headroom=lambda streams: self.audio_capacity().headroom(streams),
             audio_streams=lambda: self.admission.audio_active,
             audio_held=lambda: self.admission.audio_held,
+        )
+        self.metrics.watch_replicas(
+            tuple(self.replicas.sets),
+            lambda stage, rotating: sum(
+                r.in_rotation == rotating for r in self.replicas.sets[stage].replicas
+            ),
         )
 
     async def start(self) -> None:
@@ -274,9 +281,27 @@ class GatewayCore:
         return fps, self._code2wav_pause(streams, chunk), jitter
 
     async def open(
-        self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None
+        self,
+        request: GenerationRequest,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        trace: Incoming | None = None,
     ) -> Session:
-        rid = validate_request_id(request_id or uuid.uuid4().hex)
+        """The admitted, running request (`Session`), or the error that refused it. `trace`: the
+        entry point's span name and the caller's trace context (gateway/serving/tracing.py): the
+        request's span starts here, so a refusal ends it with its status, and the session ends it
+        otherwise."""
+        rid = request_id or uuid.uuid4().hex
+        span = RequestSpan(trace, rid, request)
+        try:
+            return await self._open(request, validate_request_id(rid), timeout, span)
+        except BaseException as exc:
+            span.refused(exc)
+            raise
+
+    async def _open(
+        self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan
+    ) -> Session:
         try:
             self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
             await self.prepare(request)
@@ -294,6 +319,7 @@ class GatewayCore:
         plan = self.chunk_plan(request, permit)
         if permit.audio:
             permit.need = self.start_need(request, plan)
+        span.admitted(permit, self.deployment.model_id, plan.initial if request.return_audio else None)
         stages = stages_for(request)
         kinds = media_kinds(request.messages)  # the thinker picked must take them all
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
@@ -315,12 +341,24 @@ class GatewayCore:
             stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
             # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
             stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
-            body = functools.partial(run_stages, stubs, request, stage_rid, plan, timeout=timeout)
+            calls = span.stage_calls({r.stage: r.address for r in picked}, stage_rid)  # None: off
+            body = functools.partial(
+                run_stages, stubs, request, stage_rid, plan, timeout=timeout, trace=calls
+            )
             first_chunk_s = plan.initial / (self.deployment.frames_per_second or DEFAULT_FRAME_RATE)
             audio_s = first_chunk_s if request.return_audio else None
             guard = self.config.audio_start_guard if self.config.audio_hold else 0.0
             session = Session(
-                self.metrics, self.replicas.mark_failed, rid, permit, picked, body, deadline, audio_s, guard
+                self.metrics,
+                self.replicas.mark_failed,
+                rid,
+                permit,
+                picked,
+                body,
+                deadline,
+                audio_s,
+                guard,
+                span,
             )
             session.start()
             try:
@@ -329,6 +367,7 @@ class GatewayCore:
                 retry = exc.kind == "unavailable" and getattr(exc, "stage", None) and attempt + 1 < attempts
                 if retry:
                     log.warning("request %s: %s; retrying on another replica", rid, exc.message)
+                    span.retried(exc, attempt + 1)
                     permit = await self.admission.acquire_now(audio=request.return_audio)
                     self.metrics.in_flight.inc()
                     continue

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
 from gateway.admission.audio_capacity import AUDIO_STAGES
 from omnistream.audio.listener import Listening
@@ -20,6 +20,10 @@ UNDERRUN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0
 class GatewayMetrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         r = self.registry = registry or CollectorRegistry()
+        # The process's RSS, CPU and GC, as every stage exports them (the default registry's), so
+        # one alert and one panel cover all four processes.
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.ttft = Histogram(
             "omnistream_time_to_first_token_seconds",
             "Time to the first text delta",
@@ -109,6 +113,13 @@ class GatewayMetrics:
             ["reason"],
             registry=r,
         )
+        self.replicas = Gauge(
+            "omnistream_stage_replicas",
+            "Replicas of a stage the gateway knows, by state (in_rotation: healthy and serving; "
+            "out_of_rotation: failed a call or a health check, draining, or not ready yet)",
+            ["stage", "state"],
+            registry=r,
+        )
         self.assumed_capacity = Gauge(
             "omnistream_audio_assumed_capacity_per_second",
             "Codec frames per busy second an audio stage would sustain with one more audio stream, "
@@ -116,6 +127,15 @@ class GatewayMetrics:
             ["stage"],
             registry=r,
         )
+
+    def watch_replicas(self, stages: Iterable[str], count: Callable[[str, bool], int]) -> None:
+        """`count(stage, in_rotation)`: the replicas of a stage the gateway knows that are in
+        rotation (healthy, serving) or not; read at each scrape."""
+        for stage in stages:
+            for state, rotating in (("in_rotation", True), ("out_of_rotation", False)):
+                self.replicas.labels(stage=stage, state=state).set_function(
+                    lambda stage=stage, rotating=rotating: count(stage, rotating)
+                )
 
     def watch_audio(
         self,

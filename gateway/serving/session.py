@@ -12,6 +12,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from gateway.admission.permits import Permit
 from gateway.admission.start_guard import StartGuard
@@ -21,6 +22,9 @@ from omnistream.audio.listener import AudioArrival, Listening, listen
 from omnistream.request.errors import DeadlineExceeded, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
+
+if TYPE_CHECKING:
+    from gateway.serving.tracing import RequestSpan
 
 AUDIO_BUFFER = 64  # audio chunks held for a slow reader before the stages feel backpressure
 
@@ -72,6 +76,7 @@ class Timings:
     last_text: float | None = None
     first_audio: float | None = None
     last_audio: float | None = None
+    ended: float | None = None  # when the DoneEvent was handed out
     audio_seconds: float = 0.0
     # Each audio chunk as the client was handed it (the listener model, omnistream/audio/listener.py)
     audio_chunks: list[AudioArrival] = field(default_factory=list)
@@ -91,13 +96,16 @@ class Session:
         deadline: float,
         first_chunk_s: float | None = None,
         start_guard: float = 0.0,
+        trace: RequestSpan | None = None,
     ) -> None:
         """`metrics`: where the request's latencies and end go; `mark_failed`: called for each of its
         replicas whose stage said it is unavailable (the core takes it out of rotation). Passed in,
         not read off the core: a session needs nothing else of it.
         `first_chunk_s`: the audio seconds of the request's first chunk, when it has audio; while
         a stream that started with less than `start_guard` seconds has less than that in hand, new
-        audio starts wait (the start guard, gateway/admission/start_guard.py)."""
+        audio starts wait (the start guard, gateway/admission/start_guard.py).
+        `trace`: the request's span (gateway/serving/tracing.py), ended by `aclose` once `prime`
+        succeeded; before that the core ends it (a failed attempt may be retried on another replica)."""
         self._metrics = metrics
         self._mark_failed = mark_failed
         self.request_id = request_id
@@ -111,6 +119,9 @@ class Session:
         self.done: DoneEvent | None = None
         self._closed = False
         self._status = "cancelled"
+        self.error: BaseException | None = None  # what ended it, when an error did
+        self._trace = trace
+        self._owns_trace = False
         self._first: Event | None = None
         self._start_guard = StartGuard(permit, first_chunk_s, start_guard)
 
@@ -141,6 +152,7 @@ class Session:
     async def next_event(self) -> Event:
         item = await self._collector.get()
         if isinstance(item, BaseException):
+            self.error = item
             if isinstance(item, OmniError):
                 self._note_failure(item)
             raise item
@@ -164,6 +176,7 @@ class Session:
             self._start_guard.on_audio(lambda: self._audio_in_hand(now))
         elif isinstance(item, DoneEvent):
             self.done = item
+            t.ended = now
             m.e2e.observe(now - t.started)
             if t.audio_seconds > 0 and t.last_audio is not None:
                 m.rtf.observe((t.last_audio - t.started) / t.audio_seconds)
@@ -172,6 +185,11 @@ class Session:
                 m.observe_listening(heard)
             self._status = "ok"
         return item
+
+    @property
+    def status(self) -> str:
+        """How it ended (or ends, if it stopped now): ok, cancelled, or the error's kind."""
+        return self._status
 
     def listening(self) -> Listening:
         """What a listener playing this request's audio as the gateway handed it out heard so far
@@ -187,6 +205,7 @@ class Session:
             self._status = exc.kind if isinstance(exc, OmniError) else "cancelled"
             await self.aclose()
             raise
+        self._owns_trace = True
 
     async def events(self) -> AsyncIterator[Event]:
         try:
@@ -225,3 +244,5 @@ class Session:
         self._permit.release()
         self._metrics.in_flight.dec()
         self._metrics.finished.labels(status=self._status).inc()
+        if self._owns_trace and self._trace is not None:
+            self._trace.finish(self)

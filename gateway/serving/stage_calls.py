@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import grpc
 import numpy as np
 
+from gateway.serving.tracing import StageCalls
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.errors import InternalError, OmniError, Unavailable, from_grpc
@@ -109,18 +110,27 @@ async def run_stages(
     emit: Emit,
     timeout: float | None = None,
     with_codes: bool = False,
+    trace: StageCalls | None = None,
 ) -> DoneEvent:
     """Run one request through the stages, handing each event to `emit` as it comes; returns the
     summary. `emit` is the request's one buffer (the gateway's per-client collector), so nothing
     queues between the stages and it. Codec frames become CodesEvents only `with_codes` (tests and
-    tools that compare codes): a client never sees them, so the gateway does not decode them."""
+    tools that compare codes): a client never sees them, so the gateway does not decode them.
+    `trace`: the CLIENT spans of the calls (gateway/serving/tracing.py), each call's `traceparent`
+    in its metadata; ended here however the calls end."""
     request.validate()
     started = time.perf_counter()
     opens = stage_opens(request, plan)
     audio = TALKER in stages_for(request)
-    thinker = stubs.thinker.Stream(timeout=timeout)
-    talker = stubs.talker.Stream(timeout=timeout) if audio else None
-    code2wav = stubs.code2wav.Stream(timeout=timeout) if audio else None
+
+    def stream(stub, stage: str):
+        if trace is None:  # tracing off: the call as it always was
+            return stub.Stream(timeout=timeout)
+        return stub.Stream(timeout=timeout, metadata=trace.metadata(stage))
+
+    thinker = stream(stubs.thinker, "thinker")
+    talker = stream(stubs.talker, "talker") if audio else None
+    code2wav = stream(stubs.code2wav, "code2wav") if audio else None
     calls = [c for c in (thinker, talker, code2wav) if c is not None]
     state = {"prompt_ids": [], "output_ids": [], "reason": "stop", "frames": 0, "samples": 0, "cached": 0}
     marks: dict[str, float] = {}
@@ -214,6 +224,7 @@ async def run_stages(
                 rate = chunk.sample_rate
                 await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
+    ended: BaseException | None = None
     try:
         if audio:
             # Both accept their open before any thinker output can be forwarded to them.
@@ -233,9 +244,28 @@ async def run_stages(
             e2e=time.perf_counter() - started,
             cached_tokens=state["cached"],
         )
+    except BaseException as exc:
+        ended = exc
+        raise
     finally:
         for call in calls:
             call.cancel()
+        if trace is not None:
+            trace.end(ended, _call_results(state, marks, started))
+
+
+def _call_results(state: dict, marks: dict[str, float], started: float) -> dict[str, dict]:
+    """What each stage call produced, as its CLIENT span's attributes."""
+    thinker = {
+        "gen_ai.usage.prompt_tokens": len(state["prompt_ids"]),
+        "gen_ai.usage.completion_tokens": len(state["output_ids"]),
+    }
+    if "ttft" in marks:
+        thinker["gen_ai.latency.time_to_first_token"] = marks["ttft"] - started
+    code2wav = {"omnistream.audio.samples": state["samples"]}
+    if "ttfp" in marks:
+        code2wav["omnistream.audio.time_to_first_audio"] = marks["ttfp"] - started
+    return {"thinker": thinker, "talker": {"omnistream.audio.frames": state["frames"]}, "code2wav": code2wav}
 
 
 @contextlib.asynccontextmanager

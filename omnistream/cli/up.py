@@ -42,6 +42,7 @@ from omnistream.engine.load_options import (
 )
 from omnistream.service.ports import in_use_message, port_in_use
 from omnistream.service.settings import add_flags, as_flags, table
+from omnistream.service.tracing import add_endpoint_argument
 from services.serve_args import ThinkerSettings, nice_value, non_negative_gib, positive_int
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
@@ -113,6 +114,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     # (not given: the gateway's default).
     add_flags(p, GatewayConfig, names=("audio_hold",), only_given=False)
     add_flags(p, GatewayConfig, names=ADMISSION_SETTINGS)
+    # Handed to all four processes (each exports its own spans: omnistream/service/tracing.py).
+    add_endpoint_argument(p, ", from every service `up` starts")
     p.add_argument(
         "--vllm-python",
         default=None,
@@ -167,6 +170,7 @@ def start_stack(
     vllm_python_path: str | None = None,
     thinker_nice: int = DEFAULT_THINKER_NICE,
     prefix_cache_gib: float | None = None,
+    otlp_traces_endpoint: str | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
 
@@ -187,12 +191,17 @@ def start_stack(
     started here share this machine's cores.
 
     `prefix_cache_gib`: the thinker's and the talkers' `serve --prefix-cache-gib` (None: their default).
+
+    `otlp_traces_endpoint`: every service's `--otlp-traces-endpoint` (None: the OTEL_* environment,
+    which the services inherit, decides).
     """
     devices = devices or {}
     prefill = ["--prefill-chunk", str(prefill_chunk)]
+    traced = [] if otlp_traces_endpoint is None else ["--otlp-traces-endpoint", otlp_traces_endpoint]
 
     def stage_args(stage: str) -> list[str]:
         args = ["serve", stage, "--model", model, "--dtype", dtype, "--device", devices.get(stage, device)]
+        args += traced
         return [*args, "--allow-float64"] if allow_float64 else args
 
     cached = [] if prefix_cache_gib is None else ["--prefix-cache-gib", str(prefix_cache_gib)]
@@ -213,7 +222,7 @@ def start_stack(
         grpc_port=grpc_port,
         max_concurrency=max_concurrency,
         audio_hold=audio_hold,
-        gateway_flags=gateway_flags,
+        gateway_flags=[*gateway_flags, *traced],
         cancel=cancel,
     )
 
@@ -353,6 +362,7 @@ def run_up(args: argparse.Namespace) -> int:
             vllm_python_path=args.vllm_python,
             thinker_nice=args.thinker_nice,
             prefix_cache_gib=args.prefix_cache_gib,
+            otlp_traces_endpoint=args.otlp_traces_endpoint,
         )
         _say(usage_text(args.host, gateway.http_port, gateway.port))
         return _supervise(services, stop)

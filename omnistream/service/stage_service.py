@@ -25,6 +25,7 @@ from omnistream.service.server import (
     abort_with,
 )
 from omnistream.service.speed import SpeedMeter
+from omnistream.service.stage_tracing import StreamSpan
 from omnistream.wire.chunk_key import ChunkKey, SequenceChecker, Stage, validate_request_id
 from omnistream.wire.convert import checked_cache_scope, plan_from_fields
 from omnistream.wire.grpc_codec import Method, add_service, checked, parsed
@@ -196,6 +197,9 @@ class StageServicer:
         requests = parsed(request_iterator)
         self.open_streams += 1
         self.metrics.streams.inc()
+        span = StreamSpan(
+            self.stage.value, self.request_type.DESCRIPTOR.file.package + "." + self.service_name, context
+        )
         admitted: Admitted | None = None
         pump_task: asyncio.Task | None = None
         ok = False
@@ -206,6 +210,7 @@ class StageServicer:
             # Nothing awaits between the engine's add (inside _open) and this line.
             self._stream_outputs[admitted.request_id] = admitted.output
             self.metrics.requests.inc()
+            span.admitted(admitted.request_id, self.engine.counts)
             # Initial metadata tells the caller the open was accepted (before any output exists), so
             # a gateway learns of a refused or unreachable stage before it streams to its client.
             await context.send_initial_metadata(())
@@ -213,6 +218,7 @@ class StageServicer:
             pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done, context))
             async for chunk in admitted.chunks:
                 self.metrics.chunks_out.inc()
+                span.chunk(chunk)
                 await context.write(chunk)
             ok = True
             output_done.set()
@@ -221,8 +227,12 @@ class StageServicer:
                     await asyncio.wait_for(asyncio.shield(pump_task), INPUT_DRAIN_SECONDS)
         except OmniError as exc:
             self.metrics.error(exc.kind)
+            span.failed(exc)
             await self._drain_before_error(requests, pump_task)
             await abort_with(context, exc)
+        except BaseException as exc:  # cancelled (the caller ended the call) or a bug: recorded, raised
+            span.failed(exc)
+            raise
         finally:
             self.metrics.streams.dec()
             self.open_streams -= 1
@@ -236,6 +246,7 @@ class StageServicer:
                     del self._stream_outputs[rid]
                 if self.engine.abort(rid, admitted.output) or not ok:
                     self.metrics.aborts.inc()
+            span.end(context, admitted.checker.expected.index - 1 if admitted is not None else 0)
 
     async def _drain_before_error(self, requests: AsyncIterator, pump_task: asyncio.Task | None) -> None:
         """Read what the client is still writing before the status ends the call.

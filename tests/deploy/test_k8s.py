@@ -9,6 +9,7 @@ and names the stage Services, the GPU variant requests GPUs and mounts the check
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -20,15 +21,19 @@ from gateway.config import GatewayConfig
 from .conftest import DEPLOY, cli_args, flag, run, tool
 
 K8S = DEPLOY / "k8s"
+MONITORING = K8S / "monitoring"  # optional: needs the Prometheus Operator's CRDs
 KUBERNETES_VERSION = "1.37.0"  # the newest schemas kubernetes-validate ships
 STAGES = ("thinker", "talker", "code2wav")
 LABELS = ("app.kubernetes.io/name", "app.kubernetes.io/component")
 
 
 def resource_files() -> list:
-    """Every file a kustomization lists as a resource (patches are checked once rendered)."""
+    """Every file a kustomization lists as a resource (patches are checked once rendered); the
+    ServiceMonitors are custom resources no Kubernetes schema knows (checked on their own below)."""
     files = []
     for kustomization in sorted(K8S.glob("*/kustomization.yaml")):
+        if kustomization.parent == MONITORING:
+            continue
         for entry in yaml.safe_load(kustomization.read_text())["resources"]:
             path = kustomization.parent / entry
             if path.is_file():
@@ -66,6 +71,7 @@ def test_every_manifest_passes_strict_validation():
     assert {f.name for f in files} >= {
         "namespace.yaml",
         "configmap.yaml",
+        "otel.yaml",
         "thinker.yaml",
         "talker.yaml",
         "code2wav.yaml",
@@ -85,7 +91,10 @@ def test_validation_is_not_vacuous(tmp_path):
     assert result.returncode != 0 and "grcp" in result.stdout + result.stderr
 
 
-@pytest.mark.parametrize("variant", ["base", "gpu", "gpu-vllm"])
+VARIANTS = ["base", "gpu", "gpu-vllm"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
 def test_rendered_variants_pass_strict_validation(variant, tmp_path):
     docs, path = render(variant, tmp_path)
     assert {d["kind"] for d in docs} >= {"Deployment", "Service", "ConfigMap", "PodDisruptionBudget"}
@@ -98,7 +107,8 @@ def _container(deployment: dict) -> dict:
 
 
 def _env(container: dict) -> dict[str, str]:
-    return {e["name"]: e.get("value") for e in container.get("env", [])}
+    """The container's literal env values (those from a ConfigMap or Secret are not known here)."""
+    return {e["name"]: e["value"] for e in container.get("env", []) if "value" in e}
 
 
 def test_stages_have_headless_services_grpc_probes_and_resources():
@@ -221,6 +231,107 @@ def test_gpu_vllm_variant_adds_one_vllm_thinker_the_gateway_knows(tmp_path):
     assert deployments["thinker"]["spec"]["replicas"] == 1
     thinker = _container(deployments["thinker"])
     assert cli_args(thinker["args"], _env(thinker)).backend == "transformers"
-    (configmap,) = by_kind(docs, "ConfigMap").values()
+    configmap = by_kind(docs, "ConfigMap")["omnistream-gateway"]
     config = yaml.safe_load(configmap["data"]["gateway.yaml"])
     assert config["stages"]["thinker"] == ["dns:///thinker:50051", "dns:///thinker-vllm:50051"]
+
+
+def _component(doc: dict) -> str:
+    return doc["metadata"]["labels"]["app.kubernetes.io/component"]
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_pods_carry_scrape_annotations_and_the_traces_endpoint(variant, tmp_path):
+    """Every pod says where its metrics are (prometheus.io/scrape, port, path: the port its
+    container serves them on), and every container takes OTEL_EXPORTER_OTLP_TRACES_ENDPOINT from
+    the omnistream-otel ConfigMap, which is in the variant and empty (tracing off) by default."""
+    docs, _ = render(variant, tmp_path)
+    configmaps = by_kind(docs, "ConfigMap")
+    deployments = by_kind(docs, "Deployment")
+    assert set(deployments) >= {*STAGES, "gateway"}
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]
+        annotations = pod["metadata"]["annotations"]
+        container = _container(deployment)
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        metrics_port = ports["http"] if _component(deployment) == "gateway" else ports["metrics"]
+        if _component(deployment) != "gateway":
+            assert cli_args(container["args"], _env(container)).metrics_port == metrics_port, name
+        assert annotations["prometheus.io/scrape"] == "true", name
+        assert int(annotations["prometheus.io/port"]) == metrics_port, name
+        assert annotations["prometheus.io/path"] == "/metrics", name
+        (otel,) = [e for e in container["env"] if e["name"] == "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        ref = otel["valueFrom"]["configMapKeyRef"]
+        assert ref["optional"] is True, name  # a cluster without the ConfigMap still starts
+        assert configmaps[ref["name"]]["data"][ref["key"]] == "", name
+
+
+def _selects(selector: dict, labels: dict[str, str]) -> bool:
+    """A label selector (matchLabels, matchExpressions with In/NotIn) against a set of labels."""
+    if not selector.get("matchLabels", {}).items() <= labels.items():
+        return False
+    for expression in selector.get("matchExpressions", []):
+        value = labels.get(expression["key"])
+        inside = value in expression["values"]
+        if inside != {"In": True, "NotIn": False}[expression["operator"]]:
+            return False
+    return True
+
+
+def _relabel(rules: list[dict], labels: dict[str, str]) -> dict[str, str]:
+    """Prometheus' `replace` relabeling (anchored regex, $n in the replacement), enough for a
+    ServiceMonitor's relabelings."""
+    labels = dict(labels)
+    for rule in rules:
+        source = ";".join(labels.get(s, "") for s in rule.get("sourceLabels", []))
+        match = re.fullmatch(rule.get("regex", "(.*)"), source)
+        if match:
+            replacement = re.sub(r"\$(\d+)", r"\\g<\1>", rule.get("replacement", "$1"))
+            labels[rule["targetLabel"]] = match.expand(replacement)  # an unmatched group: ""
+    return labels
+
+
+def test_service_monitors_scrape_every_service_under_the_jobs_the_rules_use(tmp_path):
+    """deploy/k8s/monitoring (kept out of the variants: it needs the Operator's CRDs): its
+    ServiceMonitors select every Service of the stack, on a port that Service has, and name each
+    target's job as deploy/prometheus/prometheus.yml does (the jobs the alert rules select)."""
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        pytest.skip("kubectl is not installed: the kustomize overlays cannot be rendered")
+    result = run(kubectl, "kustomize", MONITORING)
+    assert result.returncode == 0, result.stderr
+    monitors = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert monitors and {(d["apiVersion"], d["kind"]) for d in monitors} == {
+        ("monitoring.coreos.com/v1", "ServiceMonitor")
+    }
+    for variant in VARIANTS:  # a plain `kubectl apply -k` of a variant needs no CRD
+        docs, _ = render(variant, tmp_path)
+        assert not any(d["apiVersion"].startswith("monitoring.coreos.com/") for d in docs), variant
+    jobs = {
+        j["job_name"]
+        for j in yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    }
+    docs, _ = render("gpu-vllm", tmp_path)  # every Service there is: the vLLM thinker's too
+    services = by_kind(docs, "Service")
+    scraped: dict[str, str] = {}
+    for service_name, service in services.items():
+        labels = service["metadata"]["labels"]
+        for monitor in monitors:
+            if monitor["metadata"]["namespace"] != service["metadata"]["namespace"]:
+                continue
+            if not _selects(monitor["spec"]["selector"], labels):
+                continue
+            ports = {p["name"] for p in service["spec"]["ports"]}
+            for endpoint in monitor["spec"]["endpoints"]:
+                assert endpoint["port"] in ports, (monitor["metadata"]["name"], service_name)
+                assert endpoint.get("path", "/metrics") == "/metrics"
+                meta = {
+                    f"__meta_kubernetes_service_label_{re.sub(r'[^A-Za-z0-9_]', '_', k)}": v
+                    for k, v in labels.items()
+                }
+                target = _relabel(endpoint.get("relabelings", []), {"job": service_name, **meta})
+                assert service_name not in scraped, f"{service_name} is scraped twice"
+                scraped[service_name] = target["job"]
+    assert set(scraped) == set(services)
+    assert set(scraped.values()) <= jobs and set(scraped.values()) == {*STAGES, "gateway"}
+    assert scraped["thinker-vllm"] == "thinker"  # a thinker, whatever its backend

@@ -55,14 +55,16 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 # The torch-free layers reach into the service scaffolding only for these modules (gRPC server
 # helpers, TLS and keys, ports, the step-time model a stage reports in its Info, which the
-# gateway's admission reads back, and the settings table its flags and YAML are read through):
-# the servicer base drives an engine and so imports torch.
+# gateway's admission reads back, the settings table its flags and YAML are read through, and the
+# tracing setup and trace-context propagation every process shares): the servicer base drives an
+# engine and so imports torch.
 TORCH_FREE_SERVICE = {
     "omnistream.service.server",
     "omnistream.service.settings",
     "omnistream.service.security",
     "omnistream.service.ports",
     "omnistream.service.step_model",
+    "omnistream.service.tracing",
 }
 TORCH_FREE_LAYERS = {"gateway", "client", "request", "audio", "wire"}
 # The one crossing left, by name: with no voice or sample rate given, the request model and the

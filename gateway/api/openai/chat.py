@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_core import InitErrorDetails, PydanticCustomError
@@ -21,6 +21,7 @@ from gateway.api.openai.messages import ChatMessage, Name, turn
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
+from gateway.serving.tracing import http_entry
 from gateway.tools.history import check_tool_results
 from gateway.tools.spec import Function, Named, ToolUse, response_format_output, tool_use
 from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
@@ -325,11 +326,12 @@ def router(core: GatewayCore) -> APIRouter:
     api = APIRouter()
 
     @api.post("/v1/chat/completions", summary="Chat completion with text and audio", responses=RESPONSES)
-    async def chat_completions(body: ChatCompletionRequest) -> Response:
+    async def chat_completions(body: ChatCompletionRequest, http_request: Request) -> Response:
         if not core.ready:
             raise unavailable()
         request, audio_format, tools = to_generation_request(body, core)
-        session = await core.open(request, timeout=body.timeout)
+        trace = http_entry("POST", "/v1/chat/completions", http_request.headers)
+        session = await core.open(request, timeout=body.timeout, trace=trace)
         completion_id = f"chatcmpl-{session.request_id}"
         created = int(time.time())
         model = body.model or core.deployment.model_id or ""

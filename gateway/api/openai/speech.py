@@ -46,6 +46,7 @@ from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
+from gateway.serving.tracing import http_entry
 from omnistream.models.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
 from omnistream.request.errors import InvalidRequest, OmniError, status_of
@@ -288,7 +289,8 @@ def router(core: GatewayCore) -> APIRouter:
         rate = core.deployment.sample_rate or SAMPLE_RATE
         try:
             request = to_generation_request(body, core)
-            session = await core.open(request, timeout=body.timeout)
+            trace = http_entry("POST", "/v1/audio/speech", http_request.headers)
+            session = await core.open(request, timeout=body.timeout, trace=trace)
             items = await primed(session, body.response_format, rate, http_request)
         except OmniError as exc:
             return error_response(exc)  # as named here (the app's handler renames chat fields)

@@ -102,7 +102,7 @@ SHARED_FLAGS = {
     "--model", "--served-model-name", "--device", "--dtype", "--allow-float64", "--host", "--port",
     "--metrics-host", "--metrics-port", "--max-batch", "--max-model-len", "--prefill-chunk",
     "--max-requests", "--max-message-bytes", "--grace-seconds", "--threads", "--nice", "--tls-cert",
-    "--tls-key", "--tls-client-ca",
+    "--tls-key", "--tls-client-ca", "--otlp-traces-endpoint",
 }  # fmt: skip
 STAGE_FLAGS = {
     "thinker": {"--backend", "--vllm-load", "--prefix-cache-gib"},

@@ -49,7 +49,7 @@ class FakeCore(GatewayCore):
         up = self._ready
         return Readiness.of(lambda stage: up if isinstance(up, bool) else stage in up)
 
-    async def open(self, request, request_id=None, timeout=None):
+    async def open(self, request, request_id=None, timeout=None, trace=None):
         self.validate(request)
         self.opened.append(request)
         raise Unavailable("no stages in this test")

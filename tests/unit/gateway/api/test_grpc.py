@@ -71,7 +71,11 @@ class FakeCore:
         self.sessions: list[FakeSession] = []
 
     async def open(
-        self, request: GenerationRequest, request_id: str | None = None, timeout: float | None = None
+        self,
+        request: GenerationRequest,
+        request_id: str | None = None,
+        timeout: float | None = None,
+        trace: object = None,
     ) -> FakeSession:
         self.opened.append((request, request_id, timeout))
         GatewayCore.validate(self, request)  # type: ignore[arg-type]  # the real checks, config only

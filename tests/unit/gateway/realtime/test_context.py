@@ -215,7 +215,7 @@ class FakeThinker:
                     total += height * width // 64 + 2
         return total
 
-    async def open(self, request: Any) -> Any:
+    async def open(self, request: Any, trace: Any = None) -> Any:
         n = self.count(request.messages)
         if n + request.max_tokens > self.max_model_len:
             self.refused += 1

@@ -69,7 +69,7 @@ class FakeCore:
     async def _decode(self, messages: Any, use_audio_in_video: bool) -> None:
         return None
 
-    async def open(self, request: GenerationRequest) -> FakeSession:
+    async def open(self, request: GenerationRequest, trace: Any = None) -> FakeSession:
         self.requests.append(request)
         return self.answers.pop(0)
 

@@ -17,7 +17,7 @@ from omnistream.request.generation import GenerationRequest
 
 
 class _NoCore:
-    async def open(self, request):
+    async def open(self, request, trace=None):
         raise AssertionError("a response cancelled before it began must not reach the stages")
 
 

@@ -45,7 +45,7 @@ class MediaCore(GatewayCore):
     def readiness(self) -> Readiness:
         return Readiness.of(lambda stage: True)
 
-    async def open(self, request, request_id=None, timeout=None):
+    async def open(self, request, request_id=None, timeout=None, trace=None):
         await self.prepare(request)
         self.opened.append(request)
         raise Unavailable("no stages in this test")

@@ -65,7 +65,7 @@ class ScriptedCore(GatewayCore):
     def readiness(self) -> Readiness:
         return Readiness.of(lambda stage: True)
 
-    async def open(self, request, request_id=None, timeout=None):
+    async def open(self, request, request_id=None, timeout=None, trace=None):
         self.validate(request)
         self.opened.append(request)
         words = any(not d.startswith("<tool_call>") for d in self.deltas)
