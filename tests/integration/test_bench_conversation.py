@@ -10,6 +10,7 @@ import sys
 import pytest
 
 
+@pytest.mark.slow  # 60 s on 2 cores; make test-slow runs it
 @pytest.mark.timeout(300)
 def test_conversation_bench_smoke_reports_every_turn(tiny_model_dir, tmp_path):
     out = tmp_path / "bench"

@@ -62,24 +62,34 @@ def _generate(model_dir: str, out, *flags: str) -> subprocess.CompletedProcess:
     return subprocess.run(args, capture_output=True, text=True, timeout=300)
 
 
+@pytest.fixture(scope="module")
+def plain_prompt_ids(tiny_model_dir, tmp_path_factory) -> list[int]:
+    """The prompt ids of the text-only run the media runs are compared with (one run for both)."""
+    out = tmp_path_factory.mktemp("plain")
+    done = _generate(tiny_model_dir, out, "--prompt", "What is this?")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((out / "tokens.json").read_text())["prompt_ids"]
+
+
 @pytest.mark.parametrize("kind", ["image", "audio"])
-def test_generate_takes_media_files_and_writes_text_and_audio(tiny_model_dir, tmp_path, kind):
+def test_generate_takes_media_files_and_writes_text_and_audio(
+    tiny_model_dir, tmp_path, kind, plain_prompt_ids
+):
     """`--image/--audio FILE` as `omnistream chat` takes them: the file is decoded as the gateway
     would, its placeholder tokens are in the prompt, and the same four files are written."""
     from tests.media_files import audio_file, image_file
 
     path = tmp_path / ("in.png" if kind == "image" else "in.wav")
     path.write_bytes(image_file() if kind == "image" else audio_file("wav", seconds=0.5))
-    plain = _generate(tiny_model_dir, tmp_path / "plain", "--prompt", "What is this?")
     done = _generate(tiny_model_dir, tmp_path / "out", "--prompt", "What is this?", f"--{kind}", str(path))
-    assert plain.returncode == 0 and done.returncode == 0, done.stderr[-2000:]
+    assert done.returncode == 0, done.stderr[-2000:]
     out = tmp_path / "out"
     assert (out / "text.txt").read_text(encoding="utf-8").strip() == done.stdout.strip()
     prompt = json.loads((out / "tokens.json").read_text())["prompt_ids"]
     config = json.loads((Path(tiny_model_dir) / "config.json").read_text())["thinker_config"]
     placeholder = config["image_token_id" if kind == "image" else "audio_token_id"]
     assert prompt.count(placeholder) > 0
-    assert len(prompt) > len(json.loads((tmp_path / "plain" / "tokens.json").read_text())["prompt_ids"])
+    assert len(prompt) > len(plain_prompt_ids)
     audio, rate = read_float32_wav(out / "audio.wav")
     assert rate == 24000 and audio.size > 0 and np.load(out / "codes.npy").shape[1] == 12
 

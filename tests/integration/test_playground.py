@@ -22,10 +22,12 @@ import subprocess
 import wave
 from pathlib import Path
 
+import jsonschema
 import numpy as np
 import pytest
 
 from tests.integration.conftest import configured_gateway, gateway_url
+from tests.integration.test_realtime_tools import WEATHER, WEATHER_SCHEMA
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -294,6 +296,45 @@ def test_an_answer_ends_by_itself_and_the_page_is_ready_again(ending_gateway, br
         # Hands-free mode: the same page listens again.
         page.check("input[name=mode][value=vad]")
         _wait(page, "window.playground.state === 'listening'")
+        assert page.evaluate("window.playground.serverErrors") == []
+        assert console.errors == []
+    finally:
+        page.close()
+
+
+def test_a_function_call_shows_as_a_card_with_its_name_and_arguments(gateway, browser):
+    """A session given a tool and tool_choice "required" (through the page's session settings): a
+    typed question's answer is a call, shown in the transcript as a card with the function's name
+    and its arguments (whole JSON that validates against the tool's schema), and no audio."""
+    page = browser.new_page()
+    try:
+        console = Console(page)
+        page.goto(gateway_url(gateway) + "/")
+        _wait(page, "window.playground !== undefined")
+        page.fill("#api-key", API_KEY)
+        page.click("summary")
+        extra = {"tools": [WEATHER], "tool_choice": "required", "max_output_tokens": 200}
+        page.fill("#extra", json.dumps(extra))
+        page.check("input[name=mode][value=ptt]")
+        page.click("#connect")
+        _wait(page, "window.playground.state === 'ready'")
+        page.fill("#message", "What is the weather in Paris?")
+        page.press("#message", "Enter")
+        _wait(page, "window.playground.metrics.length === 1")  # response.done
+        _wait(page, "document.querySelector('#transcript .call .call-name') !== null")
+        _shot(page, "function-call")
+        names = page.eval_on_selector_all(
+            "#transcript .call .call-name", "els => els.map(e => e.textContent)"
+        )
+        bodies = page.eval_on_selector_all(
+            "#transcript .call .call-args", "els => els.map(e => e.textContent)"
+        )
+        assert names and names == [WEATHER["name"]] * len(names)  # required: one call or more
+        for body in bodies:
+            jsonschema.validate(json.loads(body), WEATHER_SCHEMA)  # whole JSON, shown indented
+        calls = [e for e in page.evaluate("window.playground.transcript()") if e["role"] == "call"]
+        assert len(calls) == len(names) and all(c["text"].startswith(f"{WEATHER['name']}(") for c in calls)
+        assert page.evaluate("window.playground.stats.samplesPlayed") == 0  # a call is not spoken
         assert page.evaluate("window.playground.serverErrors") == []
         assert console.errors == []
     finally:

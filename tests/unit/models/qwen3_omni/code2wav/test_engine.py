@@ -69,6 +69,7 @@ def test_audio_chunks_follow_the_schedule(engine, schedule):
     assert sizes == [windows[0] * 1920 - 555] + [n * 1920 for n in windows[1:]]
 
 
+@pytest.mark.slow  # 45 s on 2 cores: the benchmark-only baseline, not a serving path
 def test_recompute_baseline_is_approximate_and_improves_with_left_context(engine):
     """The old path, kept as the benchmark's baseline: right length, error falls with context."""
     codes = _codes(400, seed=7)
