@@ -136,6 +136,18 @@ def _stopped_at_once(page) -> None:
     assert stats["cutPlayed"] == 0, stats
 
 
+def _connect_push_to_talk(page, gateway, extra: dict) -> None:
+    """Open the page, type the key and the extra session settings, connect in push-to-talk mode."""
+    page.goto(gateway_url(gateway) + "/")
+    _wait(page, "window.playground !== undefined")
+    page.fill("#api-key", API_KEY)
+    page.click("summary")
+    page.fill("#extra", json.dumps(extra))
+    page.check("input[name=mode][value=ptt]")
+    page.click("#connect")
+    _wait(page, "window.playground.state === 'ready'")
+
+
 def _state(page) -> str:
     return page.evaluate("window.playground.state")
 
@@ -272,14 +284,7 @@ def test_an_answer_ends_by_itself_and_the_page_is_ready_again(ending_gateway, br
     page = browser.new_page()
     try:
         console = Console(page)
-        page.goto(gateway_url(ending_gateway) + "/")
-        _wait(page, "window.playground !== undefined")
-        page.fill("#api-key", API_KEY)
-        page.click("summary")
-        page.fill("#extra", json.dumps({"omnistream": {"seed": 5}}))
-        page.check("input[name=mode][value=ptt]")
-        page.click("#connect")
-        _wait(page, "window.playground.state === 'ready'")
+        _connect_push_to_talk(page, ending_gateway, {"omnistream": {"seed": 5}})
         page.fill("#message", "Tell me about the sea.")
         page.press("#message", "Enter")
         _wait(page, "window.playground.metrics.length === 1")  # response.done: generation ended
@@ -309,15 +314,8 @@ def test_a_function_call_shows_as_a_card_with_its_name_and_arguments(gateway, br
     page = browser.new_page()
     try:
         console = Console(page)
-        page.goto(gateway_url(gateway) + "/")
-        _wait(page, "window.playground !== undefined")
-        page.fill("#api-key", API_KEY)
-        page.click("summary")
         extra = {"tools": [WEATHER], "tool_choice": "required", "max_output_tokens": 200}
-        page.fill("#extra", json.dumps(extra))
-        page.check("input[name=mode][value=ptt]")
-        page.click("#connect")
-        _wait(page, "window.playground.state === 'ready'")
+        _connect_push_to_talk(page, gateway, extra)
         page.fill("#message", "What is the weather in Paris?")
         page.press("#message", "Enter")
         _wait(page, "window.playground.metrics.length === 1")  # response.done

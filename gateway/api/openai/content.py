@@ -8,6 +8,7 @@ names fields as their JSON path (messages.0.content.1.input_audio.data).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
@@ -80,12 +81,18 @@ class UnknownPart(BaseModel):
     type: Literal["text", "input_audio", "image_url", "audio_url", "video_url"]
 
 
-def _part_kind(value: Any) -> str | None:
-    if not isinstance(value, dict):
-        kind = getattr(value, "type", None)  # an already-built part
-        return f"<{kind}>" if kind in PART_TYPES else None
-    kind = value.get("type")
-    return f"<{kind}>" if kind in PART_TYPES else "<unknown>"
+def tag_by(key: str, known: tuple[str, ...]) -> Callable[[Any], str | None]:
+    """A discriminator on `key`: "<value>" for a known value, "<unknown>" for an object with a
+    missing or other one (checked by the union's always-failing member, which names `key`)."""
+
+    def tag(value: Any) -> str | None:
+        if not isinstance(value, dict):
+            found = getattr(value, key, None)  # an already-built model
+            return f"<{found}>" if found in known else None
+        found = value.get(key)
+        return f"<{found}>" if found in known else "<unknown>"
+
+    return tag
 
 
 Part = Annotated[
@@ -96,7 +103,7 @@ Part = Annotated[
     | Annotated[VideoUrlPart, Tag("<video_url>")]
     | Annotated[UnknownPart, Tag("<unknown>")],
     Discriminator(
-        _part_kind,
+        tag_by("type", PART_TYPES),
         custom_error_type="part_type",
         custom_error_message=f"Input should be a content part with type one of {', '.join(PART_TYPES)}",
     ),

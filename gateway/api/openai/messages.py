@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 from pydantic.json_schema import SkipJsonSchema
 
-from gateway.api.openai.content import Content, to_content
+from gateway.api.openai.content import Content, tag_by, to_content
 
 STRICT = ConfigDict(extra="forbid", strict=True)
 
@@ -93,14 +93,6 @@ class UnknownRoleMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
 
 
-def _role_of(value: Any) -> str | None:
-    if not isinstance(value, dict):
-        role = getattr(value, "role", None)  # an already-built message
-        return f"<{role}>" if role in ROLES else None
-    role = value.get("role")
-    return f"<{role}>" if role in ROLES else "<unknown>"
-
-
 ChatMessage = Annotated[
     Annotated[SystemMessage, Tag("<system>")]
     | Annotated[DeveloperMessage, Tag("<developer>")]
@@ -109,7 +101,7 @@ ChatMessage = Annotated[
     | Annotated[ToolMessage, Tag("<tool>")]
     | SkipJsonSchema[Annotated[UnknownRoleMessage, Tag("<unknown>")]],
     Discriminator(
-        _role_of,
+        tag_by("role", ROLES),
         custom_error_type="message_role",
         custom_error_message=f"Input should be a message object with role one of {', '.join(ROLES)}",
     ),
