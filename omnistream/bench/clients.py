@@ -234,7 +234,14 @@ class RestGatewayClient:
                     self.sample_rate = int(reported)
         return self.sample_rate
 
-    async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
+    async def run(
+        self,
+        prompt_ids: list[int],
+        workload: Workload,
+        async_chunk: bool,
+        headers: dict[str, str] | None = None,
+    ) -> RequestResult:
+        """`headers`: sent with the request (e.g. a `traceparent`: tools/tracing-cost --paired)."""
         if workload.audio_input_seconds:
             raise ValueError("the spoken-input workload runs over gRPC (--transport grpc)")
         # REST takes text: the random ids are decoded, so the prompt length is close to, not exactly, N.
@@ -244,9 +251,9 @@ class RestGatewayClient:
             prompt_ids=None,
             messages=[{"role": "user", "content": text}],
         )
-        return await self.chat(given)
+        return await self.chat(given, headers)
 
-    async def chat(self, given: RequestInput) -> RequestResult:
+    async def chat(self, given: RequestInput, headers: dict[str, str] | None = None) -> RequestResult:
         """One streamed chat completion of `given` (messages, not ids), pcm16 audio, usage included:
         every text and audio chunk's arrival, the answer's text, its usage (prompt and cached
         tokens)."""
@@ -256,7 +263,9 @@ class RestGatewayClient:
         rate = await self._gateway_rate()
         result = RequestResult(start=time.perf_counter())
         try:
-            async with self.client.stream("POST", "/v1/chat/completions", json=body) as reply:
+            async with self.client.stream(
+                "POST", "/v1/chat/completions", json=body, headers=headers
+            ) as reply:
                 if reply.status_code != 200:
                     result.error = f"HTTP {reply.status_code}"
                 async for line in reply.aiter_lines():
