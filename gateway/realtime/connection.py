@@ -528,3 +528,4 @@ class Connection:
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         self.core.replicas.release_cache_soon(self.cache_scope)
+        self.core.sent_audio.release(self.cache_scope)

@@ -126,4 +126,5 @@ def build_request(
         ),
         serving,
     )
-    return dataclasses.replace(request, cache_scope=cache_scope)
+    # The history's audio goes to the thinker once; later turns name it (gateway/serving/sent_audio.py).
+    return dataclasses.replace(request, cache_scope=cache_scope, refer_audio=bool(cache_scope))

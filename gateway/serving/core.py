@@ -31,11 +31,12 @@ from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.media.decode_pool import MediaDecoder
 from gateway.media.parts import pending
 from gateway.serving.metrics import GatewayMetrics
+from gateway.serving.sent_audio import SentAudio
 from gateway.serving.session import Session
 from gateway.serving.stage_calls import StageStubs, run_stages
 from gateway.serving.tracing import Incoming, RequestSpan
 from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
-from omnistream.request.errors import InvalidRequest, OmniError, TooLarge, Unavailable
+from omnistream.request.errors import InvalidRequest, MediaExpired, OmniError, TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import media_kinds, text_of
 from omnistream.request.stage_chain import stages_for
@@ -120,6 +121,7 @@ class GatewayCore:
         )
         self.replicas.on_load = self.admission.reconsider  # new speeds may let a held request in
         self.media = MediaDecoder(config.media_limits)
+        self.sent_audio = SentAudio()  # what each thinker replica holds of a scope's audio
         self.metrics.watch_audio(
             tuple(self.replicas.sets),
             capacity=self.stage_capacity,
@@ -327,7 +329,9 @@ class GatewayCore:
         # A replica that is down is found when its stage does not accept the open message; nothing
         # has reached the client then, so the request moves to another replica.
         attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in stages))
-        for attempt in range(attempts):
+        attempt, refer = -1, request.refer_audio
+        while attempt + 1 < attempts:
+            attempt += 1
             try:
                 picked = [self.replicas.pick(s, kinds if s == "thinker" else frozenset()) for s in stages]
             except Unavailable:
@@ -342,8 +346,17 @@ class GatewayCore:
             # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
             stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
             calls = span.stage_calls({r.stage: r.address for r in picked}, stage_rid)  # None: off
+            thinker = picked[0].address
+            referrer = self.sent_audio.referrer(request.cache_scope, thinker) if refer else None
             body = functools.partial(
-                run_stages, stubs, request, stage_rid, plan, timeout=timeout, trace=calls
+                run_stages,
+                stubs,
+                request,
+                stage_rid,
+                plan,
+                timeout=timeout,
+                trace=calls,
+                refer_audio=referrer,
             )
             first_chunk_s = plan.initial / (self.deployment.frames_per_second or DEFAULT_FRAME_RATE)
             audio_s = first_chunk_s if request.return_audio else None
@@ -364,13 +377,21 @@ class GatewayCore:
             try:
                 await session.prime()
             except OmniError as exc:
+                expired = exc.kind == MediaExpired.kind and referrer is not None
                 retry = exc.kind == "unavailable" and getattr(exc, "stage", None) and attempt + 1 < attempts
-                if retry:
+                if expired:  # the replica lost audio it held: the same request again, with its samples
+                    self.sent_audio.forget(request.cache_scope, thinker)
+                    refer, attempts = False, attempts + 1
+                    log.info("request %s: %s; sending its audio again", rid, exc.message)
+                elif retry:
                     log.warning("request %s: %s; retrying on another replica", rid, exc.message)
-                    span.retried(exc, attempt + 1)
-                    permit = await self.admission.acquire_now(audio=request.return_audio)
-                    self.metrics.in_flight.inc()
-                    continue
-                raise
+                else:
+                    raise
+                span.retried(exc, attempt + 1)
+                permit = await self.admission.acquire_now(audio=request.return_audio)
+                self.metrics.in_flight.inc()
+                continue
+            if request.refer_audio:
+                self.sent_audio.confirm(request.cache_scope, thinker, request.messages)
             return session
-        raise AssertionError("unreachable")  # pragma: no cover
+        raise AssertionError("unreachable")  # pragma: no cover: the last attempt returns or raises

@@ -32,6 +32,7 @@ from omnistream.service.server import (
 )
 from omnistream.wire.chunk_key import ChunkKey, Stage
 from omnistream.wire.convert import (
+    Referrer,
     code2wav_open_proto,
     codec_input_proto,
     talker_input_proto,
@@ -111,13 +112,15 @@ async def run_stages(
     timeout: float | None = None,
     with_codes: bool = False,
     trace: StageCalls | None = None,
+    refer_audio: Referrer | None = None,
 ) -> DoneEvent:
     """Run one request through the stages, handing each event to `emit` as it comes; returns the
     summary. `emit` is the request's one buffer (the gateway's per-client collector), so nothing
     queues between the stages and it. Codec frames become CodesEvents only `with_codes` (tests and
     tools that compare codes): a client never sees them, so the gateway does not decode them.
     `trace`: the CLIENT spans of the calls (gateway/serving/tracing.py), each call's `traceparent`
-    in its metadata; ended here however the calls end."""
+    in its metadata; ended here however the calls end. `refer_audio`: the audio parts the thinker
+    replica holds for the request's scope, sent as their digests (gateway/serving/sent_audio.py)."""
     request.validate()
     started = time.perf_counter()
     opens = stage_opens(request, plan)
@@ -161,7 +164,9 @@ async def run_stages(
         await accepted("code2wav", code2wav)
 
     async def run_thinker() -> None:
-        open_ = thinker_open_proto(rid, opens, request.messages, request.prompt_ids, request.tools)
+        open_ = thinker_open_proto(
+            rid, opens, request.messages, request.prompt_ids, request.tools, refer_audio
+        )
         key = ChunkKey(rid, Stage.GATEWAY, 0).to_proto()
         await thinker.write(stage_pb2.ThinkerRequest(open=open_, key=key))
         await thinker.done_writing()
@@ -298,11 +303,13 @@ async def run_request(
     plan: ChunkPlan,
     timeout: float | None = None,
     with_codes: bool = False,
+    refer_audio: Referrer | None = None,
 ) -> AsyncIterator[TextEvent | CodesEvent | AudioEvent | DoneEvent]:
     """`run_stages` as an iterator of events ending with the DoneEvent (tests and tools)."""
 
     async def body(emit: Emit) -> None:
-        await emit(await run_stages(stubs, request, rid, plan, emit, timeout, with_codes))
+        done = await run_stages(stubs, request, rid, plan, emit, timeout, with_codes, refer_audio=refer_audio)
+        await emit(done)
 
     async for item in relay(body):
         yield item

@@ -85,6 +85,13 @@ class NotFound(OmniError):
     kind = "not_found"
 
 
+class MediaExpired(OmniError):
+    """An audio part named by its digest that the thinker no longer keeps (evicted, released, or a
+    restarted or other replica): the gateway sends the samples again (gateway/serving/sent_audio.py)."""
+
+    kind = "media_expired"
+
+
 class InternalError(OmniError):
     kind = "internal"
 
@@ -106,6 +113,7 @@ STATUS_TABLE: dict[str, Status] = {
     DeadlineExceeded.kind: Status(grpc.StatusCode.DEADLINE_EXCEEDED, 504),
     Cancelled.kind: Status(grpc.StatusCode.CANCELLED, 499),
     NotFound.kind: Status(grpc.StatusCode.NOT_FOUND, 404),
+    MediaExpired.kind: Status(grpc.StatusCode.FAILED_PRECONDITION, 409),
     InternalError.kind: Status(grpc.StatusCode.INTERNAL, 500),
 }
 
@@ -144,6 +152,7 @@ _BY_KIND = {
         DeadlineExceeded,
         Cancelled,
         NotFound,
+        MediaExpired,
         InternalError,
     )
 }

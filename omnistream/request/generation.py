@@ -57,6 +57,9 @@ class GenerationRequest:
     # The prefix cache's scope (omnistream/engine/prefix_cache.py): b"" shares cached prefixes with
     # any request of the same content; a realtime session has its own, a secret the gateway keeps.
     cache_scope: bytes = b""
+    # Send audio this scope already sent the same thinker replica as its digest, not its samples
+    # (gateway/serving/sent_audio.py): the realtime session's turns, which re-send their history.
+    refer_audio: bool = False
     # A grammar the thinker's output must follow (tool calls, response_format): see
     # omnistream/request/structured.py. None: free text.
     structured_output: StructuredOutput | None = None

@@ -14,6 +14,7 @@ A message's `content` is either a string (text only) or a list of parts, in orde
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -34,6 +35,22 @@ class AudioInput:
     @property
     def seconds(self) -> float:
         return self.samples.size / self.sample_rate
+
+
+def audio_digest(audio: AudioInput) -> bytes:
+    """The SHA-256 that names `audio` on the wire (AudioPart.digest): its rate, then its samples
+    as float32, so equal digests are equal audio as the thinker hears it."""
+    samples = np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1)
+    return hashlib.sha256(int(audio.sample_rate).to_bytes(4, "little") + samples.tobytes()).digest()
+
+
+@dataclass(frozen=True)
+class AudioRef:
+    """An audio part sent as its digest (AudioPart.digest): the thinker's kept copy stands in for it
+    (omnistream/service/scope_audio.py) before anything else reads the messages."""
+
+    digest: bytes
+    sample_rate: int
 
 
 @dataclass(frozen=True, eq=False)

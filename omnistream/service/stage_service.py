@@ -186,7 +186,12 @@ class StageServicer:
         release = getattr(self.engine, "release_cache_scope", None)
         if release is not None:
             release(scope)
+        self.release_scope(scope)
         return stage_pb2.ReleaseCacheReply()
+
+    def release_scope(self, scope: bytes) -> None:
+        """What the servicer itself keeps for a cache scope, dropped when it ends (the thinker's
+        kept audio); nothing here."""
 
     def orphaned_requests(self) -> int:
         """Engine requests without an open stream: always 0 unless the lifecycle leaks."""

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -18,7 +18,7 @@ from omnistream.request.chunk_plan import (
     ChunkPlan,
 )
 from omnistream.request.errors import InvalidRequest
-from omnistream.request.media import AudioInput, ImageInput, MediaLayout, VideoInput
+from omnistream.request.media import AudioInput, AudioRef, ImageInput, MediaLayout, VideoInput
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import StageOpens
 from omnistream.request.structured import KINDS, MAX_SPEC_BYTES, StructuredOutput
@@ -102,19 +102,28 @@ MODE_TO_PROTO = {"async": common_pb2.MODE_ASYNC_CHUNK, "sequential": common_pb2.
 # The stage chain's edges on the wire (see omnistream/request/stage_chain.py for the same edges in process).
 
 
-def audio_part_proto(audio: AudioInput) -> common_pb2.AudioPart:
+# Given a message's audio part: the digest to send instead of its samples (the thinker keeps that
+# audio for the request's cache scope: gateway/serving/sent_audio.py), or None to send them.
+Referrer = Callable[[AudioInput], "bytes | None"]
+
+
+def audio_part_proto(audio: AudioInput, refer: Referrer | None = None) -> common_pb2.AudioPart:
+    digest = refer(audio) if refer is not None else None
+    if digest is not None:
+        return common_pb2.AudioPart(digest=digest, sample_rate=audio.sample_rate)
     samples = np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1)
     return common_pb2.AudioPart(samples=to_proto(samples), sample_rate=audio.sample_rate)
 
 
-def content_part_proto(part: Mapping[str, Any]) -> common_pb2.ContentPart:
-    """One part of a message's content (omnistream/request/media.py) as the stage API's decoded part."""
+def content_part_proto(part: Mapping[str, Any], refer: Referrer | None = None) -> common_pb2.ContentPart:
+    """One part of a message's content (omnistream/request/media.py) as the stage API's decoded part;
+    an audio part as its digest where `refer` gives one."""
     kind = part["type"]
     if kind == "text":
         return common_pb2.ContentPart(text=part["text"])
     media = part[kind]
     if kind == "audio" and isinstance(media, AudioInput):
-        return common_pb2.ContentPart(audio=audio_part_proto(media))
+        return common_pb2.ContentPart(audio=audio_part_proto(media, refer))
     if kind == "image" and isinstance(media, ImageInput):
         pixels = np.ascontiguousarray(media.pixels, dtype=np.uint8)
         return common_pb2.ContentPart(image=common_pb2.ImagePart(pixels=to_proto(pixels)))
@@ -129,14 +138,15 @@ def content_part_proto(part: Mapping[str, Any]) -> common_pb2.ContentPart:
     raise TypeError(f"a {kind!r} part holding {type(media).__name__} cannot go to the thinker")
 
 
-def message_proto(message: Mapping[str, Any]) -> common_pb2.Message:
+def message_proto(message: Mapping[str, Any], refer: Referrer | None = None) -> common_pb2.Message:
     """A chat turn: text-only content as `content` (as before media existed), else as `parts`;
     an assistant turn's tool calls and a tool turn's call id with it."""
     content: str | Sequence[Mapping[str, Any]] = message["content"]
     if isinstance(content, str):
         msg = common_pb2.Message(role=message["role"], content=content)
     else:
-        msg = common_pb2.Message(role=message["role"], parts=[content_part_proto(p) for p in content])
+        parts = [content_part_proto(p, refer) for p in content]
+        msg = common_pb2.Message(role=message["role"], parts=parts)
     for call in message.get("tool_calls") or ():
         function = call["function"]
         msg.tool_calls.add(id=call.get("id") or "", name=function["name"], arguments=function["arguments"])
@@ -219,8 +229,10 @@ def thinker_open_proto(
     messages: Sequence[Mapping[str, Any]] | None,
     prompt_ids: list[int] | None,
     tools: Sequence[Mapping[str, Any]] | None = None,
+    refer: Referrer | None = None,
 ) -> stage_pb2.ThinkerOpen:
-    """The thinker's open; media parts (decoded arrays, omnistream/request/media.py) travel as tensors."""
+    """The thinker's open; media parts (decoded arrays, omnistream/request/media.py) travel as tensors,
+    an audio part as its digest where `refer` gives one (it must know the thinker keeps it)."""
     params = opens.thinker
     open_ = stage_pb2.ThinkerOpen(
         request_id=rid,
@@ -236,7 +248,7 @@ def thinker_open_proto(
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
     else:
-        open_.messages.extend(message_proto(m) for m in messages or ())
+        open_.messages.extend(message_proto(m, refer) for m in messages or ())
         open_.tools = tools_to_proto(tools)
     return open_
 
@@ -269,6 +281,8 @@ def _part_from_proto(part: common_pb2.ContentPart, where: str) -> dict[str, Any]
     if kind == "text":
         return {"type": "text", "text": part.text}
     if kind == "audio":
+        if part.audio.digest:
+            return {"type": "audio", "audio": _audio_ref_from_proto(part.audio, f"{where}.audio")}
         return {"type": "audio", "audio": _audio_from_proto(part.audio, f"{where}.audio")}
     if kind == "image":
         pixels = _array(part.image.pixels, "uint8", f"{where}.image.pixels")
@@ -284,7 +298,22 @@ def _part_from_proto(part: common_pb2.ContentPart, where: str) -> dict[str, Any]
 
 
 def _audio_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioInput:
+    if msg.digest:
+        raise InvalidRequest(f"{where}: a video's sound travels as samples, not a digest", field="messages")
     return AudioInput(_array(msg.samples, "float32", f"{where}.samples"), int(msg.sample_rate))
+
+
+def _audio_ref_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioRef:
+    if msg.HasField("samples"):
+        raise InvalidRequest(f"{where}: give samples or a digest, not both", field="messages")
+    if len(msg.digest) != DIGEST_BYTES:
+        raise InvalidRequest(
+            f"{where}.digest is {len(msg.digest)} bytes; a SHA-256 is {DIGEST_BYTES}", field="messages"
+        )
+    return AudioRef(bytes(msg.digest), int(msg.sample_rate))
+
+
+DIGEST_BYTES = 32
 
 
 def _array(msg: common_pb2.Tensor, dtype: str, where: str) -> np.ndarray:

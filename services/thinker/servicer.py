@@ -13,6 +13,7 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import has_media
 from omnistream.request.spoken import TokenPieces
 from omnistream.request.stage_chain import ThinkerParams
+from omnistream.service.scope_audio import ScopeAudio, ScopeAudioCollector
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage, validate_request_id
 from omnistream.wire.convert import (
@@ -45,6 +46,12 @@ class ThinkerServicer(StageServicer):
         self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         # What the talker speaks of each answer (ThinkerChunk.spoken): never a tool call.
         self._pieces = TokenPieces(engine.tokenizer)
+        # Each cache scope's audio, for its later turns to name by digest (scope_audio.py).
+        self.scope_audio = ScopeAudio()
+        metrics.registry.register(ScopeAudioCollector(self.scope_audio))
+
+    def release_scope(self, scope: bytes) -> None:
+        self.scope_audio.release(scope)
 
     def _describe(self, info: stage_pb2.StageInfo) -> None:
         facts = describe_loaded(self.engine.config)
@@ -67,7 +74,13 @@ class ThinkerServicer(StageServicer):
         tools = tools_from_proto(open_.tools)
         loop = asyncio.get_running_loop()
         if has_media(messages):
-            prepare = functools.partial(self.engine.prepare_media, messages, open_.use_audio_in_video, tools)
+            scope = checked_cache_scope(open_.cache_scope)
+
+            def prepare():
+                # Digests become the scope's kept audio, and its new audio is kept (scope_audio.py).
+                resolved = self.scope_audio.resolve(messages, scope)
+                return self.engine.prepare_media(resolved, open_.use_audio_in_video, tools)
+
             media = await loop.run_in_executor(self._tokenizer_pool, prepare)
             return media.prompt_ids, media
         encode = functools.partial(self.engine.encode_chat, messages, tools)

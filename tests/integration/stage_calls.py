@@ -32,11 +32,16 @@ def request_plan(request: GenerationRequest) -> ChunkPlan:
     ).validate()
 
 
-async def collect_services(stages, request: GenerationRequest, rid: str, sizes: list[int] | None = None):
+async def collect_services(
+    stages, request: GenerationRequest, rid: str, sizes: list[int] | None = None, refer_audio=None
+):
     """(text, codes, audio, done event) of one request through the stages; `sizes` (if given)
-    gets each audio chunk's sample count."""
+    gets each audio chunk's sample count; `refer_audio`: run_stages' (audio parts as digests)."""
     text, frames, audio, done = [], [], [], None
-    async for event in run_request(stubs(stages), request, rid, request_plan(request), with_codes=True):
+    plan = request_plan(request)
+    async for event in run_request(
+        stubs(stages), request, rid, plan, with_codes=True, refer_audio=refer_audio
+    ):
         if isinstance(event, TextEvent):
             text.append(event.delta)
         elif isinstance(event, AudioEvent):

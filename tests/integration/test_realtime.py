@@ -271,11 +271,15 @@ def test_a_session_finds_only_its_own_turns_and_its_cache_share_goes_when_it_end
     )
 
 
-def test_a_spoken_item_is_found_again_after_a_longer_one(gateway):
+def test_a_spoken_item_is_found_again_after_a_longer_one(gateway, stages):
     """Audio items as a microphone gives them (a noise floor, any length): the first turn's whole
     prompt is found at the second, longer turn, because the gateway settles each item's audio
-    (gateway/realtime/audio.py); unsettled, its features would change before the longer audio."""
+    (gateway/realtime/audio.py); unsettled, its features would change before the longer audio.
+    The second turn sends the first item's audio as its digest (the thinker kept it for the
+    session: one hit), and the thinker frees what it kept when the session ends."""
     rng = np.random.default_rng(0)
+    hits, kept = "omnistream_thinker_scope_audio_hits_total", "omnistream_thinker_scope_audio_bytes"
+    hits_before, kept_before = metric(stages["thinker"], hits), metric(stages["thinker"], kept)
 
     def mic(text: str, cut: int) -> str:
         speech = np.frombuffer(speech_pcm16(text), dtype="<i2")[:-cut].astype(np.int32)
@@ -308,3 +312,5 @@ def test_a_spoken_item_is_found_again_after_a_longer_one(gateway):
     first, second = asyncio.run(run())
     assert finished(first) and finished(second)
     assert second.response.usage.input_token_details.cached_tokens >= first.response.usage.input_tokens
+    assert metric(stages["thinker"], hits) == hits_before + 1
+    assert asyncio.run(wait_for(lambda: metric(stages["thinker"], kept) == kept_before, 10))

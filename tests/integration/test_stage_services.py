@@ -383,3 +383,53 @@ def test_a_cache_scope_is_found_by_its_own_requests_only_and_released_by_rpc(sta
         with pytest.raises(grpc.aio.AioRpcError) as err:
             asyncio.run(release(bad))
         assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "cache_scope" in err.value.details()
+
+
+def test_audio_sent_before_in_a_scope_goes_as_its_digest_with_the_same_answer(stages):
+    """AudioPart.digest over the wire: a scope's later turn names the audio its first turn sent, and
+    its tokens and codes are those of the same messages sent whole; a digest the scope does not
+    hold (another scope's, or after ReleaseCache) is FAILED_PRECONDITION `media_expired`."""
+    from omnistream.request.errors import OmniError
+    from omnistream.request.media import AudioInput, audio_digest
+
+    rng = np.random.default_rng(5)
+    first, second = (AudioInput((0.1 * rng.standard_normal(16000)).astype(np.float32)) for _ in range(2))
+    turn1 = [{"role": "user", "content": [{"type": "audio", "audio": first}]}]
+    turn2 = [
+        *turn1,
+        {"role": "assistant", "content": "I heard you."},
+        {"role": "user", "content": [{"type": "audio", "audio": second}]},
+    ]
+    hits = "omnistream_thinker_scope_audio_hits_total"
+    kept = {audio_digest(first)}
+
+    def refer(audio):
+        digest = audio_digest(audio)
+        return digest if digest in kept else None
+
+    def run(rid, messages, scope, referrer=None):
+        request = make_request(messages, max_tokens=6, max_audio_frames=8, cache_scope=scope)
+        return asyncio.run(collect_services(stages, request, rid, refer_audio=referrer))
+
+    run("digest-1", turn1, b"scope-audio")
+    whole_text, whole_codes, _, whole = run("digest-whole", turn2, b"")
+    before = metric(stages["thinker"], hits)
+    text, codes, _, done = run("digest-2", turn2, b"scope-audio", refer)
+    assert metric(stages["thinker"], hits) == before + 1
+    assert done.output_ids == whole.output_ids and text == whole_text
+    assert np.array_equal(codes, whole_codes)
+    for rid, scope in (("digest-other", b"scope-other"), ("digest-shared", b"")):
+        with pytest.raises(OmniError) as err:
+            run(rid, turn2, scope, refer)
+        expected = "media_expired" if scope else "invalid_request"
+        assert err.value.kind == expected, err.value.message
+
+    async def release():
+        async with grpc.aio.insecure_channel(stages["thinker"].address) as channel:
+            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+            await stub.ReleaseCache(stage_pb2.ReleaseCacheRequest(cache_scope=b"scope-audio"), timeout=10)
+
+    asyncio.run(release())
+    with pytest.raises(OmniError) as err:
+        run("digest-3", turn2, b"scope-audio", refer)
+    assert err.value.kind == "media_expired" and "send its samples" in err.value.message

@@ -101,3 +101,59 @@ def test_talker_input_forwards_deep_rows_and_layout():
 def test_malformed_media_layout_is_refused(bad):
     with pytest.raises(InvalidRequest):
         media_layout_from_proto(bad)
+
+
+def test_audio_a_referrer_names_goes_as_its_digest_and_comes_back_as_a_ref():
+    from omnistream.request.media import AudioInput, AudioRef, audio_digest
+
+    known, new = (AudioInput(np.full(480, v, dtype=np.float32)) for v in (0.25, -0.5))
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": a}]} for a in (known, new)]
+    request = GenerationRequest(messages=messages, return_audio=False, cache_scope=b"s")
+
+    def refer(audio):
+        return audio_digest(audio) if audio is known else None
+
+    open_ = thinker_open_proto("r", stage_opens(request, None), messages, None, refer=refer)
+    first, second = (m.parts[0].audio for m in open_.messages)
+    assert first.digest == audio_digest(known) and not first.HasField("samples")
+    assert not second.digest and second.HasField("samples")
+    wire = stage_pb2.ThinkerOpen.FromString(open_.SerializeToString())
+    back = messages_from_proto(wire.messages)
+    assert back[0]["content"][0]["audio"] == AudioRef(audio_digest(known), 16000)
+    assert np.array_equal(back[1]["content"][0]["audio"].samples, new.samples)
+
+
+def test_digests_differ_with_the_samples_and_the_rate():
+    from omnistream.request.media import AudioInput, audio_digest
+
+    samples = np.linspace(-1, 1, 160, dtype=np.float32)
+    base = audio_digest(AudioInput(samples))
+    assert audio_digest(AudioInput(samples.copy())) == base and len(base) == 32
+    assert audio_digest(AudioInput(samples, 8000)) != base
+    changed = samples.copy()
+    changed[-1] = 0.5
+    assert audio_digest(AudioInput(changed)) != base
+
+
+@pytest.mark.parametrize(
+    "audio, message",
+    [
+        (common_pb2.AudioPart(digest=b"x" * 32, samples=to_proto(np.zeros(4, np.float32))), "not both"),
+        (common_pb2.AudioPart(digest=b"short"), "a SHA-256 is 32"),
+    ],
+)
+def test_a_bad_digest_part_is_refused(audio, message):
+    msg = common_pb2.Message(role="user", parts=[common_pb2.ContentPart(audio=audio)])
+    with pytest.raises(InvalidRequest, match=message):
+        messages_from_proto([msg])
+
+
+def test_a_videos_sound_never_travels_as_a_digest():
+    video = common_pb2.VideoPart(
+        frames=to_proto(np.zeros((1, 2, 2, 3), np.uint8)),
+        fps=2.0,
+        audio=common_pb2.AudioPart(digest=b"x" * 32),
+    )
+    msg = common_pb2.Message(role="user", parts=[common_pb2.ContentPart(video=video)])
+    with pytest.raises(InvalidRequest, match="video's sound"):
+        messages_from_proto([msg])
