@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+import weakref
 from collections import OrderedDict
 from typing import Any
 
@@ -39,6 +40,8 @@ class CachedAudioFeatures:
         self._kept: OrderedDict[bytes, tuple[torch.Tensor, torch.Tensor]] = OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        # id(array) -> (its weak reference, rate, digest): see `_key`.
+        self._keys: dict[int, tuple[weakref.ref[np.ndarray], Any, bytes]] = {}
         self.hits = 0
         self.misses = 0
 
@@ -69,11 +72,26 @@ class CachedAudioFeatures:
             masks[i, : m.shape[-1]] = m
         return BatchFeature({"input_features": batch, "attention_mask": masks})
 
+    def _key(self, item: np.ndarray, rate: Any) -> bytes:
+        """The item's digest. A read-only array (samples from the wire, and the thinker's kept audio
+        of a scope: the same array every turn) is hashed once while it lives, not every turn."""
+        memo = self._keys.get(id(item)) if not item.flags.writeable else None
+        if memo is not None and memo[0]() is item and memo[1] == rate:
+            return memo[2]
+        key = hashlib.sha256(f"{item.dtype}\0{rate}\0".encode() + item.tobytes()).digest()
+        if not item.flags.writeable:
+            ident = id(item)
+
+            def gone(_: weakref.ref[np.ndarray]) -> None:
+                self._keys.pop(ident, None)
+
+            with self._lock:
+                self._keys[ident] = (weakref.ref(item, gone), rate, key)
+        return key
+
     def _features(self, item: np.ndarray, kwargs: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """One settled item's features [mels, frames] and frame mask, alone (cached)."""
-        key = hashlib.sha256(
-            f"{item.dtype}\0{kwargs.get('sampling_rate')}\0".encode() + item.tobytes()
-        ).digest()
+        key = self._key(item, kwargs.get("sampling_rate"))
         with self._lock:
             kept = self._kept.get(key)
             if kept is not None:

@@ -75,3 +75,28 @@ def test_the_budget_keeps_the_most_recent_features_only(engine):
     small([item], **kwargs)
     assert (small.hits, small.misses) == (0, 2)  # over the budget: nothing kept
     assert not small.settled(np.ones(1600, dtype=np.float32)) and small.settled(item)
+
+
+def test_a_read_only_item_is_hashed_once_and_a_writable_one_every_time(engine, monkeypatch):
+    """Samples from the wire (and a scope's kept audio, the same array every turn) are read-only:
+    their digest is kept while the array lives. A writable array could change in place, so it is
+    hashed again each time, and changed samples get their own features."""
+    import omnistream.models.qwen3_omni.thinker.audio_features as module
+
+    frozen = settled(tone(1.1, hz=410, seed=7))
+    frozen.samples.flags.writeable = False
+    writable = settled(tone(1.2, hz=520, seed=8))
+    real, calls = module.hashlib.sha256, []
+    monkeypatch.setattr(module.hashlib, "sha256", lambda data: calls.append(len(data)) or real(data))
+    for _ in range(3):
+        _prepared(engine, _conversation([frozen, writable]), cached=True)
+    assert len(calls) == 1 + 3  # the read-only item once, the writable one at every build
+    before = _prepared(engine, _conversation([writable]), cached=True)
+    writable.samples[:800] *= 0.5  # same array, new samples
+    _same(
+        _prepared(engine, _conversation([writable]), cached=True),
+        _prepared(engine, _conversation([writable]), cached=False),
+    )
+    assert not torch.equal(
+        before.audio_features[0], _prepared(engine, _conversation([writable]), cached=True).audio_features[0]
+    )
