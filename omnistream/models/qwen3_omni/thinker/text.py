@@ -81,7 +81,7 @@ class ThinkerText:
         rows would come from encoders that did not run."""
         if not prompt_ids:
             raise InvalidRequest("the prompt is empty", field="prompt")
-        if any(not 0 <= t < self.vocab_size for t in prompt_ids):
+        if min(prompt_ids) < 0 or max(prompt_ids) >= self.vocab_size:  # in C: a long history's ids
             raise InvalidRequest(f"prompt token ids must be in [0, {self.vocab_size})", field="prompt_ids")
         if not has_media and not self.multimodal_ids.isdisjoint(prompt_ids):
             raise InvalidRequest(

@@ -90,7 +90,10 @@ def check_media_prompt(media: MediaPrompt, ids: Sequence[int], config: Any) -> N
     for f in media.audio_features:
         if f.dim() != 2 or f.shape[0] != tc.audio_config.num_mel_bins or f.shape[1] == 0:
             raise InvalidRequest("audio features must be [mel bins, frames]", field="messages")
-    if sum(1 for t in ids if t == tc.audio_token_id) != want:
+    # Counted in C, the token ids read once: a config attribute is a slow property, and a whole
+    # conversation's ids are counted here on the event loop at every turn.
+    ids = ids if isinstance(ids, list) else list(ids)
+    if ids.count(tc.audio_token_id) != want:
         raise InvalidRequest("audio placeholders do not match the audio", field="messages")
     for kind, pixels, grid, token in (
         (IMAGE, media.pixel_values, media.image_grid_thw, tc.image_token_id),
@@ -102,7 +105,7 @@ def check_media_prompt(media: MediaPrompt, ids: Sequence[int], config: Any) -> N
             raise InvalidRequest(f"{kind} grids must be whole merge blocks", field="messages")
         if patches and (pixels is None or tuple(pixels.shape) != (patches, patch_dim)):
             raise InvalidRequest(f"{kind} pixels do not match their grids", field="messages")
-        if sum(1 for t in ids if t == token) != patches // merge**2:
+        if ids.count(token) != patches // merge**2:
             raise InvalidRequest(f"{kind} placeholders do not match the {kind}s", field="messages")
 
 

@@ -252,3 +252,25 @@ def test_special_token_strings_in_text_parts_stay_text(engine):
     for token in (tc.image_token_id, tc.audio_token_id, tc.audio_start_token_id):
         assert media.prompt_ids.count(token) == plain.prompt_ids.count(token)
     assert typed in engine.tokenizer.decode(media.prompt_ids)
+
+
+def test_ids_and_placeholders_that_do_not_fit_are_refused_before_any_batch(engine):
+    """The prompt checks of add_request (text.check_ids, thinker_media.check_media_prompt), which
+    count a whole conversation's ids at every turn."""
+    from omnistream.models.qwen3_omni.thinker.thinker_media import check_media_prompt
+
+    text = engine.text
+    for ids, message in (([], "empty"), ([5, -1], r"\[0, "), ([5, engine.vocab_size], r"\[0, ")):
+        with pytest.raises(InvalidRequest, match=message):
+            text.check_ids(ids)
+    audio_id = engine.config.thinker_config.audio_token_id
+    with pytest.raises(InvalidRequest, match="no media"):
+        text.check_ids([5, audio_id])
+    messages = [{"role": "user", "content": [{"type": "audio", "audio": tone(1.0)}]}]
+    media = engine.prepare_media(messages)
+    check_media_prompt(media, media.prompt_ids, engine.config)
+    check_media_prompt(media, tuple(media.prompt_ids), engine.config)  # any sequence
+    fewer = list(media.prompt_ids)
+    fewer[fewer.index(audio_id)] = 5
+    with pytest.raises(InvalidRequest, match="audio placeholders"):
+        check_media_prompt(media, fewer, engine.config)
