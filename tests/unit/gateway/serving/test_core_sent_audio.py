@@ -17,7 +17,13 @@ from omnistream.request.generation import DoneEvent, GenerationRequest
 from omnistream.request.media import AudioInput, audio_digest
 from omnistream.service.server import ERROR_KIND_METADATA_KEY, STAGE_ORIGIN, STATUS_ORIGIN_METADATA_KEY
 from tests.unit.gateway.infos import stage_info
-from tests.unit.gateway.serving.test_core_link_failure import FakeHealth, close, in_flight, rpc_error
+from tests.unit.gateway.serving.test_core_link_failure import (
+    FakeCall,
+    FakeHealth,
+    close,
+    in_flight,
+    rpc_error,
+)
 
 EXPIRED = rpc_error(
     grpc.StatusCode.FAILED_PRECONDITION,
@@ -26,28 +32,15 @@ EXPIRED = rpc_error(
 )
 
 
-class RecordingCall:
+class RecordingCall(FakeCall):
     """A thinker stream that keeps the open it was sent and answers one chunk, or fails."""
 
     def __init__(self, opens: list, error) -> None:
-        self.opens, self.error = opens, error
+        super().__init__(error)
+        self.opens = opens
 
     async def write(self, message) -> None:
         self.opens.append(message.open)
-
-    async def done_writing(self) -> None:
-        pass
-
-    def cancel(self) -> bool:
-        return True
-
-    def __aiter__(self):
-        return self._chunks()
-
-    async def _chunks(self):
-        if self.error is not None:
-            raise self.error
-        yield stage_pb2.ThinkerChunk(token_ids=[7], text_delta="hi", finished=True, finish_reason="stop")
 
 
 class RecordingThinker:
