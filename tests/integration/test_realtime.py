@@ -313,4 +313,5 @@ def test_a_spoken_item_is_found_again_after_a_longer_one(gateway, stages):
     assert finished(first) and finished(second)
     assert second.response.usage.input_token_details.cached_tokens >= first.response.usage.input_tokens
     assert metric(stages["thinker"], hits) == hits_before + 1
-    assert asyncio.run(wait_for(lambda: metric(stages["thinker"], kept) == kept_before, 10))
+    # <=: an earlier test's session may still be releasing what it kept when `kept_before` was read
+    assert asyncio.run(wait_for(lambda: metric(stages["thinker"], kept) <= kept_before, 10))
