@@ -22,7 +22,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from omnistream.request.media import AudioInput, audio_digest, parts_of
+from omnistream.request.media import AudioInput, audio_digest, media_of
 from omnistream.wire.convert import Referrer
 
 MAX_ENTRIES = 4096
@@ -30,13 +30,7 @@ MAX_ENTRIES = 4096
 
 def message_audio(messages: Sequence[Mapping[str, Any]] | None) -> Iterator[AudioInput]:
     """The audio parts of the messages themselves (a video's sound always travels whole)."""
-    for message in messages or ():
-        content = message["content"]
-        if isinstance(content, str):
-            continue
-        for part in parts_of(content):
-            if part["type"] == "audio" and isinstance(part["audio"], AudioInput):
-                yield part["audio"]
+    return (media for media in media_of(messages) if isinstance(media, AudioInput))
 
 
 class SentAudio:

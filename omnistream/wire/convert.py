@@ -303,6 +303,9 @@ def _audio_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioInput:
     return AudioInput(_array(msg.samples, "float32", f"{where}.samples"), int(msg.sample_rate))
 
 
+DIGEST_BYTES = 32  # AudioPart.digest: a SHA-256
+
+
 def _audio_ref_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioRef:
     if msg.HasField("samples"):
         raise InvalidRequest(f"{where}: give samples or a digest, not both", field="messages")
@@ -311,9 +314,6 @@ def _audio_ref_from_proto(msg: common_pb2.AudioPart, where: str) -> AudioRef:
             f"{where}.digest is {len(msg.digest)} bytes; a SHA-256 is {DIGEST_BYTES}", field="messages"
         )
     return AudioRef(bytes(msg.digest), int(msg.sample_rate))
-
-
-DIGEST_BYTES = 32
 
 
 def _array(msg: common_pb2.Tensor, dtype: str, where: str) -> np.ndarray:
