@@ -174,7 +174,11 @@ def test_barge_in_cancels_every_stage(gateway, stages):
             speaker = asyncio.create_task(speak(conn, speech_pcm16("Please tell me a very long story.")))
             await events_until(conn, "response.output_audio.delta", seen)
             await speaker
-            interrupt = asyncio.create_task(speak(conn, speech_pcm16("Stop, stop please.")))
+            # No trailing silence: the interruption must not end as a turn of its own (VAD would
+            # commit it and answer it) if response.done reaches us late, as on a loaded machine.
+            interrupt = asyncio.create_task(
+                speak(conn, speech_pcm16("Stop, stop please."), trailing_silence=0)
+            )
             try:
                 started = await events_until(conn, "input_audio_buffer.speech_started", seen)
                 done = await events_until(conn, "response.done", seen)
