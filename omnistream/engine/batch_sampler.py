@@ -131,7 +131,9 @@ class BatchSampler:
             chosen = torch.where(knobs[:, 4] > 0, picked, chosen)
         if step.penalized:
             assert self.presence is not None and slots is not None
-            self.presence[slots, chosen] = True
+            # A device tensor of Trues, not a Python True: that would be a host scalar copied in,
+            # which a CUDA graph cannot capture (seen on an H200: the talker's batched frames ran eagerly).
+            self.presence.index_put_((slots, chosen), torch.ones_like(chosen, dtype=torch.bool))
         return chosen
 
     def _draw(self, logits: torch.Tensor, step: StepKnobs, noise: torch.Tensor | None = None) -> torch.Tensor:
