@@ -83,10 +83,15 @@ class ReplicaSpeed:
     model: StepFit | None = None  # the stage's step-time model as it reported it
 
     def stream_rate(self, streams: int) -> float:
-        """Units a second each of `streams` in its batch gets (module docstring)."""
-        if self.model is not None:
-            return self.model.row_rate(streams)
-        return self.capacity / max(streams, self.batch, 1.0)
+        """Units a second each of `streams` in its batch gets (module docstring). A model never
+        says less than the speed measured now shared by them, once they are at least today's batch:
+        a larger batch never makes fewer units a second, so the measure is a floor the model's
+        extrapolation (its slowdown, a fit standing on slow steps) cannot hold admission under."""
+        shared = self.capacity / max(streams, self.batch, 1.0)
+        if self.model is None:
+            return shared
+        modelled = self.model.row_rate(streams)
+        return max(modelled, shared) if streams >= self.batch else modelled
 
     def capacity_at(self, streams: int) -> float:
         """Units per busy second of the replica with `streams` in its batch."""

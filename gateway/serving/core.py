@@ -120,6 +120,7 @@ class GatewayCore:
             deployment=self.deployment,
         )
         self.replicas.on_load = self.admission.reconsider  # new speeds may let a held request in
+        self.audio_arriving = 0  # audio requests inside `open` not yet at admission (`sizing_streams`)
         self.media = MediaDecoder(config.media_limits)
         self.sent_audio = SentAudio()  # what each thinker replica holds of a scope's audio
         self.metrics.watch_audio(
@@ -244,15 +245,42 @@ class GatewayCore:
             "; ".join(speeds),
         )
 
+    def sizing_streams(self, permit: Permit | None = None) -> int:
+        """The audio streams a new stream's first chunk is sized with (and its start need computed
+        with): those playing, itself among them, plus the audio requests on their way in (inside
+        `open` before admission, or held), as many of them as could play at once (the most streams
+        the hold admits, or max_concurrency without it). A wave of simultaneous requests starts
+        together: sized only with the streams already playing, its first streams looked alone, got
+        2-frame first chunks that the rest of the wave would make run dry, and so (the start guard)
+        held the rest of the wave until they had a second of audio in hand (docs/benchmarks.md,
+        issue 33 run 8: TTFT 0.69 s at 16 against 0.16 s without the hold). Without `permit`: as if
+        admitted now."""
+        admitted = permit is not None and permit.audio
+        playing = self.admission.audio_active + (0 if admitted else 1)
+        coming = self.audio_arriving + self.admission.audio_held
+        if not coming:
+            return playing
+        limit = self.config.max_concurrency
+        if self.config.audio_hold:
+            capacity, margin = self.audio_capacity(), self.config.audio_hold_margin
+            fits = playing
+            while fits < min(playing + coming, limit):
+                headroom = capacity.headroom(fits + 1)
+                if headroom is None or headroom < 1.0 + margin:
+                    break
+                fits += 1
+            return fits
+        return min(playing + coming, max(playing, limit))
+
     def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
         """The request's codec chunk plan. Its first chunk: the request's own, else the smallest
-        the measured headroom allows for the audio streams running with it (audio_capacity.py),
-        else (speed unknown) the load rule on the requests running beside it. Without `permit`: as
-        if it were admitted now (what `open` checks before admission)."""
+        the measured headroom allows for the audio streams it will play beside (`sizing_streams`,
+        audio_capacity.py), else (speed unknown) the load rule on the requests running beside it.
+        Without `permit`: as if it were admitted now (what `open` checks before admission)."""
         initial = request.initial_codec_chunk_frames
         if initial is None:
             admitted = permit is not None
-            streams = self.admission.audio_active + (0 if admitted and permit.audio else 1)
+            streams = self.sizing_streams(permit)
             headroom = self.audio_capacity().headroom(streams)
             chunk = request.codec_chunk_frames
             if headroom is None:
@@ -264,14 +292,14 @@ class GatewayCore:
                 initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter)
         return request.chunk_plan(initial)
 
-    def start_need(self, request: GenerationRequest, plan: ChunkPlan) -> float | None:
+    def start_need(self, request: GenerationRequest, plan: ChunkPlan, permit: Permit) -> float | None:
         """The headroom an admitted audio stream of `plan` needs while it starts (the start guard,
         gateway/admission/start_guard.py): the smallest at which its listener is predicted never to
         wait, with the same allowances its first chunk was sized with. None where the gateway did not size it
         (the request chose its first chunk, or the speed is unknown)."""
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
-        return headroom_needed(plan, *self._start_allowances(self.admission.audio_active, plan.chunk))
+        return headroom_needed(plan, *self._start_allowances(self.sizing_streams(permit), plan.chunk))
 
     def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
         """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio
@@ -304,10 +332,18 @@ class GatewayCore:
     async def _open(
         self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan
     ) -> Session:
+        arriving = request.return_audio
+        self.audio_arriving += arriving
         try:
+            # One turn of the loop first: the other requests of a wave that arrived with this one
+            # count themselves in before any of them is sized (`sizing_streams`).
+            await asyncio.sleep(0)
             self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
             await self.prepare(request)
             self.chunk_plan(request)  # a bad plan is refused before admission
+            # From here admission counts it (playing or held), in the same turn of the loop.
+            self.audio_arriving -= arriving
+            arriving = False
             # Audio may wait here for the listeners already playing (the audio hold, admission/permits.py).
             permit = await self.admission.acquire(audio=request.return_audio, request_id=rid)
         except Rejected as exc:
@@ -316,11 +352,13 @@ class GatewayCore:
         except OmniError as exc:
             self.metrics.rejected.labels(reason=exc.kind).inc()
             raise
+        finally:
+            self.audio_arriving -= arriving
         self.metrics.in_flight.inc()
         # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
         plan = self.chunk_plan(request, permit)
         if permit.audio:
-            permit.need = self.start_need(request, plan)
+            permit.need = self.start_need(request, plan, permit)
         span.admitted(permit, self.deployment.model_id, plan.initial if request.return_audio else None)
         stages = stages_for(request)
         kinds = media_kinds(request.messages)  # the thinker picked must take them all

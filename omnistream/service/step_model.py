@@ -14,13 +14,21 @@ the probe (other processes share the cores), the seed points are scaled by how m
 live steps are than the seed line predicts at their own sizes, so the seed keeps its shape and
 takes the live level.
 
+Live steps age out: a step size counts only with steps seen in the last `LIVE_MAX_AGE_S`. Steps
+run while other work held the cores (a wave of prompts prefilling in the thinker's process beside
+the talker) are slow; kept until their size was seen again, a wave's sizes kept the level of its
+worst second long after it, so admission assumed a fraction of the speed the stage then measured
+(a talker said to make 57 frames/s at 4 streams while it made 190-260) and held itself down again.
+
 Torch-free and pure: the numbers come from the step listener (omnistream/service/speed.py).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from collections import OrderedDict, deque
+from collections.abc import Callable
 from dataclasses import dataclass
 
 SAMPLES_PER_SIZE = 32  # recent step times kept per unit count
@@ -28,6 +36,7 @@ MAX_SIZES = 256  # unit counts kept (least recently seen dropped first)
 SEED_WEIGHT = 4.0  # a seed point counts as this many live steps
 LIVE_WEIGHT_CAP = 32.0
 MIN_SLOWDOWN, MAX_SLOWDOWN = 0.25, 20.0  # bounds of the live/seed level factor
+LIVE_MAX_AGE_S = 30.0  # a live step older than this no longer counts (module docstring)
 
 
 @dataclass(frozen=True)
@@ -77,10 +86,18 @@ class StepTimeModel:
     """Step times per unit count, live and seeded; `fit()` the line through them. Not thread-safe:
     the speed meter holds its lock around every call."""
 
-    def __init__(self, samples_per_size: int = SAMPLES_PER_SIZE, max_sizes: int = MAX_SIZES) -> None:
+    def __init__(
+        self,
+        samples_per_size: int = SAMPLES_PER_SIZE,
+        max_sizes: int = MAX_SIZES,
+        max_age: float = LIVE_MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.samples_per_size = samples_per_size
         self.max_sizes = max_sizes
-        self._live: OrderedDict[int, deque[float]] = OrderedDict()
+        self.max_age = max_age
+        self._clock = clock
+        self._live: OrderedDict[int, deque[tuple[float, float]]] = OrderedDict()  # (when, seconds)
         self._rows: deque[float] = deque(maxlen=samples_per_size * 4)  # units per row, recent steps
         self._seed: dict[int, float] = {}
         self._seed_units_per_row: float | None = None
@@ -94,14 +111,14 @@ class StepTimeModel:
             times = deque(maxlen=self.samples_per_size)
             if len(self._live) >= self.max_sizes:
                 self._live.popitem(last=False)
-        times.append(seconds)
+        times.append((self._clock(), seconds))
         self._live[units] = times
         self._rows.append(units / rows)
 
     def seed_from_live(self) -> None:
         """What was observed so far (the warm-up probe) becomes the seed; live starts empty."""
         if self._live:
-            self._seed = {u: statistics.median(t) for u, t in self._live.items()}
+            self._seed = {u: statistics.median(s for _, s in t) for u, t in self._live.items()}
             self._seed_units_per_row = statistics.median(self._rows) if self._rows else None
         self.clear_live()
 
@@ -115,7 +132,12 @@ class StepTimeModel:
 
     def fit(self) -> StepFit | None:
         """The line through the live and seed points (None: neither has any)."""
-        live = {u: (statistics.median(t), min(len(t), LIVE_WEIGHT_CAP)) for u, t in self._live.items()}
+        since = self._clock() - self.max_age
+        live = {}
+        for u, samples in self._live.items():
+            recent = [seconds for when, seconds in samples if when >= since]
+            if recent:
+                live[u] = (statistics.median(recent), min(len(recent), LIVE_WEIGHT_CAP))
         if not live and not self._seed:
             return None
         slowdown = 1.0

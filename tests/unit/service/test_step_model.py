@@ -74,3 +74,23 @@ def test_units_per_row_comes_from_the_live_steps_else_the_seed():
 
 def test_nothing_observed_is_no_model():
     assert StepTimeModel().fit() is None
+
+
+def test_slow_steps_age_out_so_a_past_wave_does_not_hold_the_stage_down():
+    """Steps slowed by a wave sharing the cores count for LIVE_MAX_AGE_S only: after it, the
+    stage's sizes that were not seen again fall back to the seed's line at today's level."""
+    now = [0.0]
+    model = StepTimeModel(max_age=30.0, clock=lambda: now[0])
+    for rows in (1, 4, 16):
+        model.observe(rows, rows, talker_step(rows))
+    model.seed_from_live()
+    for rows in range(5, 17):  # a wave: every size 5-16, each step five times slower than the probe
+        model.observe(rows, rows, 5 * talker_step(rows))
+    assert model.fit().slowdown == pytest.approx(5.0)
+    now[0] = 31.0  # a quiet minute later: batches of 1 and 2 at the probe's speed
+    for _ in range(10):
+        model.observe(1, 1, talker_step(1))
+        model.observe(2, 2, talker_step(2))
+    fit = model.fit()
+    assert fit.slowdown == pytest.approx(1.0)
+    assert fit.step_seconds(16) == pytest.approx(talker_step(16), rel=0.02)

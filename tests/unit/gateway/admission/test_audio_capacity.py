@@ -171,6 +171,20 @@ def test_a_stage_with_a_step_time_model_is_judged_at_the_batch_the_new_stream_ma
     assert windows.row_rate(4) == pytest.approx(25 / 0.1)
 
 
+def test_a_model_below_the_measured_speed_is_floored_by_it_at_the_measured_batch_and_beyond():
+    """The model says 4 streams get 14 frames/s each (a 70 ms step), the stage measures 240 frames/s
+    at batch 4 now: a larger batch makes no fewer, so 4 or more streams share at least 240; below
+    the measured batch the model stands (one stream is not assumed to get all 240)."""
+    slow = StepFit(0.0, 0.0175, 1.0, points=3)
+    speed = ReplicaSpeed(240.0, 4.0, slow)
+    assert speed.stream_rate(4) == pytest.approx(60.0)
+    assert speed.stream_rate(16) == pytest.approx(15.0)
+    assert speed.stream_rate(2) == pytest.approx(slow.row_rate(2))
+    fast = StepFit(0.015, 0.0025, 1.0, points=3)  # where the model says more, the model counts
+    assert ReplicaSpeed(40.0, 4.0, fast).stream_rate(16) == pytest.approx(fast.row_rate(16))
+    assert AudioCapacity.of([[speed]], FPS).headroom(8) == pytest.approx(30.0 / FPS)
+
+
 def test_a_fragile_streams_need_holds_one_more_that_would_undo_its_plan():
     capacity = one(100.0)  # headroom 8 / n
     assert capacity.admits(1, need=4.0)  # 4.0 with two streams

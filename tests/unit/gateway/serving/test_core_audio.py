@@ -13,6 +13,7 @@ from grpc_health.v1 import health_pb2
 from prometheus_client import generate_latest
 
 from gateway.admission.audio_capacity import initial_frames_for
+from gateway.admission.permits import Rejected
 from gateway.config import GatewayConfig
 from gateway.serving.core import GatewayCore
 from omnistream.proto.omni.v1 import stage_pb2
@@ -153,5 +154,47 @@ async def test_the_hold_can_be_turned_off():
         permits = [await asyncio.wait_for(core.admission.acquire(audio=True), 1) for _ in range(4)]
         for permit in permits:
             permit.release()
+    finally:
+        await close(core)
+
+
+async def test_a_wave_is_sized_together_up_to_what_the_hold_lets_play():
+    """Requests arriving together count themselves in before any is sized, so the first of a wave
+    gets the first chunk of the wave's size, not of a stream alone; no more than the hold admits."""
+    core, stubs = await fake_core(max_concurrency=16)
+    try:
+        stubs["talker"].load = load(200.0)  # 16 streams real time; 1.2x margin: 13 fit
+        stubs["code2wav"].load = load(5000.0)
+        await core.replicas.check_all()
+        alone = core.chunk_plan(audio()).initial
+        seen: list[tuple[int, int]] = []
+
+        async def acquire(audio=False, request_id=None):
+            seen.append((core.audio_arriving, core.sizing_streams()))
+            raise Rejected("stop here", "test", 1)
+
+        core.admission.acquire = acquire  # type: ignore[method-assign]
+        wave = (core.open(audio(max_audio_frames=100)) for _ in range(16))
+        results = await asyncio.gather(*wave, return_exceptions=True)
+        assert all(isinstance(r, Rejected) for r in results), results[:2]
+        # The first to reach admission already sees the 15 others on their way in.
+        assert seen[0] == (15, 13)
+        assert core.audio_arriving == 0  # every way out of `open` counts itself out
+        core.audio_arriving = 15
+        assert core.chunk_plan(audio()).initial > alone
+        assert core.sizing_streams() == 13
+        core.audio_arriving = 0
+        assert core.sizing_streams() == 1 and core.chunk_plan(audio()).initial == alone
+    finally:
+        await close(core)
+
+
+async def test_without_the_hold_a_wave_is_sized_up_to_max_concurrency():
+    core, stubs = await fake_core(max_concurrency=8, audio_hold=False)
+    try:
+        stubs["talker"].load = load(100.0)
+        await core.replicas.check_all()
+        core.audio_arriving = 20
+        assert core.sizing_streams() == 8
     finally:
         await close(core)

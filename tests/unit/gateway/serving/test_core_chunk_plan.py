@@ -16,10 +16,12 @@ def _plan(active: int = 0, **fields):
     # Speed unknown (no stage reported a load): the plan falls back to the load rule.
     unknown = SimpleNamespace(headroom=lambda streams: None)
     core = SimpleNamespace(
-        admission=SimpleNamespace(active=active, audio_active=active),
+        admission=SimpleNamespace(active=active, audio_active=active, audio_held=0),
         audio_capacity=lambda: unknown,
         config=GatewayConfig(max_concurrency=8),
+        audio_arriving=0,
     )
+    core.sizing_streams = lambda permit=None: GatewayCore.sizing_streams(core, permit)  # type: ignore[arg-type]
     request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], **fields)
     return GatewayCore.chunk_plan(core, request)  # type: ignore[arg-type]
 
