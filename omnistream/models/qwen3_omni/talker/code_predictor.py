@@ -253,7 +253,7 @@ class CodePredictorRunner:
             for bucket in self.buckets:
                 for group in range(self.num_steps):
                     graph = torch.cuda.CUDAGraph()
-                    with torch.cuda.graph(graph, pool=pool):
+                    with torch.cuda.graph(graph, pool=pool, capture_error_mode="thread_local"):
                         out = self.forward(group, self.inputs[(bucket, self.rows(group))])
                     self.graphs[(bucket, group)] = graph
                     self.outputs[(bucket, group)] = out

@@ -365,7 +365,10 @@ class StaticTalkerFrame:
                     step()
             torch.cuda.current_stream(self.device).wait_stream(side)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
+            # Thread-local: another engine's thread on the same device (the in-process pipeline)
+            # may launch work meanwhile; in the global mode that work fails ("operation not
+            # permitted when stream is capturing", seen on an H200) and poisons its engine.
+            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
                 out = step()
         log.info("talker frame: captured a CUDA graph (%d so far)", len(self.graphs) + 1)
         return graph, out
