@@ -72,6 +72,12 @@ class CachedAudioFeatures:
             masks[i, : m.shape[-1]] = m
         return BatchFeature({"input_features": batch, "attention_mask": masks})
 
+    def item(self, samples: np.ndarray, sampling_rate: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """One settled item's features [mels, frames] and frame mask, as the processor's call would
+        hold them in any batch (cached): a prompt whose audio is all settled need not go through
+        the processor at all (thinker/media_prompt.py)."""
+        return self._features(samples, {**PROCESSOR_CALL, "sampling_rate": sampling_rate})
+
     def _key(self, item: np.ndarray, rate: Any) -> bytes:
         """The item's digest. A read-only array (samples from the wire, and the thinker's kept audio
         of a scope: the same array every turn) is hashed once while it lives, not every turn."""

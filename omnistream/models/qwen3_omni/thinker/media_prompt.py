@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from omnistream.engine.chat_encoding import ChatEncoder, Tools
+from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.frame_video import FrameVideoProcessor
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import (
@@ -228,6 +229,9 @@ class MediaPromptBuilder:
         self._placeholder_text = {i: tok.convert_ids_to_tokens(i) for i in self.placeholders}
         # A replacement is one placeholder repeated, or a video's interleaving: the same few recur.
         self._replacement_ids: dict[str, list[int]] = {}
+        # A lone audio item's replacement by its feature frames (`_settled_audio`); None: that path
+        # found the processor disagreeing once, and every prompt goes through the processor.
+        self._audio_replacements: dict[int, str] | None = {}
 
     def build(
         self, messages: list[dict[str, Any]], use_audio_in_video: bool, tools: Tools = None
@@ -240,14 +244,19 @@ class MediaPromptBuilder:
         # depends on its media only, and the text around them (which the processor would tokenize,
         # a whole conversation at every turn) is tokenized by `chat` already.
         placeholders = "".join(self._placeholder_text[t] for t in ids if t in self.placeholders)
-        try:
-            out = self.processor(
-                **processor_inputs(placeholders, media, use_audio_in_video),
-                return_text_replacement_offsets=True,
-            )
-        except ValueError as exc:  # e.g. a frame size the video processor refuses
-            raise InvalidRequest(f"media cannot be processed: {exc}", field="messages") from exc
-        replacements = [r["replacement"] for r in out["text_replacement_offsets"][0]]
+        audio = self._settled_audio(media)
+        if audio is not None:  # a conversation's spoken turns: no processor call at all
+            out: Any = {}
+            replacements = audio[2]
+        else:
+            try:
+                out = self.processor(
+                    **processor_inputs(placeholders, media, use_audio_in_video),
+                    return_text_replacement_offsets=True,
+                )
+            except ValueError as exc:  # e.g. a frame size the video processor refuses
+                raise InvalidRequest(f"media cannot be processed: {exc}", field="messages") from exc
+            replacements = [r["replacement"] for r in out["text_replacement_offsets"][0]]
         prompt_ids = self._expand(ids, replacements)
         if len(prompt_ids) > self.max_model_len:
             raise InvalidRequest(
@@ -255,7 +264,60 @@ class MediaPromptBuilder:
                 f"{self.max_model_len}",
                 field="messages",
             )
-        return self._prompt(prompt_ids, out, use_audio_in_video)
+        return self._prompt(prompt_ids, out, use_audio_in_video, audio)
+
+    def _settled_audio(self, media: _Collected) -> tuple[list[torch.Tensor], torch.Tensor, list[str]] | None:
+        """(features, frame lengths, replacements) of a prompt whose media are settled audio items
+        only (a realtime conversation's spoken turns), item by item from the feature cache, without
+        the processor: it would tokenize the whole expanded placeholder text (the conversation's
+        every audio token, ~1.4 ms at 20 turns) and assemble a padded batch, all to be thrown away.
+        Exact: a settled item's features are the same alone as in any batch (audio_features.py),
+        and an audio item's replacement depends on its frame count only, taken once per count
+        from the processor's own call on the item alone (and checked against it). None: the
+        processor's path (other media, an unsettled item, no feature cache)."""
+        extractor = self.processor.feature_extractor
+        if (
+            self._audio_replacements is None
+            or media.images
+            or media.videos
+            or not media.audio
+            or not isinstance(extractor, CachedAudioFeatures)
+            or extractor.budget_bytes <= 0
+            or not all(map(extractor.settled, media.audio))
+        ):
+            return None
+        features, lengths, replacements = [], [], []
+        for samples in media.audio:
+            rows, mask = extractor.item(samples, AUDIO_SAMPLE_RATE)
+            n = int(mask.sum())
+            replacement = self._audio_replacements.get(n)
+            if replacement is None:
+                replacement = self._audio_replacement(samples, rows[:, :n], n)
+                if replacement is None:
+                    return None
+            features.append(rows[:, :n].contiguous())
+            lengths.append(n)
+            replacements.append(replacement)
+        return features, torch.tensor(lengths, dtype=torch.long), replacements
+
+    def _audio_replacement(self, samples: np.ndarray, rows: torch.Tensor, n: int) -> str | None:
+        """The processor's replacement for one audio item of `n` frames, from its call on the item
+        alone; None (and the processor's path from now on) if its features are not `rows`."""
+        assert self._audio_replacements is not None
+        alone = _Collected(audio=[samples], audio_slots=[None])
+        out = self.processor(
+            **processor_inputs(self._placeholder_text[self.processor.tokenizer.audio_token_id], alone, False),
+            return_text_replacement_offsets=True,
+        )
+        same = int(out["feature_attention_mask"][0].sum()) == n and torch.equal(
+            out["input_features"][0, :, :n], rows
+        )
+        if not same:
+            self._audio_replacements = None
+            return None
+        replacement = str(out["text_replacement_offsets"][0][0]["replacement"])
+        self._audio_replacements[n] = replacement
+        return replacement
 
     def _expand(self, ids: list[int], replacements: list[str]) -> list[int]:
         """Each template placeholder (in order) becomes the ids of the processor's replacement."""
@@ -279,10 +341,18 @@ class MediaPromptBuilder:
             raise InvalidRequest("the prompt has fewer placeholders than media", field="messages")
         return out
 
-    def _prompt(self, prompt_ids: list[int], out: Any, use_audio_in_video: bool) -> MediaPrompt:
+    def _prompt(
+        self,
+        prompt_ids: list[int],
+        out: Any,
+        use_audio_in_video: bool,
+        audio: tuple[list[torch.Tensor], torch.Tensor, list[str]] | None = None,
+    ) -> MediaPrompt:
         features: list[torch.Tensor] = []
         lengths = None
-        if "input_features" in out:
+        if audio is not None:
+            features, lengths = audio[0], audio[1]
+        elif "input_features" in out:
             lengths = out["feature_attention_mask"].sum(-1)
             features = [
                 f[:, : int(n)].contiguous() for f, n in zip(out["input_features"], lengths, strict=True)

@@ -41,6 +41,7 @@ def _prepared(engine, messages, cached: bool):
 
 def _same(a, b) -> None:
     assert a.prompt_ids == b.prompt_ids and a.layout == b.layout
+    assert torch.equal(a.positions, b.positions) and a.rope_delta == b.rope_delta
     assert len(a.audio_features) == len(b.audio_features)
     for x, y in zip(a.audio_features, b.audio_features, strict=True):
         assert torch.equal(x, y)
@@ -86,6 +87,8 @@ def test_a_read_only_item_is_hashed_once_and_a_writable_one_every_time(engine, m
     frozen = settled(tone(1.1, hz=410, seed=7))
     frozen.samples.flags.writeable = False
     writable = settled(tone(1.2, hz=520, seed=8))
+    # Their frame counts seen once (with other samples): their replacements are known.
+    _prepared(engine, _conversation([settled(tone(1.1, seed=17)), settled(tone(1.2, seed=18))]), cached=True)
     real, calls = module.hashlib.sha256, []
     monkeypatch.setattr(module.hashlib, "sha256", lambda data: calls.append(len(data)) or real(data))
     for _ in range(3):
@@ -100,3 +103,47 @@ def test_a_read_only_item_is_hashed_once_and_a_writable_one_every_time(engine, m
     assert not torch.equal(
         before.audio_features[0], _prepared(engine, _conversation([writable]), cached=True).audio_features[0]
     )
+
+
+def test_a_prompt_of_settled_audio_only_skips_the_processor_and_is_its_prompt(engine, monkeypatch):
+    """The spoken turns of a conversation: features item by item from the cache and each item's
+    replacement by its frame count, no processor call once every count was seen; the prompt is
+    the processor's (ids, positions, features, layout)."""
+    audios = [settled(tone(s, hz=200 + 70 * i, seed=20 + i)) for i, s in enumerate((1.7, 2.2, 1.7))]
+    messages = _conversation(audios)
+    expected = _prepared(engine, messages, cached=False)  # the processor's whole call
+    _prepared(engine, messages, cached=True)  # every frame count seen once
+    calls = []
+    processor = engine.processor
+
+    class Counting:
+        def __getattr__(self, name):
+            return getattr(processor, name)
+
+        def __call__(self, *args, **kwargs):
+            calls.append(kwargs)
+            return processor(*args, **kwargs)
+
+    monkeypatch.setattr(engine.media_prompts, "processor", Counting())
+    _same(engine.prepare_media(messages), expected)
+    assert calls == []
+    # An image beside them: the processor's path, as before.
+    from tests.media_samples import image
+
+    shown = [*messages, {"role": "assistant", "content": "ok"}]
+    shown.append({"role": "user", "content": [{"type": "image", "image": image()}]})
+    engine.prepare_media(shown)
+    assert len(calls) == 1
+
+
+def test_an_item_the_processor_sees_otherwise_turns_the_shortcut_off(engine, monkeypatch):
+    builder = engine.media_prompts
+    monkeypatch.setattr(builder, "_audio_replacements", {})
+    audio = settled(tone(1.4, seed=31))
+    cache = engine.processor.feature_extractor
+    rows, mask = cache.item(audio.samples, 16000)
+    n = int(mask.sum())
+    assert builder._audio_replacement(audio.samples, rows[:, :n] + 1.0, n) is None
+    assert builder._audio_replacements is None  # from now on every prompt goes through the processor
+    messages = _conversation([audio])
+    _same(engine.prepare_media(messages), _prepared(engine, messages, cached=False))
