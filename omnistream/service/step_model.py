@@ -14,7 +14,8 @@ the probe (other processes share the cores), the seed points are scaled by how m
 live steps are than the seed line predicts at their own sizes, so the seed keeps its shape and
 takes the live level.
 
-Live steps age out: a step size counts only with steps seen in the last `LIVE_MAX_AGE_S`. Steps
+Live steps age out: a step size counts only with steps seen in the last `LIVE_MAX_AGE_S` (a stage
+that ran no step for that long keeps all it has: its last level is still the best known). Steps
 run while other work held the cores (a wave of prompts prefilling in the thinker's process beside
 the talker) are slow; kept until their size was seen again, a wave's sizes kept the level of its
 worst second long after it, so admission assumed a fraction of the speed the stage then measured
@@ -133,6 +134,8 @@ class StepTimeModel:
     def fit(self) -> StepFit | None:
         """The line through the live and seed points (None: neither has any)."""
         since = self._clock() - self.max_age
+        if not any(samples[-1][0] >= since for samples in self._live.values()):
+            since = -float("inf")  # a quiet stage: its last level is still the best known
         live = {}
         for u, samples in self._live.items():
             recent = [seconds for when, seconds in samples if when >= since]

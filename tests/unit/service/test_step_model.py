@@ -87,7 +87,9 @@ def test_slow_steps_age_out_so_a_past_wave_does_not_hold_the_stage_down():
     for rows in range(5, 17):  # a wave: every size 5-16, each step five times slower than the probe
         model.observe(rows, rows, 5 * talker_step(rows))
     assert model.fit().slowdown == pytest.approx(5.0)
-    now[0] = 31.0  # a quiet minute later: batches of 1 and 2 at the probe's speed
+    now[0] = 31.0  # quiet since: the last level known still counts
+    assert model.fit().slowdown == pytest.approx(5.0)
+    # then batches of 1 and 2 at the probe's speed
     for _ in range(10):
         model.observe(1, 1, talker_step(1))
         model.observe(2, 2, talker_step(2))
