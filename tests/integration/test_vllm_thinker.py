@@ -42,7 +42,11 @@ PROMPTS = [
 ]
 SPEECH = "The sea was calm tonight, and the boats came home."
 SPEECH_EXTRA = {"talker_temperature": 0, "initial_codec_chunk_frames": 4, "max_audio_frames": 40}
-LONG = 3000  # tokens: a request that is still running when the test cancels it
+# Tokens of a request that is still running when the test cancels it: as many as the tiny model's
+# positions allow (8192; both thinkers serve MAX_MODEL_LEN), since this machine's vLLM made 3000 in
+# under 5 s, before a cancel from a client starved by make test's other worker reached it.
+MAX_MODEL_LEN = 8192
+LONG = MAX_MODEL_LEN - 16
 GENERATED = "vllm:generation_tokens_total"
 
 
@@ -54,8 +58,10 @@ def args(stage: str, model: str, *extra: str) -> list[str]:
 def stack(tiny_model_dir):
     """thinker-vllm, thinker (transformers), talker, code2wav."""
     specs = {
-        "thinker-vllm": args("thinker", tiny_model_dir, "--backend", "vllm"),
-        "thinker": args("thinker", tiny_model_dir),
+        "thinker-vllm": args(
+            "thinker", tiny_model_dir, "--backend", "vllm", "--max-model-len", str(MAX_MODEL_LEN)
+        ),
+        "thinker": args("thinker", tiny_model_dir, "--max-model-len", str(MAX_MODEL_LEN)),
         "talker": args("talker", tiny_model_dir),
         "code2wav": args("code2wav", tiny_model_dir),
     }
@@ -158,7 +164,7 @@ def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
             await probe.write(thinker_open(f"probe-{how}-{attempt}", [5, 6, 7], max_tokens=8))
             await probe.done_writing()
             assert sum([len(c.token_ids) async for c in probe]) == 8
-            deadline = max(1.0, 10 * (time.monotonic() - started))
+            deadline = max(3.0, 10 * (time.monotonic() - started))
             # What vLLM itself generated, from its own counter: its running gauge is not a reliable
             # witness on a loaded machine (read late by a starved client, it missed the request).
             before = metric(service, GENERATED)
@@ -181,7 +187,7 @@ def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
 
     # The test needs the request still running when its stream ends. A client starved by a loaded
     # machine (make test's other worker) may read its 8th token only after vLLM made all LONG, and
-    # a fast one may make all LONG before a deadline of a second: such an attempt proves nothing
+    # a fast one may make all LONG before a deadline of 3 s: such an attempt proves nothing
     # either way, and another one is made (a cancel or deadline that never reached vLLM would let
     # every attempt run to LONG).
     for attempt in range(3):
@@ -234,7 +240,7 @@ def test_bad_requests_get_the_transformers_thinkers_statuses(stack, tiny_model_d
     """Refused before vLLM sees them, with the same status and message on both thinkers."""
     image_token = read_config(tiny_model_dir)["thinker_config"]["image_token_id"]
     cases = {
-        "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=5000),
+        "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=MAX_MODEL_LEN + 1),
         "vocab": thinker_open("vocab", [5, 100000]),
         "placeholder": thinker_open("placeholder", [5, image_token, 7]),
     }
