@@ -260,17 +260,14 @@ class GatewayCore:
         coming = self.audio_arriving + self.admission.audio_held
         if not coming:
             return playing
-        limit = self.config.max_concurrency
-        if self.config.audio_hold:
-            capacity, margin = self.audio_capacity(), self.config.audio_hold_margin
-            fits = playing
-            while fits < min(playing + coming, limit):
-                headroom = capacity.headroom(fits + 1)
-                if headroom is None or headroom < 1.0 + margin:
-                    break
-                fits += 1
-            return fits
-        return min(playing + coming, max(playing, limit))
+        most = min(playing + coming, max(playing, self.config.max_concurrency))
+        if not self.config.audio_hold:
+            return most
+        capacity, margin = self.audio_capacity(), self.config.audio_hold_margin
+        fits = playing
+        while fits < most and capacity.admits(fits, margin):  # the hold's own rule, one at a time
+            fits += 1
+        return fits
 
     def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
         """The request's codec chunk plan. Its first chunk: the request's own, else the smallest

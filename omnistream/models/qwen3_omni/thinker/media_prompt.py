@@ -14,7 +14,7 @@ import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -218,6 +218,14 @@ def processor_inputs(rendered: str, media: _Collected, use_audio_in_video: bool)
     return kwargs
 
 
+class SettledAudio(NamedTuple):
+    """A prompt's settled audio items as the processor would have given them (`_settled_audio`)."""
+
+    features: list[torch.Tensor]  # per item: [mels, frames]
+    lengths: torch.Tensor  # per item: its frames (long)
+    replacements: list[str]  # per item: its placeholder's replacement text
+
+
 class MediaPromptBuilder:
     def __init__(self, processor: Any, chat: ChatEncoder, thinker: Any, max_model_len: int) -> None:
         self.processor = processor
@@ -247,7 +255,7 @@ class MediaPromptBuilder:
         audio = self._settled_audio(media)
         if audio is not None:  # a conversation's spoken turns: no processor call at all
             out: Any = {}
-            replacements = audio[2]
+            replacements = audio.replacements
         else:
             try:
                 out = self.processor(
@@ -266,8 +274,8 @@ class MediaPromptBuilder:
             )
         return self._prompt(prompt_ids, out, use_audio_in_video, audio)
 
-    def _settled_audio(self, media: _Collected) -> tuple[list[torch.Tensor], torch.Tensor, list[str]] | None:
-        """(features, frame lengths, replacements) of a prompt whose media are settled audio items
+    def _settled_audio(self, media: _Collected) -> SettledAudio | None:
+        """The features, frame lengths and replacements of a prompt whose media are settled audio items
         only (a realtime conversation's spoken turns), item by item from the feature cache, without
         the processor: it would tokenize the whole expanded placeholder text (the conversation's
         every audio token, ~1.4 ms at 20 turns) and assemble a padded batch, all to be thrown away.
@@ -288,17 +296,17 @@ class MediaPromptBuilder:
             return None
         features, lengths, replacements = [], [], []
         for samples in media.audio:
-            rows, mask = extractor.item(samples, AUDIO_SAMPLE_RATE)
+            rows, mask = extractor.item(samples, AUDIO_SAMPLE_RATE)  # [mels, n], [n]: its frames only
             n = int(mask.sum())
             replacement = self._audio_replacements.get(n)
             if replacement is None:
-                replacement = self._audio_replacement(samples, rows[:, :n], n)
+                replacement = self._audio_replacement(samples, rows, n)
                 if replacement is None:
                     return None
-            features.append(rows[:, :n].contiguous())
+            features.append(rows)
             lengths.append(n)
             replacements.append(replacement)
-        return features, torch.tensor(lengths, dtype=torch.long), replacements
+        return SettledAudio(features, torch.tensor(lengths, dtype=torch.long), replacements)
 
     def _audio_replacement(self, samples: np.ndarray, rows: torch.Tensor, n: int) -> str | None:
         """The processor's replacement for one audio item of `n` frames, from its call on the item
@@ -346,12 +354,12 @@ class MediaPromptBuilder:
         prompt_ids: list[int],
         out: Any,
         use_audio_in_video: bool,
-        audio: tuple[list[torch.Tensor], torch.Tensor, list[str]] | None = None,
+        audio: SettledAudio | None = None,
     ) -> MediaPrompt:
         features: list[torch.Tensor] = []
         lengths = None
         if audio is not None:
-            features, lengths = audio[0], audio[1]
+            features, lengths = audio.features, audio.lengths
         elif "input_features" in out:
             lengths = out["feature_attention_mask"].sum(-1)
             features = [
