@@ -19,8 +19,9 @@ from gateway.api.openai.request_guards import first_invalid_unicode, is_valid_un
 from gateway.cluster.deployment import Deployment
 from gateway.cluster.readiness import Readiness
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
-from gateway.serving.core import GatewayCore, check_prompt_size
+from gateway.serving.core import GatewayCore
 from gateway.serving.metrics import GatewayMetrics
+from gateway.serving.request_checks import check_prompt_size
 from omnistream.pipeline import GenerationRequest
 from omnistream.request.errors import STATUS_TABLE, TooLarge, Unavailable
 from tests.unit.gateway.infos import deployment

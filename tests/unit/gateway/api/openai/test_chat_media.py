@@ -13,8 +13,9 @@ from gateway.api.app import build_app
 from gateway.cluster.readiness import Readiness
 from gateway.config import GatewayConfig
 from gateway.media.decode_pool import MediaDecoder
-from gateway.serving.core import GatewayCore, check_message_size
+from gateway.serving.core import GatewayCore
 from gateway.serving.metrics import GatewayMetrics
+from gateway.serving.request_checks import check_message_size
 from omnistream.request.errors import TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import AudioInput, ImageInput, VideoInput, text_of
