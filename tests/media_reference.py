@@ -7,7 +7,8 @@ import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
-from omnistream.models.qwen3_omni.thinker.media_prompt import check_media, load_processor, processor_inputs
+from omnistream.models.qwen3_omni.thinker.media_checks import check_media, processor_inputs
+from omnistream.models.qwen3_omni.thinker.media_prompt import load_processor
 from tests.media_samples import conversations
 from tests.reference_runs import generate_greedy
 

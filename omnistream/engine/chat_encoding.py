@@ -34,6 +34,7 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
+from omnistream.engine.token_memo import TokenMemo, safe_boundaries
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import text_of
 
@@ -59,6 +60,11 @@ class ChatEncoder:
         # allowed token cannot fit, and is refused before any tokenizing.
         vocab = tokenizer.get_vocab()
         self.max_token_bytes = max(len(t.encode("utf-8", "surrogatepass")) for t in vocab) if vocab else 1
+        # Where a rendered prompt may be cut without changing its ids (token_memo.py).
+        self._boundaries = safe_boundaries(tokenizer)
+        self._boundary_re = re.compile(
+            "|".join(re.escape(s) for s in sorted(self._boundaries, key=len, reverse=True)) or r"(?!)"
+        )
 
     def check(self, messages: list[dict[str, Any]], tools: Tools = None) -> None:
         """Cheap refusals (roles, a prompt that cannot fit) before the costly tokenizing."""
@@ -82,16 +88,18 @@ class ChatEncoder:
                 f"the prompt ({total} bytes) cannot fit in {self.max_prompt_tokens} tokens", field="messages"
             )
 
-    def encode(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+    def encode(
+        self, messages: list[dict[str, Any]], tools: Tools = None, memo: TokenMemo | None = None
+    ) -> list[int]:
         """The prompt ids for a chat (ChatML, generation prompt added) offering `tools`; runs off
         the event loop. Media parts render as the template's single placeholders (the processor
-        expands them)."""
+        expands them). `memo`: the conversation's last prompt (`tokenize`)."""
         self.check(messages, tools)
         tools = _checked_tools(tools)
         messages = _with_parsed_arguments(messages)
         cut: list[str] = []
         escaped, escaped_tools = self._escape(messages, cut), self._cut_all(tools, cut)
-        if not cut and all(isinstance(m.get("content", ""), str) for m in messages):
+        if memo is None and not cut and all(isinstance(m.get("content", ""), str) for m in messages):
             ids = self.tokenizer.apply_chat_template(
                 messages, tools=tools, add_generation_prompt=True, tokenize=True
             )
@@ -99,7 +107,7 @@ class ChatEncoder:
         rendered = self.tokenizer.apply_chat_template(
             escaped, tools=escaped_tools, add_generation_prompt=True, tokenize=False
         )
-        return self.tokenize(rendered, cut)
+        return self.tokenize(rendered, cut, memo)
 
     def encode_text(self, text: str) -> list[int]:
         """Ids of plain text, as the assistant's words (speech): no template, and special-token
@@ -137,8 +145,14 @@ class ChatEncoder:
             return [self._cut_all(v, cut) for v in value]
         return value
 
-    def tokenize(self, rendered: str, cut: list[str]) -> list[int]:
-        """Ids of a `render`ed text: the template's special tokens special, the cut-out strings text."""
+    def tokenize(self, rendered: str, cut: list[str], memo: TokenMemo | None = None) -> list[int]:
+        """Ids of a `render`ed text: the template's special tokens special, the cut-out strings text.
+        `memo`: the conversation's last text and ids, of which only what differs is tokenized again
+        (a text with cut-out strings is tokenized whole, and forgets the memo)."""
+        if memo is not None:
+            if not cut and self._boundaries:
+                return memo.tokenize(rendered, self._encode_special, self._boundaries, self._boundary_re)
+            memo.forget()
         ids: list[int] = []
         for piece in _STAND_IN_RE.split(rendered):
             if not piece:
@@ -149,6 +163,9 @@ class ChatEncoder:
             else:
                 ids += self.tokenizer.encode(piece, add_special_tokens=False)
         return ids
+
+    def _encode_special(self, text: str) -> list[int]:
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
 
     def _escape_content(self, content: Any, cut: list[str]) -> Any:
         if isinstance(content, str):

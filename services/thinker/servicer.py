@@ -7,6 +7,7 @@ import functools
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from omnistream.engine.token_memo import ScopeTokenMemos
 from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.request.errors import InvalidRequest
@@ -49,9 +50,12 @@ class ThinkerServicer(StageServicer):
         # Each cache scope's audio, for its later turns to name by digest (scope_audio.py).
         self.scope_audio = ScopeAudio()
         metrics.registry.register(ScopeAudioCollector(self.scope_audio))
+        # Each cache scope's last prompt text, so its next turn tokenizes only what is new.
+        self.token_memos = ScopeTokenMemos()
 
     def release_scope(self, scope: bytes) -> None:
         self.scope_audio.release(scope)
+        self.token_memos.release(scope)
 
     def _describe(self, info: stage_pb2.StageInfo) -> None:
         facts = describe_loaded(self.engine.config)
@@ -79,11 +83,13 @@ class ThinkerServicer(StageServicer):
             def prepare():
                 # Digests become the scope's kept audio, and its new audio is kept (scope_audio.py).
                 resolved = self.scope_audio.resolve(messages, scope)
-                return self.engine.prepare_media(resolved, open_.use_audio_in_video, tools)
+                memo = self.token_memos.get(scope)
+                return self.engine.prepare_media(resolved, open_.use_audio_in_video, tools, memo=memo)
 
             media = await loop.run_in_executor(self._tokenizer_pool, prepare)
             return media.prompt_ids, media
-        encode = functools.partial(self.engine.encode_chat, messages, tools)
+        memo = self.token_memos.get(checked_cache_scope(open_.cache_scope))
+        encode = functools.partial(self.engine.encode_chat, messages, tools, memo)
         return await loop.run_in_executor(self._tokenizer_pool, encode), None
 
     async def _open(self, first: stage_pb2.ThinkerRequest) -> Admitted:

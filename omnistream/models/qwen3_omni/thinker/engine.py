@@ -40,10 +40,12 @@ from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
+from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
+from omnistream.models.qwen3_omni.thinker.media_item import item_digests
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
 from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
@@ -155,20 +157,30 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.prefix_cache.clear()
 
     # --- public API ---------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, memo: TokenMemo | None = None
+    ) -> list[int]:
         """See `ThinkerText.encode_chat` (slow for long prompts: call it off the event loop)."""
-        return self.text.encode_chat(messages, tools)
+        return self.text.encode_chat(messages, tools, memo)
 
     def encode_assistant_text(self, text: str) -> list[int]:
         """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
         return self.text.encode_assistant_text(text)
 
     def prepare_media(
-        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+        self,
+        messages: list[dict[str, Any]],
+        use_audio_in_video: bool = False,
+        tools: Tools = None,
+        memo: TokenMemo | None = None,
     ) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
-        encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop."""
-        return self.media_prompts.build(messages, use_audio_in_video, tools)
+        encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop.
+        `memo`: the conversation's last prompt text and ids (`MediaPromptBuilder.build`)."""
+        prompt = self.media_prompts.build(messages, use_audio_in_video, tools, memo)
+        if self.prefix_cache.enabled:  # the items' digests, here rather than on the engine thread
+            prompt.digests = item_digests(prompt)
+        return prompt
 
     async def compile_grammar(self, structured: StructuredOutput) -> Any:
         """The request's output grammar compiled (or found compiled) off the event loop, within the
@@ -424,10 +436,6 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         if finished:
             delta += detok.flush()
         state.next_token = token
-        if first:
-            self.prefixes.store(state, hidden, answer=False)
-        if finished:
-            self.prefixes.store(state, None, answer=True)
         positions = layout = None
         if hidden is not None:  # the deep rows of the multimodal positions, in order
             assert state.media is not None
@@ -448,5 +456,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 media_layout=layout,
             )
         )
+        # Stored once the token is on its way (a copy of its KV that the client need not wait for),
+        # still on this thread before the slot can go: what the next turn finds is all there.
+        if first:
+            self.prefixes.store(state, hidden, answer=False)
         if finished:
+            self.prefixes.store(state, None, answer=True)
             self.finish(state)

@@ -11,7 +11,6 @@ or the engine thread.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -20,23 +19,12 @@ import numpy as np
 import torch
 
 from omnistream.engine.chat_encoding import ChatEncoder, Tools
+from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.frame_video import FrameVideoProcessor
+from omnistream.models.qwen3_omni.thinker.media_checks import Collected, check_media, processor_inputs
 from omnistream.request.errors import InvalidRequest
-from omnistream.request.media import (
-    AUDIO_SAMPLE_RATE,
-    AudioInput,
-    ImageInput,
-    MediaLayout,
-    VideoInput,
-    parts_of,
-)
-
-# Media a single request may bring (the gateway has its own, usually tighter, limits).
-MAX_AUDIO_SECONDS = 20 * 60
-MAX_ITEMS = 64
-MAX_PIXELS = 4096 * 4096
-MAX_FRAMES = 2048
+from omnistream.request.media import AUDIO_SAMPLE_RATE, MediaLayout
 
 
 def load_processor(model_dir: str | Path, tokenizer: Any) -> Any:
@@ -76,6 +64,9 @@ class MediaPrompt:
     pixel_values_videos: torch.Tensor | None = None
     video_grid_thw: torch.Tensor | None = None
     layout: MediaLayout = field(default_factory=MediaLayout)  # what the talker needs of the media
+    # Per kind, each item's content digest for prefix caching (media_item.py's `item_digests`),
+    # taken off the engine thread; None: the engine takes them.
+    digests: dict[str, list[bytes]] | None = None
 
     @property
     def audio_frames(self) -> int:
@@ -96,126 +87,6 @@ class MediaPrompt:
             pixel_values=cast(self.pixel_values),
             pixel_values_videos=cast(self.pixel_values_videos),
         )
-
-
-@dataclass
-class _Collected:
-    images: list[np.ndarray] = field(default_factory=list)
-    videos: list[np.ndarray] = field(default_factory=list)
-    audio: list[np.ndarray] = field(default_factory=list)
-    audio_slots: list[int | None] = field(default_factory=list)  # None: standalone, i: videos[i]
-    fps: set[float] = field(default_factory=set)
-
-
-def check_media(messages: Sequence[Mapping[str, Any]], use_audio_in_video: bool) -> _Collected:
-    """The media of a chat in prompt order, checked (types, shapes, dtypes, rates, sizes) so a bad
-    item is refused here, naming it, and never reaches a batch."""
-    got = _Collected()
-    for i, message in enumerate(messages):
-        content = message.get("content", "")
-        if not isinstance(content, str) and not isinstance(content, Sequence):
-            raise InvalidRequest(
-                f"messages[{i}].content must be a string or a list of parts", field="messages"
-            )
-        for j, part in enumerate(parts_of(content)):
-            where = f"messages[{i}].content[{j}]"
-            if not isinstance(part, Mapping):
-                raise InvalidRequest(f"{where} must be a part ({{'type': ...}})", field="messages")
-            kind = part.get("type")
-            if kind == "text":
-                if not isinstance(part.get("text"), str):
-                    raise InvalidRequest(f"{where}.text must be a string", field="messages")
-            elif kind == "audio":
-                got.audio.append(_audio(part.get("audio"), f"{where}.audio"))
-                got.audio_slots.append(None)
-            elif kind == "image":
-                got.images.append(_image(part.get("image"), f"{where}.image"))
-            elif kind == "video":
-                video = part.get("video")
-                if not isinstance(video, VideoInput):
-                    raise InvalidRequest(f"{where}.video must be a video", field="messages")
-                got.videos.append(_frames(video.frames, f"{where}.video.frames"))
-                if not (np.isfinite(video.fps) and 0 < video.fps <= 240):
-                    raise InvalidRequest(f"{where}.video.fps must be in (0, 240]", field="messages")
-                got.fps.add(float(video.fps))
-                if use_audio_in_video:
-                    if video.audio is None:
-                        # The reference places every video's sound by the frames; it has no silent case.
-                        raise InvalidRequest(
-                            f"{where}.video has no audio but use_audio_in_video is set", field="messages"
-                        )
-                    got.audio.append(_audio(video.audio, f"{where}.video.audio"))
-                    got.audio_slots.append(len(got.videos) - 1)
-            else:
-                raise InvalidRequest(f"{where}.type must be text, audio, image or video", field="messages")
-    if len(got.images) + len(got.videos) + len(got.audio) > MAX_ITEMS:
-        raise InvalidRequest(f"a request may bring at most {MAX_ITEMS} media items", field="messages")
-    if len(got.fps) > 1:
-        # The processor times every video of a prompt by one frame rate.
-        raise InvalidRequest("all videos of a request must have the same fps", field="messages")
-    return got
-
-
-def _audio(audio: Any, where: str) -> np.ndarray:
-    if not isinstance(audio, AudioInput):
-        raise InvalidRequest(f"{where} must be audio", field="messages")
-    if audio.sample_rate != AUDIO_SAMPLE_RATE:
-        raise InvalidRequest(f"{where}.sample_rate must be {AUDIO_SAMPLE_RATE}", field="messages")
-    samples = audio.samples
-    if not isinstance(samples, np.ndarray) or samples.dtype != np.float32 or samples.ndim != 1:
-        raise InvalidRequest(f"{where}.samples must be float32 of shape [n]", field="messages")
-    if not 0 < samples.size <= MAX_AUDIO_SECONDS * AUDIO_SAMPLE_RATE:
-        raise InvalidRequest(f"{where} must be 1 sample to {MAX_AUDIO_SECONDS} s long", field="messages")
-    if not np.isfinite(samples).all():
-        raise InvalidRequest(f"{where}.samples hold NaN or infinite values", field="messages")
-    return samples
-
-
-def _image(image: Any, where: str) -> np.ndarray:
-    if not isinstance(image, ImageInput):
-        raise InvalidRequest(f"{where} must be an image", field="messages")
-    pixels = image.pixels
-    if (
-        not isinstance(pixels, np.ndarray)
-        or pixels.dtype != np.uint8
-        or pixels.ndim != 3
-        or pixels.shape[2] != 3
-    ):
-        raise InvalidRequest(f"{where}.pixels must be uint8 of shape [height, width, 3]", field="messages")
-    if not 0 < pixels.shape[0] * pixels.shape[1] <= MAX_PIXELS:
-        raise InvalidRequest(f"{where} must have 1 to {MAX_PIXELS} pixels", field="messages")
-    return pixels
-
-
-def _frames(frames: Any, where: str) -> np.ndarray:
-    if (
-        not isinstance(frames, np.ndarray)
-        or frames.dtype != np.uint8
-        or frames.ndim != 4
-        or frames.shape[3] != 3
-    ):
-        raise InvalidRequest(f"{where} must be uint8 of shape [frames, height, width, 3]", field="messages")
-    if not 0 < frames.shape[0] <= MAX_FRAMES or not 0 < frames.shape[1] * frames.shape[2] <= MAX_PIXELS:
-        raise InvalidRequest(
-            f"{where}: 1 to {MAX_FRAMES} frames of 1 to {MAX_PIXELS} pixels", field="messages"
-        )
-    return frames
-
-
-def processor_inputs(rendered: str, media: _Collected, use_audio_in_video: bool) -> dict[str, Any]:
-    """The processor call the reference makes for these arrays (tests call it for the reference)."""
-    kwargs: dict[str, Any] = {"text": [rendered], "return_tensors": "pt"}
-    if media.images:
-        kwargs["images"] = list(media.images)
-    if media.videos:
-        kwargs["videos"] = list(media.videos)
-        kwargs["videos_kwargs"] = {"fps": next(iter(media.fps))}
-    if media.audio:
-        kwargs["audio"] = list(media.audio)
-    if use_audio_in_video and media.videos:
-        kwargs["load_audio_from_video"] = True
-        kwargs["audio_from_video_indices"] = list(media.audio_slots)
-    return kwargs
 
 
 class SettledAudio(NamedTuple):
@@ -240,14 +111,24 @@ class MediaPromptBuilder:
         # A lone audio item's replacement by its feature frames (`_settled_audio`); None: that path
         # found the processor disagreeing once, and every prompt goes through the processor.
         self._audio_replacements: dict[int, str] | None = {}
+        # Are an audio-only prompt's M-RoPE positions its sequence indexes (delta 0)? The model's
+        # rule gives audio and text consecutive positions; checked on the first such prompt against
+        # `get_rope_index` (None: not yet), which runs for every prompt when it is not so.
+        self._audio_positions_sequential: bool | None = None
 
     def build(
-        self, messages: list[dict[str, Any]], use_audio_in_video: bool, tools: Tools = None
+        self,
+        messages: list[dict[str, Any]],
+        use_audio_in_video: bool,
+        tools: Tools = None,
+        memo: TokenMemo | None = None,
     ) -> MediaPrompt:
+        """`memo`: the conversation's (its cache scope's) last prompt text, which its next one
+        starts with: only the rest is tokenized (omnistream/engine/token_memo.py)."""
         media = check_media(messages, use_audio_in_video)  # first: it checks the parts' form too
         self.chat.check(messages, tools)
         rendered, cut = self.chat.render(messages, tools)
-        ids = self.chat.tokenize(rendered, cut)
+        ids = self.chat.tokenize(rendered, cut, memo)
         # The processor is given the placeholders alone, in prompt order: each one's replacement
         # depends on its media only, and the text around them (which the processor would tokenize,
         # a whole conversation at every turn) is tokenized by `chat` already.
@@ -274,7 +155,7 @@ class MediaPromptBuilder:
             )
         return self._prompt(prompt_ids, out, use_audio_in_video, audio)
 
-    def _settled_audio(self, media: _Collected) -> SettledAudio | None:
+    def _settled_audio(self, media: Collected) -> SettledAudio | None:
         """The features, frame lengths and replacements of a prompt whose media are settled audio items
         only (a realtime conversation's spoken turns), item by item from the feature cache, without
         the processor: it would tokenize the whole expanded placeholder text (the conversation's
@@ -296,8 +177,8 @@ class MediaPromptBuilder:
             return None
         features, lengths, replacements = [], [], []
         for samples in media.audio:
-            rows, mask = extractor.item(samples, AUDIO_SAMPLE_RATE)  # [mels, n], [n]: its frames only
-            n = int(mask.sum())
+            rows, _ = extractor.item(samples, AUDIO_SAMPLE_RATE)  # [mels, n], [n]: its frames only
+            n = int(rows.shape[1])
             replacement = self._audio_replacements.get(n)
             if replacement is None:
                 replacement = self._audio_replacement(samples, rows, n)
@@ -312,7 +193,7 @@ class MediaPromptBuilder:
         """The processor's replacement for one audio item of `n` frames, from its call on the item
         alone; None (and the processor's path from now on) if its features are not `rows`."""
         assert self._audio_replacements is not None
-        alone = _Collected(audio=[samples], audio_slots=[None])
+        alone = Collected(audio=[samples], audio_slots=[None])
         out = self.processor(
             **processor_inputs(self._placeholder_text[self.processor.tokenizer.audio_token_id], alone, False),
             return_text_replacement_offsets=True,
@@ -366,19 +247,30 @@ class MediaPromptBuilder:
                 f[:, : int(n)].contiguous() for f, n in zip(out["input_features"], lengths, strict=True)
             ]
         second_per_grid = out.get("video_second_per_grid")
-        positions, delta = self.thinker.model.get_rope_index(
-            torch.tensor([prompt_ids]),
-            out.get("image_grid_thw"),
-            out.get("video_grid_thw"),
-            torch.ones(1, len(prompt_ids), dtype=torch.long),
-            use_audio_in_video,
-            lengths,
-            torch.as_tensor(second_per_grid) if second_per_grid is not None else None,
-        )
+        audio_only = out.get("image_grid_thw") is None and out.get("video_grid_thw") is None
+        if audio_only and self._audio_positions_sequential:
+            # The rule checked below: consecutive positions, which a conversation's turns would
+            # otherwise walk item by item through `get_rope_index` (0.2 ms at twenty spoken turns).
+            positions, delta = torch.arange(len(prompt_ids)).view(1, 1, -1).expand(3, 1, -1), 0.0
+        else:
+            positions, delta = self.thinker.model.get_rope_index(
+                torch.tensor([prompt_ids]),
+                out.get("image_grid_thw"),
+                out.get("video_grid_thw"),
+                torch.ones(1, len(prompt_ids), dtype=torch.long),
+                use_audio_in_video,
+                lengths,
+                torch.as_tensor(second_per_grid) if second_per_grid is not None else None,
+            )
+            if audio_only and self._audio_positions_sequential is None:
+                sequential = torch.arange(len(prompt_ids)).expand(3, -1)
+                self._audio_positions_sequential = bool(
+                    torch.equal(positions[:, 0], sequential) and float(delta.reshape(-1)[0]) == 0.0
+                )
         return MediaPrompt(
             prompt_ids=prompt_ids,
             positions=positions[:, 0].float(),
-            rope_delta=float(delta.reshape(-1)[0]),
+            rope_delta=float(torch.as_tensor(delta).reshape(-1)[0]),
             audio_features=features,
             pixel_values=out.get("pixel_values"),
             image_grid_thw=out.get("image_grid_thw"),

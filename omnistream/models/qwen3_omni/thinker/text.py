@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from omnistream.engine.chat_encoding import ChatEncoder, Tools
 from omnistream.engine.detokenizer import IncrementalDetokenizer
+from omnistream.engine.token_memo import TokenMemo
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import ThinkerParams
 
@@ -59,11 +60,13 @@ class ThinkerText:
         self.multimodal_ids = {tc.audio_token_id, tc.image_token_id, tc.video_token_id}
         self.chat = ChatEncoder(tokenizer, max_model_len)
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, memo: TokenMemo | None = None
+    ) -> list[int]:
         """The prompt ids the reference would see for a chat (ChatML, generation prompt added), except
         that special-token strings typed by a user stay text (see `ChatEncoder`). Slow for long
-        prompts: servicers call it off the event loop."""
-        return self.chat.encode(messages, tools)
+        prompts: servicers call it off the event loop. `memo`: the conversation's last prompt."""
+        return self.chat.encode(messages, tools, memo)
 
     def encode_assistant_text(self, text: str) -> list[int]:
         """The ids the thinker streams for a given answer (speech): the text tokenized as plain text

@@ -43,6 +43,7 @@ from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.stats import EngineStats
+from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
 from omnistream.request.errors import (
@@ -143,16 +144,22 @@ class VllmThinkerEngine:
         return str(ensure_converted(model_dir))
 
     # --- the engine API -------------------------------------------------------------------------------
-    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, memo: TokenMemo | None = None
+    ) -> list[int]:
         """See `ThinkerText.encode_chat` (call it off the event loop)."""
-        return self.text.encode_chat(messages, tools)
+        return self.text.encode_chat(messages, tools, memo)
 
     def encode_assistant_text(self, text: str) -> list[int]:
         """See `ThinkerText.encode_assistant_text` (call it off the event loop)."""
         return self.text.encode_assistant_text(text)
 
     def prepare_media(
-        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+        self,
+        messages: list[dict[str, Any]],
+        use_audio_in_video: bool = False,
+        tools: Tools = None,
+        memo: Any = None,
     ) -> Any:
         raise InvalidRequest(TEXT_ONLY, field="messages")
 

@@ -4,6 +4,8 @@ extractor's call."""
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 import torch
@@ -90,7 +92,9 @@ def test_a_read_only_item_is_hashed_once_and_a_writable_one_every_time(engine, m
     # Their frame counts seen once (with other samples): their replacements are known.
     _prepared(engine, _conversation([settled(tone(1.1, seed=17)), settled(tone(1.2, seed=18))]), cached=True)
     real, calls = module.hashlib.sha256, []
-    monkeypatch.setattr(module.hashlib, "sha256", lambda data: calls.append(len(data)) or real(data))
+    # This module's hashing only (prefix caching hashes the features too, media_item.py).
+    counting = SimpleNamespace(sha256=lambda data: calls.append(len(data)) or real(data))
+    monkeypatch.setattr(module, "hashlib", counting)
     for _ in range(3):
         _prepared(engine, _conversation([frozen, writable]), cached=True)
     assert len(calls) == 1 + 3  # the read-only item once, the writable one at every build
@@ -147,3 +151,38 @@ def test_an_item_the_processor_sees_otherwise_turns_the_shortcut_off(engine, mon
     assert builder._audio_replacements is None  # from now on every prompt goes through the processor
     messages = _conversation([audio])
     _same(engine.prepare_media(messages), _prepared(engine, messages, cached=False))
+
+
+def test_an_audio_only_prompt_s_positions_are_the_model_s_and_a_rule_that_differs_turns_it_off(
+    engine, monkeypatch
+):
+    """Once the model's rule was found to give an audio-only prompt consecutive positions, such
+    prompts take them without walking their items; checked against `get_rope_index` itself."""
+    builder, model = engine.media_prompts, engine.thinker.model
+    messages = _conversation(
+        [settled(tone(s, hz=250 + 60 * i, seed=40 + i)) for i, s in enumerate((1.2, 2.6))]
+    )
+    engine.prepare_media(messages)
+    assert builder._audio_positions_sequential is True
+    prompt = engine.prepare_media(messages)
+    ids = torch.tensor([prompt.prompt_ids])
+    lengths = torch.tensor([f.shape[1] for f in prompt.audio_features])
+    positions, delta = model.get_rope_index(ids, None, None, torch.ones_like(ids), False, lengths, None)
+    assert torch.equal(prompt.positions, positions[:, 0].float()) and prompt.rope_delta == float(delta[0, 0])
+
+    # A model whose rule is not consecutive: found on its first prompt, and then always asked.
+    real = model.get_rope_index
+
+    def shifted(*args):
+        found, found_delta = real(*args)
+        return found + 1, found_delta - 1
+
+    monkeypatch.setattr(builder, "_audio_positions_sequential", None)
+    monkeypatch.setattr(model, "get_rope_index", shifted)
+    for _ in range(2):
+        prompt = engine.prepare_media(messages)
+        assert builder._audio_positions_sequential is False
+        assert (
+            torch.equal(prompt.positions, positions[:, 0].float() + 1)
+            and prompt.rope_delta == float(delta[0, 0]) - 1
+        )

@@ -4,6 +4,7 @@ deep rows) of what earlier turns computed, and every output is the one the cache
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 import torch
@@ -163,12 +164,18 @@ def test_an_aborted_request_stores_its_prompt_but_nothing_of_its_answer(engines)
     on.prefix_cache.clear()
     ids = _turns(on, ["Count the waves on the shore, one by one, slowly and carefully."])[0]
 
+    steps = on.stats.steps
+
     async def abort_after_first():
         out = on.add_request("aborted", ids, ThinkerParams(200, True))
         await out.get()
         on.abort("aborted")
 
     asyncio.run(abort_after_first())
+    # The prompt is stored after its first token is sent, by the end of the step that made it.
+    deadline = time.monotonic() + 10
+    while on.stats.steps == steps and time.monotonic() < deadline:
+        time.sleep(0.001)
     on.release_ended()
     assert on.prefix_cache.positions == len(
         ids
@@ -176,7 +183,6 @@ def test_an_aborted_request_stores_its_prompt_but_nothing_of_its_answer(engines)
 
 
 def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engines):
-    import time
 
     on, off = engines
     on.prefix_cache.clear()
@@ -202,3 +208,44 @@ def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engine
         time.sleep(0.01)
     assert run("alice-3", b"alice") == 0
     assert run("bob-2", b"bob") >= len(ids) - 16
+
+
+def test_each_block_key_chains_its_tokens_its_m_rope_positions_and_the_items_it_holds(engines):
+    """The keys of a prompt's blocks, taken all at once, are each block's own rule chained: a
+    block whose M-RoPE positions are not its indexes (after an image) carries them, and a block
+    holding placeholders of a media item carries that item's digest."""
+    import hashlib
+
+    from omnistream.models.qwen3_omni.thinker.state import _ThinkerState
+
+    on, _ = engines
+    content = [
+        {"type": "audio", "audio": tone(1.3)},
+        {"type": "image", "image": image()},
+        {"type": "text", "text": "Describe both, then the second tone."},
+        {"type": "audio", "audio": tone(0.9, hz=660)},
+    ]
+    media = _media_prompt(on, content)
+    state = _ThinkerState(request_id="keys", output=None, prompt_ids=list(media.prompt_ids), media=media)
+    on.prefixes.plan(state)
+    ids, size, positions = state.prompt_ids, on.prefix_cache.block_size, state.prompt_positions
+    expected, parent = [], on.prefix_cache.root(b"")
+    plain_blocks = item_blocks = 0
+    for b in range(len(ids) // size):
+        lo, hi = b * size, (b + 1) * size
+        block = positions[:, lo:hi]
+        plain = bool((block == torch.arange(lo, hi, dtype=torch.float64)).all())
+        items = [item.digest for item in state.items if item.first < hi and item.last >= lo]
+        plain_blocks += plain
+        item_blocks += bool(items)
+        salt = b""
+        if not plain or items:
+            h = hashlib.sha256(b"" if plain else b"positions\0" + block.contiguous().numpy().tobytes())
+            for digest in items:
+                h.update(digest)
+            salt = h.digest()
+        parent = on.prefix_cache.digests(ids[lo:hi], [salt], b"", parent)[0]
+        expected.append(parent)
+    assert state.prefix_keys == expected
+    # The prompt has blocks of every kind: plain text, items, positions moved by the image.
+    assert 0 < plain_blocks < len(expected) and 0 < item_blocks < len(expected)
