@@ -14,6 +14,7 @@ import uvicorn
 from gateway.api.app import build_app
 from gateway.config import GatewayConfig
 from gateway.serving.core import GatewayCore
+from omnistream.service.gc_freeze import freeze_startup_heap
 from omnistream.service.ports import listen_socket
 from omnistream.service.security import ApiKeyInterceptor, add_port, server_credentials
 from omnistream.service.server import GATEWAY_ORIGIN, add_health_and_reflection, build_server, set_serving
@@ -86,6 +87,7 @@ async def _serve(core: GatewayCore, config: GatewayConfig) -> int:
             return 1
         await asyncio.sleep(0.01)
     http_port = http.servers[0].sockets[0].getsockname()[1]
+    freeze_startup_heap()  # start-up's objects: never walked by the cycle collector again
     await set_serving(health, True)
     print(
         json.dumps(

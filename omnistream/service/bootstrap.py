@@ -14,6 +14,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from omnistream.service.gc_freeze import freeze_startup_heap
 from omnistream.service.security import add_port, server_credentials
 from omnistream.service.server import (
     add_health_and_reflection,
@@ -97,6 +98,7 @@ async def run_stage_server(
     )
     await warmup()
     servicer.speed.reset()  # warm-up steps (compilation, first allocations) are no measure of serving
+    freeze_startup_heap()  # the model's objects: never walked by the cycle collector again
     await set_serving(health, True)
     print(json.dumps({"event": "serving", "stage": stage, "port": port}), flush=True)
 
