@@ -140,10 +140,9 @@ async def run_stages(
     talker_done = asyncio.Event()
 
     async def guarded(stage: str, body) -> None:
-        try:
+        call = {"thinker": thinker, "talker": talker, "code2wav": code2wav}[stage]
+        async with _calls_to(stage, call, moot_once_ok=False):
             await body()
-        except grpc.aio.AioRpcError as exc:
-            raise grpc_error(exc, stage) from None
 
     async def accepted(stage: str, call) -> None:
         """Wait for the stage to accept its open message (initial metadata) or to refuse it."""
@@ -211,10 +210,10 @@ async def run_stages(
                 key=ChunkKey(rid, Stage.TALKER, index).to_proto(), input=codec_input_proto(chunk)
             )
             # A failed write is code2wav's link failing, not the talker's (this pump runs as "talker").
-            async with _calls_to("code2wav"):
+            async with _calls_to("code2wav", code2wav):
                 await code2wav.write(message)
             index += 1
-        async with _calls_to("code2wav"):
+        async with _calls_to("code2wav", code2wav):
             await code2wav.done_writing()
 
     async def run_code2wav() -> None:
@@ -274,12 +273,24 @@ def _call_results(state: dict, marks: dict[str, float], started: float) -> dict[
 
 
 @contextlib.asynccontextmanager
-async def _calls_to(stage: str) -> AsyncIterator[None]:
-    """Name `stage` in a call error raised inside (a write to one stage from another's pump)."""
+async def _calls_to(stage: str, call: grpc.aio.Call | None, moot_once_ok: bool = True) -> AsyncIterator[None]:
+    """Name `stage` in a call error raised inside (a write to one stage from another's pump). A
+    write to a call that has already ended raises no status of its own ("RPC already finished"):
+    the call's own status is raised instead (a link cut ends the call before the write: its
+    UNAVAILABLE); with `moot_once_ok`, a write to a call that ended by itself is moot."""
     try:
         yield
     except grpc.aio.AioRpcError as exc:
         raise grpc_error(exc, stage) from None
+    except asyncio.InvalidStateError:
+        if call is None or not call.done():
+            raise
+        code = await call.code()
+        if code == grpc.StatusCode.OK:
+            if moot_once_ok:
+                return
+            raise
+        raise stage_error(stage, code, await call.details(), await call.trailing_metadata()) from None
 
 
 async def _all_or_none(coros: list) -> None:

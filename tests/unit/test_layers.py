@@ -55,10 +55,11 @@ MAY_IMPORT: dict[str, set[str]] = {
 }
 # The torch-free layers reach into the service scaffolding only for these modules (gRPC server
 # helpers, TLS and keys, ports, the step-time model a stage reports in its Info, which the
-# gateway's admission reads back, the settings table its flags and YAML are read through, and the
-# tracing setup and trace-context propagation every process shares): the servicer base drives an
-# engine and so imports torch.
+# gateway's admission reads back, the settings table its flags and YAML are read through, the
+# tracing setup and trace-context propagation every process shares, and the start-up heap's
+# freeze): the servicer base drives an engine and so imports torch.
 TORCH_FREE_SERVICE = {
+    "omnistream.service.gc_freeze",
     "omnistream.service.server",
     "omnistream.service.settings",
     "omnistream.service.security",

@@ -6,6 +6,8 @@ metadata); the last tests run `run_stages` against real loopback gRPC servers.""
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 import pytest
 
@@ -127,3 +129,49 @@ async def test_run_stages_reports_an_unmarked_internal_as_the_thinker_unavailabl
 async def test_run_stages_keeps_the_stage_marked_internal():
     error = await _run_against(marked=True)
     assert (error.kind, error.stage, error.message) == ("internal", "thinker", "thinker: the engine failed")
+
+
+class _EndedCall:
+    """A stream call that has ended with `code` (what grpc aio's call answers once it is done)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str = "", done: bool = True) -> None:
+        self._code, self._details, self._done = code, details, done
+
+    def done(self) -> bool:
+        return self._done
+
+    async def code(self) -> grpc.StatusCode:
+        return self._code
+
+    async def details(self) -> str:
+        return self._details
+
+    async def trailing_metadata(self) -> grpc.aio.Metadata:
+        return grpc.aio.Metadata()
+
+
+async def _write_to(call, moot_once_ok: bool = True) -> None:
+    """A write to `call` that grpc refuses because the call already finished."""
+    from gateway.serving.stage_calls import _calls_to
+
+    async with _calls_to("code2wav", call, moot_once_ok):
+        raise asyncio.InvalidStateError("RPC already finished.")
+
+
+async def test_a_write_to_a_call_a_cut_link_ended_is_that_stage_unavailable():
+    """A link cut mid-stream can end the call just before another stage's pump writes to it: the
+    write's bare "RPC already finished" becomes the call's own status, the stage unavailable."""
+    with pytest.raises(OmniError) as caught:
+        await _write_to(
+            _EndedCall(grpc.StatusCode.UNAVAILABLE, "Stream removed (recvmsg: Connection timed out)")
+        )
+    assert (caught.value.kind, caught.value.stage) == ("unavailable", "code2wav")
+    assert status_of(caught.value).http_status == 503
+
+
+async def test_a_write_to_a_call_that_ended_by_itself_is_moot_unless_the_caller_owns_that_call():
+    await _write_to(_EndedCall(grpc.StatusCode.OK))  # nothing raised: what it carried is moot
+    with pytest.raises(asyncio.InvalidStateError):
+        await _write_to(_EndedCall(grpc.StatusCode.OK), moot_once_ok=False)
+    with pytest.raises(asyncio.InvalidStateError):  # not ended: not a call's status to read
+        await _write_to(_EndedCall(grpc.StatusCode.UNAVAILABLE, done=False))
