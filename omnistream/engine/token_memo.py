@@ -61,7 +61,7 @@ class TokenMemo:
         share; the rest encoded. `pattern` matches the `boundaries` strings, longest first."""
         with self._lock:
             last = self._last
-        chars, ids, cuts = 0, [], []
+        chars, ids, cuts = 0, list[int](), list[tuple[int, int]]()
         if last is not None:
             chars, ids, cuts = _shared(text, *last)
         tail = encode(text[chars:])
@@ -77,7 +77,10 @@ class TokenMemo:
             self._last = None
 
 
-def _shared(text: str, last: str, ids: list[int], cuts: list[tuple[int, int]]) -> tuple[int, list[int], list]:
+Cut = tuple[int, int]  # (characters, ids) of a text up to just after a boundary token
+
+
+def _shared(text: str, last: str, ids: list[int], cuts: list[Cut]) -> tuple[int, list[int], list[Cut]]:
     """The longest cut of `last` whose text `text` starts with: (its characters, the ids before it,
     the cuts up to it). The cuts' prefixes match up to some point and no further, so the last cut is
     tried first (a conversation's usual case), then a binary search."""
