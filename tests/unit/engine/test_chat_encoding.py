@@ -11,18 +11,7 @@ import threading
 import pytest
 
 from omnistream.engine.chat_encoding import ChatEncoder
-from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.request.errors import InvalidRequest
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def encoder(tokenizer):
-    return ChatEncoder(tokenizer, max_prompt_tokens=4096)
 
 
 def _reference(tokenizer, messages) -> list[int]:

@@ -8,19 +8,7 @@ import copy
 import pytest
 from tokenizers import AddedToken
 
-from omnistream.engine.chat_encoding import ChatEncoder
 from omnistream.engine.token_memo import ScopeTokenMemos, TokenMemo, safe_boundaries
-from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_model_dir):
-    return load_tokenizer(tiny_model_dir)
-
-
-@pytest.fixture(scope="module")
-def encoder(tokenizer):
-    return ChatEncoder(tokenizer, max_prompt_tokens=8192)
 
 
 def _whole(tokenizer, text: str) -> list[int]:

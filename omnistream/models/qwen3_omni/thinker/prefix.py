@@ -83,12 +83,8 @@ class ThinkerPrefixes:
         for item in state.items:  # in prompt order, so each block's digests are too
             for b in range(max(item.first // size, first), min(item.last // size + 1, blocks)):
                 spanned[b - first].append(item.digest)
-        return [
-            _salt_of(
-                grid[:, (b - first) * size : (b - first + 1) * size], plain[b - first], spanned[b - first]
-            )
-            for b in range(first, blocks)
-        ]
+        blocks_of = zip(grid.reshape(3, -1, size).transpose(1, 0, 2), plain, spanned, strict=True)
+        return [_salt_of(block, flat, items) for block, flat, items in blocks_of]
 
     def keys(self, state: _ThinkerState, tokens: list[int], known: list[bytes] | None = None) -> list[bytes]:
         """The chained keys of the full blocks of `tokens` (the request's sequence, from 0);
