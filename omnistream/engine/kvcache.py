@@ -108,8 +108,12 @@ class SlotKVCache:
         planned = host.to(self.device, non_blocking=True)  # the step's one host -> device copy
         self._rows = planned[:, 0]
         self._positions = planned[:, 1:]
-        # Boolean [B, 1, q, kv]: row i, query j sees keys 0..start_i + j.
-        self._mask = (self._key_index[:end].view(1, 1, -1) <= self._positions.unsqueeze(-1)).unsqueeze(1)
+        # [B, 1, q, kv]: row i, query j sees keys 0..start_i + j. Additive (0 / -inf, the cache's dtype):
+        # SDPA turns a boolean mask into exactly this in every layer's call (at 1,800 keys a quarter of
+        # a tiny model's attention time on a CPU); made once here, the layers only read it.
+        seen = (self._key_index[:end].view(1, 1, -1) <= self._positions.unsqueeze(-1)).unsqueeze(1)
+        hidden = torch.zeros(seen.shape, dtype=self.keys[0].dtype, device=self.device)
+        self._mask = hidden.masked_fill_(seen.logical_not(), float("-inf"))
         self._slots = list(slots)
         self._starts = starts
         self._q_len = q_len
@@ -123,7 +127,7 @@ class SlotKVCache:
         return self._rows
 
     def attention_mask(self) -> torch.Tensor:
-        """Boolean [B, 1, q, kv]: row i, query j sees keys 0..start_i + j."""
+        """Additive [B, 1, q, kv] (0 where row i's query j sees key i: keys 0..start_i + j, else -inf)."""
         assert self._mask is not None, "plan() first"
         return self._mask
 

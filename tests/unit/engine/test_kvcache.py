@@ -37,14 +37,37 @@ def test_rows_write_at_their_own_positions_and_the_mask_hides_padding():
             assert torch.equal(k[row, :, start : start + q], keys[row])
             assert torch.equal(v[row, :, start : start + q], -keys[row])
         mask = cache.attention_mask()
-        assert mask.shape == (2, 1, q, end)
+        assert mask.shape == (2, 1, q, end) and mask.dtype == torch.float32
         for row, start in enumerate(starts):
             for j in range(q):
-                assert mask[row, 0, j].tolist() == [i <= start + j for i in range(end)]
+                assert mask[row, 0, j].tolist() == [
+                    0.0 if i <= start + j else float("-inf") for i in range(end)
+                ]
         cache.commit()
         assert [cache.lengths[b], cache.lengths[a]] == [s + q for s in starts]
     # Layer 1's earlier keys of slot a are still there, untouched by the batched writes.
     assert torch.equal(cache.keys[1][a, :, :5], torch.full((2, 5, 4), 1.0))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_additive_mask_attends_exactly_as_the_boolean_one(dtype):
+    """SDPA with the step's additive mask gives the very bits it gives with the boolean mask it replaces."""
+    cache = SlotKVCache(num_layers=1, num_kv_heads=4, head_dim=16, slots=2, capacity=64, dtype=dtype)
+    a, b = cache.allocate(), cache.allocate()
+    for slot, n in ((a, 30), (b, 7)):  # rows of different lengths: a batch with padding
+        cache.plan([slot], n)
+        cache.commit()
+    cache.plan([a, b], 5)
+    mask = cache.attention_mask()
+    assert mask.dtype == dtype
+    q, k, v = (torch.randn(2, 4, n, 16, dtype=dtype) for n in (5, 35, 35))
+    boolean = mask == 0
+    torch.testing.assert_close(
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask),
+        torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=boolean),
+        rtol=0,
+        atol=0,
+    )
 
 
 def test_a_single_row_matches_the_batched_path():
