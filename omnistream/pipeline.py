@@ -19,6 +19,7 @@ import numpy as np
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.models.family import family_for
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan, FrameShipper, dynamic_initial_frames
+from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import (  # re-exported: the pipeline's API speaks the request model
     MODES,
@@ -181,7 +182,7 @@ class Pipeline:
                     prompt = list(prompt_ids) if first else None
                     hidden = None
                     if step.multimodal_positions:
-                        hidden = dict(zip(step.multimodal_positions, step.prompt_hidden, strict=True))
+                        hidden = DeepRows(step.multimodal_positions, step.prompt_hidden)
                     said = speech.push(step.token_ids) + (speech.finish() if step.finished else [])
                     feed_talker(TalkerFeed(said, step.finished, prompt, hidden, step.media_layout))
                 first = False

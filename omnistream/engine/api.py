@@ -13,7 +13,7 @@ mypy checks the family's returns statically. Nothing here imports torch.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -129,7 +129,7 @@ class TalkerStageEngine(StageEngine, Protocol):
         token_ids: list[int],
         last: bool,
         prompt_ids: list[int] | None = None,
-        multimodal_hidden: dict[int, Any] | None = None,
+        multimodal_hidden: Mapping[int, Any] | None = None,
         media_layout: MediaLayout | None = None,
     ) -> None: ...
 

@@ -16,7 +16,7 @@ uses, and only merging held frames needs torch, imported where it happens.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -107,15 +107,16 @@ class TalkerFeed:
     token_ids: list[int]
     last: bool
     prompt_ids: list[int] | None = None
-    multimodal_hidden: dict[int, Any] | None = None  # prompt position -> deep hidden row
+    multimodal_hidden: Mapping[int, Any] | None = None  # prompt position -> deep hidden row
     media_layout: MediaLayout | None = None  # with the prompt, when it has media
 
     @staticmethod
     def merge(held: Sequence[TalkerFeed]) -> TalkerFeed:
         prompt_ids = [p for f in held for p in f.prompt_ids or ()]
-        hidden: dict[int, Any] = {}
-        for f in held:
-            hidden.update(f.multimodal_hidden or {})
+        given = [f.multimodal_hidden for f in held if f.multimodal_hidden]
+        hidden: Mapping[int, Any] | None = given[0] if len(given) == 1 else None  # as it came: the prompt's
+        if len(given) > 1:
+            hidden = {p: row for rows in given for p, row in rows.items()}
         return TalkerFeed(
             token_ids=[t for f in held for t in f.token_ids],
             last=any(f.last for f in held),

@@ -6,6 +6,7 @@ import torch
 
 from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.codec_chunks import FrameShipper
+from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import InputHold, TalkerFeed, TalkerParams
@@ -18,7 +19,7 @@ DEFAULT_MAX_FRAMES = 2048
 HIDDEN_DTYPES = ("float32", "float64", "bfloat16", "float16")
 
 
-def multimodal_rows(msg: stage_pb2.TalkerInput) -> dict[int, torch.Tensor] | None:
+def multimodal_rows(msg: stage_pb2.TalkerInput) -> DeepRows | None:
     """The deep hidden rows of the multimodal positions, checked before they reach a batch."""
     if not msg.multimodal_positions:
         if msg.HasField("prompt_hidden") and msg.prompt_hidden.shape:
@@ -34,7 +35,7 @@ def multimodal_rows(msg: stage_pb2.TalkerInput) -> dict[int, torch.Tensor] | Non
     positions = [int(p) for p in msg.multimodal_positions]
     if len(set(positions)) != len(positions):
         raise InvalidRequest("multimodal_positions repeat a position", field="multimodal_positions")
-    return {p: rows[i] for i, p in enumerate(positions)}
+    return DeepRows(positions, rows)
 
 
 class TalkerServicer(StageServicer):

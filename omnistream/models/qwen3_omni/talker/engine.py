@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import torch
 
@@ -52,6 +52,7 @@ from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
+from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
@@ -258,17 +259,21 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         token_ids: list[int],
         last: bool,
         prompt_ids: list[int] | None = None,
-        multimodal_hidden: dict[int, torch.Tensor] | None = None,
+        multimodal_hidden: Mapping[int, torch.Tensor] | None = None,
         media_layout: MediaLayout | None = None,
     ) -> None:
         """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
         if any(not 0 <= t < self.thinker_vocab for t in token_ids):
             raise InvalidRequest(f"token ids must be in [0, {self.thinker_vocab})", field="token_ids")
+        deep = None
         if multimodal_hidden is not None:
             # The engine, not its callers, puts what a request brings on its device and in its dtype,
             # once: rows decoded from the wire are float32 on the CPU, the projection may be bfloat16
             # on CUDA. Outside the lock: a device copy must not hold up the engine thread.
-            multimodal_hidden = {p: row.to(self.device, self.dtype) for p, row in multimodal_hidden.items()}
+            try:
+                deep = DeepRows.of(multimodal_hidden).to(self.device, self.dtype)
+            except ValueError as exc:
+                raise InvalidRequest(str(exc), field="prompt_hidden") from exc
         with self._cond:
             state = self._requests.get(request_id)
             if state is None:
@@ -294,15 +299,15 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
                         f"the talker length {self.max_model_len}",
                         field="max_frames",
                     )
-                self._check_multimodal(prompt_ids, multimodal_hidden)
+                users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+                self._check_multimodal(prompt_ids, users, deep)
                 state.prompt_ids = list(prompt_ids)
-                cfg = self.config
-                users = user_positions(state.prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+                state.user_positions = users
                 state.prompt_row_count = len(users) + ASSISTANT_PROMPT_ROWS
                 state.stream = list(prompt_ids[start:])
-                state.multimodal_hidden = multimodal_hidden
+                state.multimodal_hidden = deep
                 state.media_layout = media_layout
-            elif multimodal_hidden is not None or media_layout is not None:
+            elif deep is not None or media_layout is not None:
                 raise InvalidRequest("multimodal rows come with the prompt only", field="prompt_hidden")
             elif state.prompt_ids is None:
                 raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
@@ -319,28 +324,24 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
                     raise InvalidRequest("the talker needs at least one generated token to speak")
             self._cond.notify_all()
 
-    def _check_multimodal(self, prompt_ids: list[int], hidden: dict[int, torch.Tensor] | None) -> None:
+    def _check_multimodal(self, prompt_ids: list[int], users: list[int], hidden: DeepRows | None) -> None:
         """Rows and positions must match the prompt exactly before the request may join a batch:
-        one row of the thinker's width per multimodal token of a user turn, and nothing else."""
-        cfg = self.config
+        one row of the thinker's width per multimodal token of a user turn (`users`: the positions
+        of the user turns), and nothing else."""
         mm_ids = self.prompts.multimodal_ids
-        needed = {
-            p
-            for p in user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-            if prompt_ids[p] in mm_ids
-        }
-        given = hidden or {}
-        for position, row in given.items():
+        needed = {p for p in users if prompt_ids[p] in mm_ids}
+        given = hidden.positions if hidden is not None else []
+        for position in given:
             if not 0 <= position < len(prompt_ids) or prompt_ids[position] not in mm_ids:
                 raise InvalidRequest(
                     f"multimodal position {position} holds no audio, image or video token of the prompt",
                     field="multimodal_positions",
                 )
-            if row.shape != (self.hidden_width,):
-                raise InvalidRequest(
-                    f"prompt_hidden rows must have width {self.hidden_width}, got {tuple(row.shape)}",
-                    field="prompt_hidden",
-                )
+        if hidden is not None and len(hidden) and hidden.width != self.hidden_width:
+            raise InvalidRequest(
+                f"prompt_hidden rows must have width {self.hidden_width}, got {(hidden.width,)}",
+                field="prompt_hidden",
+            )
         missing = sorted(needed - set(given))
         if missing:
             raise InvalidRequest(
@@ -410,32 +411,36 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         cached user rows loaded into its fresh slot (prefix.py), so the prefill starts after them."""
         head = state.stream[:ASSISTANT_PROMPT_TOKENS]
         prompt_ids = present(state.prompt_ids)  # the schedule prefills only prompts that came
-        rows = self.prompts.prompt(prompt_ids, head, state.speaker_id, state.multimodal_hidden)
-        cfg = self.config
-        users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-        rope = talker_rope(self.talker, cfg, [prompt_ids[p] for p in users], state.media_layout)
+        users = state.user_positions
+        rope = talker_rope(self.talker, self.config, [prompt_ids[p] for p in users], state.media_layout)
         if rope is not None:
             state.prompt_positions = rope[0].to(self.device).unsqueeze(1)  # [3, 1, rows]
             state.rope_delta = rope[1]
-        state.prompt_rows = rows
         try:
             self.prefixes.plan_and_load(state, users, None if rope is None else rope[0])
         except Exception:  # the cache is an optimisation: a failed lookup prefills the whole prompt
             log.exception("talker: the prefix lookup of %s failed", state.request_id)
             state.prefilled = state.cached_rows = 0
+        # Only the rows after the cached ones are built (a long conversation's are mostly cached).
+        state.prompt_rows_from = state.prefilled
+        state.prompt_rows = self.prompts.prompt(
+            prompt_ids, head, state.speaker_id, state.multimodal_hidden, users=users, start=state.prefilled
+        )
 
     def _prefill_piece(self, state: _TalkerState, take: int) -> torch.Tensor | None:
         """The next `take` prompt rows into the KV cache (`_begin_prompt` built them). After the last
         piece: its last position's hidden [1, 1, H] (code 0 of frame 0 comes from it); before it,
         None. `prefilled` advances only once the piece's forward has run."""
         assert state.prompt_rows is not None, "_begin_prompt first"
-        total = state.prompt_rows.shape[1]
+        built = state.prompt_rows_from  # prompt_rows holds the prompt's rows from this one on
+        total = built + state.prompt_rows.shape[1]
         start = state.prefilled
         end = min(total, start + take)
         positions = None
         if state.prompt_positions is not None:
             positions = state.prompt_positions[:, :, start:end]
-        hidden = self.frames.talker_forward([state], state.prompt_rows[:, start:end], positions)
+        rows = state.prompt_rows[:, start - built : end - built]
+        hidden = self.frames.talker_forward([state], rows, positions)
         state.prefilled = end
         if end < total:
             return None

@@ -16,9 +16,11 @@ The speaker is not in the key: it enters the assistant rows only.
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
 
+import numpy as np
 import torch
 
 from omnistream.engine.kvcache import SlotKVCache
@@ -38,30 +40,21 @@ class TalkerPrefixes:
 
     def _salts(
         self, state: _TalkerState, users: list[int], tokens: list[int], positions: torch.Tensor | None
-    ) -> list[bytes]:
-        """Each user row's salt: its M-RoPE positions (plain ones without vision: a turn with an
-        image keeps the positions of the rows before it, so its prefix is found from a turn
-        without one) and at a multimodal position its deep row's bytes."""
+    ) -> _RowSalts:
+        """What the user rows' blocks are salted with: each row's M-RoPE positions (plain ones
+        without vision: a turn with an image keeps the positions of the rows before it, so its
+        prefix is found from a turn without one) and at a multimodal position its deep row's bytes."""
         n = len(users)
         if positions is None:
-            columns = torch.arange(n, dtype=torch.float64).unsqueeze(1).expand(n, 3).numpy()
+            columns = np.repeat(np.arange(n, dtype=np.float64)[:, None], 3, axis=1)
         else:
             columns = positions[:, :n].to("cpu", torch.float64).T.contiguous().numpy()
-        salts = [columns[j].tobytes() for j in range(n)]
         mm = [j for j, t in enumerate(tokens) if t in self.multimodal_ids]
+        raw = None
         if mm and state.multimodal_hidden is not None:
-            rows = torch.stack([state.multimodal_hidden[users[j]] for j in mm]).detach().to("cpu")
+            rows = state.multimodal_hidden.take([users[j] for j in mm]).detach().to("cpu")
             raw = rows.contiguous().view(torch.uint8).numpy()  # one device -> host copy for all rows
-            for k, j in enumerate(mm):
-                salts[j] += raw[k].tobytes()
-        return salts
-
-    def _block_salt(self, salts: list[bytes], lo: int, hi: int) -> bytes:
-        h = hashlib.sha256()
-        for salt in salts[lo:hi]:
-            h.update(len(salt).to_bytes(8, "little"))
-            h.update(salt)
-        return h.digest()
+        return _RowSalts(columns, mm if raw is not None else [], raw)
 
     def plan_and_load(self, state: _TalkerState, users: list[int], positions: torch.Tensor | None) -> None:
         """At the prompt's first piece, its slot still empty: key its user rows (`users`: their
@@ -73,12 +66,12 @@ class TalkerPrefixes:
         tokens = [prompt_ids[p] for p in users]
         salts = self._salts(state, users, tokens, positions)
         size, n, scope = self.cache.block_size, len(tokens), state.params.cache_scope
-        block_salts = [self._block_salt(salts, b * size, (b + 1) * size) for b in range(n // size)]
+        block_salts = [salts.block(b * size, (b + 1) * size) for b in range(n // size)]
         keys = self.cache.digests(tokens, block_salts, scope)
 
         def tail(full: int, length: int) -> bytes:
             lo = full * size
-            salt = self._block_salt(salts, lo, lo + length)
+            salt = salts.block(lo, lo + length)
             parent = keys[full - 1] if full else None
             return self.cache.tail_digest(parent, tokens[lo : lo + length], salt, scope)
 
@@ -107,3 +100,24 @@ class TalkerPrefixes:
             self.cache.store_sequence(keys, tail, n, block_of, state.params.cache_scope)
         except Exception:  # the cache is an optimisation: a failure to store never fails the request
             log.exception("talker: storing the prompt of %s failed", state.request_id)
+
+
+class _RowSalts:
+    """The salt of any run of user rows [lo, hi): their positions ([n, 3] float64, `columns`) and
+    the deep rows of the multimodal ones among them (`mm`: their row indexes, ascending; `raw`:
+    their bytes, one row each), hashed as whole slices: a few calls a block, however many rows.
+    Unambiguous: the positions take a fixed 24 bytes a row, each deep row its index and its fixed
+    width."""
+
+    def __init__(self, columns: np.ndarray, mm: list[int], raw: np.ndarray | None) -> None:
+        self.columns = np.ascontiguousarray(columns, dtype=np.float64)
+        self.mm = mm
+        self.raw = raw
+
+    def block(self, lo: int, hi: int) -> bytes:
+        h = hashlib.sha256(self.columns[lo:hi].tobytes())
+        a, b = bisect.bisect_left(self.mm, lo), bisect.bisect_left(self.mm, hi)
+        if b > a and self.raw is not None:
+            h.update(np.asarray(self.mm[a:b], dtype="<i8").tobytes())
+            h.update(self.raw[a:b].tobytes())
+        return h.digest()

@@ -23,9 +23,13 @@ token becomes a row only once a later token or the end of the input has arrived
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
+import numpy as np
 import torch
+
+from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 
 ASSISTANT_PROMPT_TOKENS = 4  # im_start, "assistant", "\n", first content token
 ASSISTANT_PROMPT_ROWS = 9  # rows of the prompt after its user rows (`TalkerPrompts.prompt`: U + 9)
@@ -55,17 +59,18 @@ def trailing_pick(stream: list[int], input_done: bool, index: int) -> int | None
 
 
 def user_positions(prompt_ids: list[int], im_start_id: int, user_id: int) -> list[int]:
-    """Positions whose enclosing turn (the last `<|im_start|>` at or before them) is a user turn."""
-    positions = []
-    last_start = 0
-    n = len(prompt_ids)
-    for i, token in enumerate(prompt_ids):
-        if token == im_start_id:
-            last_start = i
-        role_at = min(last_start + 1, n - 1)
-        if prompt_ids[role_at] == user_id:
-            positions.append(i)
-    return positions
+    """Positions whose enclosing turn (the last `<|im_start|>` at or before them, else position 0)
+    is a user turn. In numpy: a conversation's prompt is thousands of ids, every turn."""
+    ids = np.asarray(prompt_ids, dtype=np.int64)
+    n = ids.size
+    if n == 0:
+        return []
+    starts = np.flatnonzero(ids == im_start_id)
+    index = np.arange(n)
+    before = np.searchsorted(starts, index, side="right") - 1  # the last start at or before each
+    last_start = np.where(before >= 0, starts[np.maximum(before, 0)] if starts.size else 0, 0)
+    role_at = np.minimum(last_start + 1, n - 1)
+    return np.flatnonzero(ids[role_at] == user_id).tolist()
 
 
 def assistant_start(prompt_ids: list[int], im_start_id: int, assistant_id: int) -> int:
@@ -130,26 +135,34 @@ class TalkerPromptBuilder:
         prompt_ids: list[int],
         assistant_head: list[int],
         speaker_id: int,
-        multimodal_hidden: dict[int, torch.Tensor] | None = None,
+        multimodal_hidden: Mapping[int, torch.Tensor] | None = None,
+        users: list[int] | None = None,
+        start: int = 0,
     ) -> torch.Tensor:
-        """Talker prompt rows [1, U + ASSISTANT_PROMPT_ROWS, H] (U: the prompt's user-turn positions).
+        """Talker prompt rows [1, U - start + ASSISTANT_PROMPT_ROWS, H] (U: the prompt's user-turn
+        positions, `users` when the caller has them): the rows from row `start` on (those before it
+        came from the prefix cache; each row depends on its own token or deep row alone).
 
         `assistant_head` is the first 4 tokens of the assistant stream. `multimodal_hidden` maps a
         prompt position holding an audio/image/video token to its deep thinker hidden row.
         """
         cfg = self.config
-        users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-        user_ids = [prompt_ids[p] for p in users]
+        if users is None:
+            users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
+        built = users[start:]
         parts = []
-        if users:
-            user_rows = self.text_rows(user_ids)
-            mm = [j for j, p in enumerate(users) if prompt_ids[p] in self.multimodal_ids]
+        if built:
+            user_rows = self.text_rows([prompt_ids[p] for p in built])
+            mm = [j for j, p in enumerate(built) if prompt_ids[p] in self.multimodal_ids]
             if mm:
-                if multimodal_hidden is None or any(users[j] not in multimodal_hidden for j in mm):
-                    raise ValueError("multimodal prompt positions need the thinker's deep hidden rows")
-                hidden = torch.stack([multimodal_hidden[users[j]] for j in mm]).to(
-                    user_rows.device, user_rows.dtype
-                )
+                try:
+                    if multimodal_hidden is None:
+                        raise KeyError(built[mm[0]])
+                    hidden = DeepRows.of(multimodal_hidden).take([built[j] for j in mm])
+                except KeyError:
+                    missing = "multimodal prompt positions need the thinker's deep hidden rows"
+                    raise ValueError(missing) from None
+                hidden = hidden.to(user_rows.device, user_rows.dtype)
                 user_rows = user_rows.clone()
                 user_rows[0, mm] = self.talker.hidden_projection(hidden.unsqueeze(0))[0]
             parts.append(user_rows)

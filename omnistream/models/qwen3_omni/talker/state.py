@@ -8,6 +8,7 @@ import torch
 
 from omnistream.engine.engine import RequestState
 from omnistream.engine.playout import Playout
+from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 from omnistream.request.media import MediaLayout
 from omnistream.request.stage_chain import TalkerParams
 
@@ -27,7 +28,8 @@ class _TalkerState(RequestState):
     generator: torch.Generator | None = None
     cp_generator: torch.Generator | None = None
     prompt_ids: list[int] | None = None
-    multimodal_hidden: dict[int, torch.Tensor] | None = None
+    multimodal_hidden: DeepRows | None = None
+    user_positions: list[int] = field(default_factory=list)  # the prompt's positions in user turns
     media_layout: MediaLayout | None = None  # images/videos: the prompt takes 3-D positions
     rope_delta: float = 0.0
     stream: list[int] = field(default_factory=list)  # the assistant stream: prompt tail + generated
@@ -39,6 +41,7 @@ class _TalkerState(RequestState):
     next_codec_sum: torch.Tensor | None = None  # codec part of the next talker input
     prefill_done: bool = False  # the whole prompt is in the KV cache (its first code 0 was taken)
     prompt_rows: torch.Tensor | None = None  # [1, rows, H] while the prompt is being prefilled
+    prompt_rows_from: int = 0  # the prompt row prompt_rows starts at (those before it came cached)
     prompt_positions: torch.Tensor | None = None  # [3, 1, rows] M-RoPE positions, for prompts with vision
     prefilled: int = 0  # prompt rows already in the KV cache
     # Rows of the whole prompt, known from its ids at the open (before the rows are built): the

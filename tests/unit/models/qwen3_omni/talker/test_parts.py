@@ -284,3 +284,26 @@ def test_talker_forward_and_code0_through_a_real_cache(loop) -> None:
     frames.take_code0([state], hidden, first=True, commit=True)
     assert state.pending_code0 == 3
     assert cache.lengths[state.slot] == 2  # committed once codebook 0 was chosen
+
+
+def test_user_positions_are_the_rows_of_user_turns_whatever_the_ids():
+    """The numpy form against the rule spelled out: a position belongs to the turn of the last
+    <|im_start|> at or before it (position 0's turn before any), a user turn when its role is."""
+    import random
+
+    from omnistream.models.qwen3_omni.talker.prompt import user_positions
+
+    def spelled_out(ids: list[int]) -> list[int]:
+        out, last = [], 0
+        for i, t in enumerate(ids):
+            if t == 1:
+                last = i
+            if ids[min(last + 1, len(ids) - 1)] == 2:
+                out.append(i)
+        return out
+
+    rng = random.Random(0)
+    cases = [[], [1], [2], [1, 2], [2, 1], [1, 3, 1, 2, 5, 6], [5, 2, 7, 1, 3, 9, 1, 2]]
+    cases += [[rng.choice([1, 2, 3, 4]) for _ in range(rng.randrange(1, 60))] for _ in range(300)]
+    for ids in cases:
+        assert user_positions(ids, 1, 2) == spelled_out(ids), ids

@@ -166,3 +166,36 @@ def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engine
     assert _wait_for(lambda: len(on.prefix_cache) < held)
     assert run("alice-3", b"alice") == 0
     assert run("bob-2", b"bob") == _user_rows(on, prompt)
+
+
+def test_a_hit_builds_only_the_rows_after_it_and_they_are_the_whole_builds(engines):
+    """A long conversation's user rows are mostly cached: the talker projects only the new ones
+    (at twenty spoken turns all of them took milliseconds a turn), and each row is the same
+    whether the prompt is built whole or from a cached row on."""
+    on, off, chat = engines
+    on.prefix_cache.clear()
+    prompt = _audio_prompt(chat)
+    audio = chat.config.thinker_config.audio_token_id
+    hidden = {
+        p: torch.randn(on.hidden_width, dtype=torch.float64) for p, t in enumerate(prompt) if t == audio
+    }
+    head = STREAM[:4]
+    cfg = on.config
+    users = user_positions(prompt, cfg.im_start_token_id, cfg.user_token_id)
+    speaker = on.speakers[on.default_speaker.lower()]
+    whole = on.prompts.prompt(prompt, head, speaker, hidden)
+    for start in (1, len(users) // 2, len(users)):
+        rows = on.prompts.prompt(prompt, head, speaker, hidden, users=users, start=start)
+        assert torch.equal(rows, whole[:, start:])
+
+    built: list[int] = []
+    text_rows = on.prompts.text_rows
+    on.prompts.text_rows = lambda ids: built.append(len(ids)) or text_rows(ids)
+    try:
+        _run(on, "whole", prompt, hidden=hidden)
+        assert built == [len(users), 4]  # the user rows, then the assistant head's
+        built.clear()
+        assert _run(on, "again", prompt, hidden=hidden) == _run(off, "again-off", prompt, hidden=hidden)
+        assert built == [4]  # every user row came from the cache: none was built
+    finally:
+        on.prompts.text_rows = text_rows
