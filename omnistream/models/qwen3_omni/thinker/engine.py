@@ -236,6 +236,8 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
 
     def _release(self, state: _ThinkerState) -> None:
         state.matcher = None  # finished, failed or aborted: its grammar state goes with it
+        if state.prompt_store_due:  # ended before its second token: the prompt's blocks go now
+            self._store_prompt(state)
         if state.slot is not None:
             self.cache.release(state.slot)
             state.slot = None
@@ -389,6 +391,13 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             for state, token in zip(decode, tokens, strict=True):
                 with self.row(state):
                     self._accept(state, token, first=False)
+            for state in decode:  # their second token is on its way: their prompts' blocks now
+                if state.prompt_store_due:
+                    self._store_prompt(state)
+
+    def _store_prompt(self, state: _ThinkerState) -> None:
+        state.prompt_store_due = False
+        self.prefixes.store(state, state.prompt_deep, answer=False)
 
     def choose(self, states: Sequence[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
         """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
@@ -456,10 +465,15 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 media_layout=layout,
             )
         )
-        # Stored once the token is on its way (a copy of its KV that the client need not wait for),
-        # still on this thread before the slot can go: what the next turn finds is all there.
-        if first:
-            self.prefixes.store(state, hidden, answer=False)
+        # The prompt's blocks are stored once its second token is on its way too (a copy of its KV
+        # that the client need not wait for: when the first token is no text yet, as a byte of an
+        # unfinished character, the second is the first the client sees), at the latest when the
+        # request ends, still on this thread before the slot can go: what the next turn finds is
+        # all there. An answer that ends here stores the prompt's blocks with its own.
+        if first and self.prefixes.enabled:
+            state.prompt_deep = hidden
+            state.prompt_store_due = not finished
         if finished:
-            self.prefixes.store(state, None, answer=True)
+            state.prompt_store_due = False
+            self.prefixes.store(state, hidden if first else None, answer=True)
             self.finish(state)

@@ -170,7 +170,9 @@ class ThinkerPrefixes:
             tail = None
             if len(tokens) % size:
                 tail = self.tail_key(state, tokens, keys, len(keys), len(tokens) % size)
-            ordinals = torch.tensor([t in self.multimodal_ids for t in tokens], dtype=torch.long).cumsum(0)
+            # How many multimodal positions precede each position's end (numpy: thousands of ids).
+            mm = np.fromiter(self.multimodal_ids, dtype=np.int64, count=len(self.multimodal_ids))
+            ordinals = np.isin(np.asarray(tokens, dtype=np.int64), mm).cumsum()
 
             def block_of(lo: int, hi: int) -> CachedBlock | None:
                 extra = None

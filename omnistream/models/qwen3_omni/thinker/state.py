@@ -41,6 +41,7 @@ class _ThinkerState(RequestState):
     items: list[MediaItem] = field(default_factory=list)
     prompt_positions: torch.Tensor | None = None  # [3, L] float64, a media prompt's
     prompt_deep: torch.Tensor | None = None
+    prompt_store_due: bool = False  # its prompt's blocks are stored after its second token
     prefix_keys: list[bytes] = field(default_factory=list)  # its sequence's block keys computed so far
     # Its output grammar's state (grammar.py), when it has one; dropped when the request ends.
     matcher: xgr.GrammarMatcher | None = None

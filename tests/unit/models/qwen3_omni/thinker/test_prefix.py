@@ -172,7 +172,8 @@ def test_an_aborted_request_stores_its_prompt_but_nothing_of_its_answer(engines)
         on.abort("aborted")
 
     asyncio.run(abort_after_first())
-    # The prompt is stored after its first token is sent, by the end of the step that made it.
+    # The prompt is stored once its second token is sent or, as here if the abort came first, when
+    # the request ends: before its slot goes.
     deadline = time.monotonic() + 10
     while on.stats.steps == steps and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -249,3 +250,24 @@ def test_each_block_key_chains_its_tokens_its_m_rope_positions_and_the_items_it_
     assert state.prefix_keys == expected
     # The prompt has blocks of every kind: plain text, items, positions moved by the image.
     assert 0 < plain_blocks < len(expected) and 0 < item_blocks < len(expected)
+
+
+def test_the_prompt_is_stored_after_the_second_token_not_between_the_first_two(tiny_model_dir):
+    """A prompt's store (a copy of its new KV blocks) would delay the answer's second token, which is
+    the first text a client sees when the first token is a byte of an unfinished character. Steps
+    run on this thread (the engine thread not started), one at a time."""
+    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=2, max_model_len=512)
+    ids = _turns(engine, ["Tell me about the tides and the moon, and why they follow each other."])[0]
+
+    async def two_steps() -> list[tuple[int, int]]:
+        engine.add_request("two-steps", ids, ThinkerParams(8, True))  # its output needs a running loop
+        state, seen = engine.state("two-steps"), []
+        for _ in range(2):
+            work = engine.plan_step()
+            assert work is not None
+            engine.run_step(work)
+            seen.append((len(state.generated), engine.prefix_cache.positions))
+        return seen
+
+    # Nothing stored at the first token; the prompt's blocks and its partial last one at the second.
+    assert asyncio.run(two_steps()) == [(1, 0), (2, len(ids))]
