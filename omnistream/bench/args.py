@@ -122,6 +122,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--conversation-turns", type=int, default=20, help="turns of the realtime and REST chats")
     p.add_argument(
+        "--conversation-turn-seconds",
+        type=float,
+        default=0.0,
+        help="each spoken realtime turn ends in silence up to this length, as a turn that voice activity "
+        "detection commits does, so every turn brings the same new audio (e.g. 4.5: 65 audio tokens "
+        "each); 0 (default): the speech alone, 2.9-4.3 s",
+    )
+    p.add_argument(
         "--conversation-concurrency", type=int, default=10, help="REST conversations at once (concurrent)"
     )
     p.add_argument(

@@ -6,10 +6,15 @@ setting (on: the stages' default prefix cache; off: `--prefix-cache-gib 0`), run
 starts with an empty cache and nothing of the run before it), the same three workloads:
 
 - realtime: one /v1/realtime session of `--conversation-turns` spoken turns. Each turn is a sentence
-  spoken by espeak-ng (3-5 s, omnistream/bench/speech.py) sent as a `conversation.item.create` with
-  an `input_audio` part; once the item is in the conversation, `response.create`. Per turn, timed at
-  the client from response.create: TTFT (the first transcript or text delta), TTFP (the first audio
-  delta), and `response.done`'s usage: input_tokens and input_token_details.cached_tokens.
+  spoken by espeak-ng (2.9-4.3 s, omnistream/bench/speech.py); with `--conversation-turn-seconds`
+  (e.g. 4.5) it ends in silence up to that length, as a turn that voice activity detection commits
+  ends in the silence that closed it: every turn then brings the same new audio (65 audio tokens
+  at 4.5 s), and turn N against turn 2 differs only in the history. Sent as a
+  `conversation.item.create` with an `input_audio` part; once the item is in the conversation,
+  `response.create`. Per turn, timed at the client from response.create: TTFT (the first transcript
+  or text delta), TTFP (the first audio delta), and `response.done`'s usage: input_tokens and
+  input_token_details.cached_tokens, and the gateway's own TTFT (`response.omnistream.ttft_ms`, from
+  the response's start there: the rest of the client's TTFT is the websocket and the turn's set-up).
 - rest: a chat of as many turns over POST /v1/chat/completions (streamed, pcm16 audio, usage in
   the last chunk), each turn re-sending the whole history (system, then user and assistant turns:
   the assistant turn is the transcript the turn before streamed); the user turns are the same
@@ -100,6 +105,7 @@ class Turn:
     output_tokens: int | None = None
     audio_seconds: float = 0.0
     error: str = ""
+    gateway_ttft_ms: float | None = None  # realtime: as the gateway measured it (response.omnistream)
 
     @property
     def cached_share(self) -> float | None:
@@ -150,7 +156,15 @@ def merge_turns(runs: Sequence[Sequence[Row]]) -> list[Row]:
         rows = [r[i] for r in runs if i < len(r)]
         good = [row for row in rows if not row.get("error")]
         out: dict[str, Any] = {"turn": i + 1, "runs": len(rows), "errors": len(rows) - len(good)}
-        for key in ("ttft_ms", "ttfp_ms", "e2e_ms", "input_tokens", "cached_tokens", "cached_share"):
+        for key in (
+            "ttft_ms",
+            "ttfp_ms",
+            "e2e_ms",
+            "gateway_ttft_ms",
+            "input_tokens",
+            "cached_tokens",
+            "cached_share",
+        ):
             values = [row.get(key) for row in good]
             out[key] = _median(values)
             out[f"{key}_runs"] = values
@@ -305,10 +319,11 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
     """Markdown: the chosen turns (and the last), cache on beside cache off."""
     count = max([r["turn"] for r in [*on, *off]], default=0)
     turns = sorted({t for t in shown if t <= count} | ({count} if count else set()))
+    gateway = any(r.get("gateway_ttft_ms") is not None for r in on)  # realtime: the gateway's own TTFT
     lines = [
         "| turn | TTFT on ms | TTFT off ms | TTFP on ms | TTFP off ms | input tokens | cached on | "
-        "cached share on | cached off |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "cached share on | cached off |" + (" gateway TTFT on ms |" if gateway else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gateway else ""),
     ]
     for t in turns:
         a, b = _turn(on, t) or {}, _turn(off, t) or {}
@@ -317,6 +332,7 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
             f"{_num(b.get('ttfp_ms'))} | {_num(a.get('input_tokens') or b.get('input_tokens'), '{:.0f}')} | "
             f"{_num(a.get('cached_tokens'), '{:.0f}')} | {_pct(a.get('cached_share'))} | "
             f"{_num(b.get('cached_tokens'), '{:.0f}')} |"
+            + (f" {_num(a.get('gateway_ttft_ms'))} |" if gateway else "")
         )
     return "\n".join(lines)
 
@@ -512,6 +528,7 @@ def realtime_turn_from_events(turn: int, start: float, events: list[tuple[float,
         elif kind == "response.done":
             out.e2e_ms = _ms(start, at)
             response = event["response"]
+            out.gateway_ttft_ms = (response.get("omnistream") or {}).get("ttft_ms")
             usage = response.get("usage") or {}
             out.input_tokens = usage.get("input_tokens")
             out.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")
@@ -533,13 +550,15 @@ async def realtime_conversation(
     offset: int = 0,
     rate: int = 24000,
     out: list[Turn] | None = None,
+    turn_seconds: float = 0.0,
 ) -> list[Turn]:
     """One realtime session of `turns` spoken turns (no turn detection: each turn an input_audio
     item, then response.create once the item is in the conversation); `out`: where the turns go
-    as they end (also those before a failure)."""
+    as they end (also those before a failure); `turn_seconds`: each turn's speech ends in silence
+    up to this length (a longer sentence is sent whole)."""
     import websockets
 
-    from omnistream.bench.speech import speech_pcm16
+    from omnistream.bench.speech import speech_pcm16, until
 
     url = base_url.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
     session = {
@@ -556,7 +575,7 @@ async def realtime_conversation(
         await ws.send(json.dumps({"type": "session.update", "session": session}))
         await _events_until(ws, lambda e: e["type"] in ("session.updated", "error"), TURN_TIMEOUT_S)
         for turn in range(1, turns + 1):
-            pcm = speech_pcm16(user_text(turn, offset))
+            pcm = until(speech_pcm16(user_text(turn, offset)), turn_seconds)
             item_id = f"user-{turn}"
             item = {
                 "id": item_id,
@@ -688,7 +707,9 @@ async def one_run(model: str, cache: str, args: argparse.Namespace, workloads: S
             done: list[Turn] = []
             try:
                 if name == "realtime":
-                    await realtime_conversation(base_url, turns, answer, out=done)
+                    await realtime_conversation(
+                        base_url, turns, answer, out=done, turn_seconds=args.conversation_turn_seconds
+                    )
                 else:
                     await rest_conversation(client, turns, answer, out=done)
             except Exception as exc:

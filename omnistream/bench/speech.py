@@ -42,6 +42,11 @@ def silence_pcm16(seconds: float) -> bytes:
     return bytes(2 * round(seconds * RATE))
 
 
+def until(pcm: bytes, seconds: float) -> bytes:
+    """`pcm` followed by silence up to `seconds` in all (as it is if it is that long already)."""
+    return pcm + bytes(max(0, 2 * round(seconds * RATE) - len(pcm)))
+
+
 def pieces(pcm: bytes, ms: int = 20) -> list[bytes]:
     """`pcm` cut into `ms` pieces, as a microphone would send it."""
     size = RATE * ms // 1000 * 2

@@ -32,6 +32,7 @@ from omnistream.bench.conversation import (
     window_growth,
     workloads_of,
 )
+from omnistream.bench.speech import until
 from omnistream.bench.stats import RequestResult
 
 
@@ -82,6 +83,7 @@ def test_a_realtime_turn_is_read_from_its_events():
                     "status_details": {"type": "incomplete", "reason": "max_output_tokens"},
                     "usage": {"input_tokens": 300, "output_tokens": 16,
                               "input_token_details": {"cached_tokens": 270}},
+                    "omnistream": {"ttft_ms": 12.5},
                 },
             },
         ),
@@ -90,7 +92,7 @@ def test_a_realtime_turn_is_read_from_its_events():
     assert turn.ttft_ms == pytest.approx(20.0) and turn.ttfp_ms == pytest.approx(50.0)
     assert turn.e2e_ms == pytest.approx(300.0) and turn.audio_seconds == pytest.approx(0.2)
     assert (turn.input_tokens, turn.cached_tokens, turn.output_tokens) == (300, 270, 16)
-    assert turn.cached_share == 0.9 and turn.error == ""
+    assert turn.cached_share == 0.9 and turn.error == "" and turn.gateway_ttft_ms == 12.5
     failed = [(0.1, {"type": "response.done", "response": {"status": "failed", "status_details": None}})]
     assert "failed" in realtime_turn_from_events(1, 0.0, failed, 24_000).error
 
@@ -190,7 +192,12 @@ def test_the_turn_table_shows_the_chosen_turns_and_the_last():
     lines = turn_table(on, off).splitlines()
     assert [line.split("|")[1].strip() for line in lines[2:]] == ["1", "2", "5", "10", "12"]
     assert lines[3].split("|")[2].strip() == "2.0" and lines[3].split("|")[3].strip() == "4.0"
-    assert "90%" in lines[3]
+    assert "90%" in lines[3] and "gateway" not in lines[0]  # REST turns: no gateway column
+    spoken = merge_turns(
+        [[{**row, "gateway_ttft_ms": row["ttft_ms"] / 2} for row in _turns([4.0, 6.0, 8.0])]]
+    )
+    lines = turn_table(spoken, off).splitlines()
+    assert lines[0].endswith("gateway TTFT on ms |") and lines[3].split("|")[-2].strip() == "3.0"
 
 
 def test_the_report_has_every_workload_and_every_target():
@@ -229,4 +236,12 @@ def test_the_flags_default_to_the_issues_workload():
     args = p.parse_args(["--conversation"])
     assert args.conversation and args.conversation_turns == 20 and args.conversation_concurrency == 10
     assert args.conversation_workloads == "realtime,rest,concurrent" and args.repeats == 2
+    assert args.conversation_turn_seconds == 0.0  # the speech alone, as the issue measured
     assert not p.parse_args([]).conversation
+
+
+def test_a_spoken_turn_ends_in_silence_up_to_its_length_and_a_longer_one_is_whole():
+    speech = b"\x01\x02" * 24_000  # 1 s of pcm16 at 24 kHz
+    padded = until(speech, 2.5)
+    assert len(padded) == 2 * 60_000 and padded[: len(speech)] == speech and not any(padded[len(speech) :])
+    assert until(speech, 0.5) == speech and until(speech, 0.0) == speech
