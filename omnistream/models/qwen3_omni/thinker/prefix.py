@@ -12,8 +12,9 @@ media item it would cut through, the slices of the items wholly inside it are dr
 encode phase, and the prompt's embedding starts where the reuse ends. A reuse leaves at least the
 prompt's last position to compute (its logits choose the first token).
 
-The prompt's blocks are stored once its prefill has run (its first token accepted), the answer's
-when it ends by itself or by length: an aborted or failed request stores nothing of its answer.
+The prompt's blocks are stored once its prefill has run (after its second token, or when it ends),
+the answer's when it ends by itself or by length: an aborted or failed request stores nothing of
+its answer.
 """
 
 from __future__ import annotations
@@ -156,7 +157,7 @@ class ThinkerPrefixes:
     # --- store --------------------------------------------------------------------------------------
     def store(self, state: _ThinkerState, deep: torch.Tensor | None, answer: bool) -> None:
         """Keep the computed blocks of the request's sequence, its last partial one included: the
-        prompt's (at its first token, with `deep`, the deep rows of its multimodal positions) or the
+        prompt's (after its second token, with `deep`, the deep rows of its multimodal positions) or the
         prompt's and the answer's (when it ended; the answer's last token has no KV)."""
         if not self.enabled or state.slot is None or state.spoken is not None:
             return
