@@ -122,6 +122,11 @@ def thinker_decode_counts(model_dir: str, batch: int, counter: SyncCounter) -> C
         for _ in range(batch):  # one prefill per step
             _step(engine, counter)
         assert all(s.next_token is not None for s in engine.states())
+        # The last row's first decode step also stores its prompt's blocks (once a request, after
+        # its second token; host-side work on CPU positions, no device sync): past it, the steady
+        # state.
+        _step(engine, counter)
+        assert not any(s.prompt_store_due for s in engine.states())
         return _step(engine, counter)  # a pure decode step of the whole batch
 
     return asyncio.run(run())
