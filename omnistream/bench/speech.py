@@ -44,7 +44,7 @@ def silence_pcm16(seconds: float) -> bytes:
 
 def until(pcm: bytes, seconds: float) -> bytes:
     """`pcm` followed by silence up to `seconds` in all (as it is if it is that long already)."""
-    return pcm + bytes(max(0, 2 * round(seconds * RATE) - len(pcm)))
+    return pcm + silence_pcm16(seconds)[len(pcm) :]
 
 
 def pieces(pcm: bytes, ms: int = 20) -> list[bytes]:

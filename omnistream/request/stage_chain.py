@@ -114,9 +114,8 @@ class TalkerFeed:
     def merge(held: Sequence[TalkerFeed]) -> TalkerFeed:
         prompt_ids = [p for f in held for p in f.prompt_ids or ()]
         given = [f.multimodal_hidden for f in held if f.multimodal_hidden]
-        hidden: Mapping[int, Any] | None = given[0] if len(given) == 1 else None  # as it came: the prompt's
-        if len(given) > 1:
-            hidden = {p: row for rows in given for p, row in rows.items()}
+        # The prompt's rows as they came (one feed has them), else one mapping of them all.
+        hidden = given[0] if len(given) == 1 else {p: row for rows in given for p, row in rows.items()}
         return TalkerFeed(
             token_ids=[t for f in held for t in f.token_ids],
             last=any(f.last for f in held),

@@ -65,10 +65,7 @@ def user_positions(prompt_ids: list[int], im_start_id: int, user_id: int) -> lis
     n = ids.size
     if n == 0:
         return []
-    starts = np.flatnonzero(ids == im_start_id)
-    index = np.arange(n)
-    before = np.searchsorted(starts, index, side="right") - 1  # the last start at or before each
-    last_start = np.where(before >= 0, starts[np.maximum(before, 0)] if starts.size else 0, 0)
+    last_start = np.maximum.accumulate(np.where(ids == im_start_id, np.arange(n), 0))
     role_at = np.minimum(last_start + 1, n - 1)
     return np.flatnonzero(ids[role_at] == user_id).tolist()
 
@@ -155,14 +152,10 @@ class TalkerPromptBuilder:
             user_rows = self.text_rows([prompt_ids[p] for p in built])
             mm = [j for j, p in enumerate(built) if prompt_ids[p] in self.multimodal_ids]
             if mm:
-                try:
-                    if multimodal_hidden is None:
-                        raise KeyError(built[mm[0]])
-                    hidden = DeepRows.of(multimodal_hidden).take([built[j] for j in mm])
-                except KeyError:
-                    missing = "multimodal prompt positions need the thinker's deep hidden rows"
-                    raise ValueError(missing) from None
-                hidden = hidden.to(user_rows.device, user_rows.dtype)
+                positions = [built[j] for j in mm]
+                if multimodal_hidden is None or any(p not in multimodal_hidden for p in positions):
+                    raise ValueError("multimodal prompt positions need the thinker's deep hidden rows")
+                hidden = DeepRows.of(multimodal_hidden).take(positions).to(user_rows.device, user_rows.dtype)
                 user_rows = user_rows.clone()
                 user_rows[0, mm] = self.talker.hidden_projection(hidden.unsqueeze(0))[0]
             parts.append(user_rows)

@@ -40,6 +40,7 @@ class ThinkerPrefixes:
         self.cache = cache
         self.kv = kv
         self.multimodal_ids = multimodal_ids
+        self._multimodal_array = np.fromiter(multimodal_ids, dtype=np.int64, count=len(multimodal_ids))
         self.config = config
 
     @property
@@ -172,8 +173,7 @@ class ThinkerPrefixes:
             if len(tokens) % size:
                 tail = self.tail_key(state, tokens, keys, len(keys), len(tokens) % size)
             # How many multimodal positions precede each position's end (numpy: thousands of ids).
-            mm = np.fromiter(self.multimodal_ids, dtype=np.int64, count=len(self.multimodal_ids))
-            ordinals = np.isin(np.asarray(tokens, dtype=np.int64), mm).cumsum()
+            ordinals = np.isin(np.asarray(tokens, dtype=np.int64), self._multimodal_array).cumsum()
 
             def block_of(lo: int, hi: int) -> CachedBlock | None:
                 extra = None
