@@ -139,7 +139,7 @@ bench-thinkers: tiny-model setup-vllm
 # Conversation memory (issue 37): a 20-turn realtime conversation of spoken turns (espeak-ng), a 20-turn
 # REST chat and 10 concurrent 10-turn REST chats, the prefix cache on against off (A B B A, a fresh stack
 # each run), on the tiny and the real-shaped checkpoints: TTFT, TTFP and cached share per turn, the c10
-# throughput, the targets (omnistream/bench/conversation.py; docs/benchmarks.md "Conversation memory").
+# throughput, the targets (omnistream/bench/conversation/; docs/benchmarks.md "Conversation memory").
 bench-conversation: tiny-model sysdeps
 	$(VENV)/bin/omnistream bench --conversation --conversation-models tiny,real-shaped --repeats 4 \
 		--output-dir bench-results/conversation

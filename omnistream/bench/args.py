@@ -107,7 +107,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="instead of the latency table: conversation memory (issue 37), the prefix cache on against "
         "off, A B B A over --repeats, a fresh stack each run: a realtime conversation of spoken turns "
         "and a REST chat (TTFT, TTFP and cached share per turn), and concurrent REST conversations "
-        "(throughput); writes conversation.json and conversation.md (omnistream/bench/conversation.py)",
+        "(throughput); writes conversation.json and conversation.md (omnistream/bench/conversation/)",
     )
     p.add_argument(
         "--conversation-models",

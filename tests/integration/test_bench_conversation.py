@@ -1,4 +1,4 @@
-"""Smoke test of `omnistream bench --conversation` (omnistream/bench/conversation.py): two turns of
+"""Smoke test of `omnistream bench --conversation` (omnistream/bench/conversation/): two turns of
 each workload on the tiny model, cache on and off, every number reported, the targets checked."""
 
 from __future__ import annotations
