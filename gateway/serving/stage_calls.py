@@ -138,6 +138,9 @@ async def run_stages(
     state = {"prompt_ids": [], "output_ids": [], "reason": "stop", "frames": 0, "samples": 0, "cached": 0}
     marks: dict[str, float] = {}
     talker_done = asyncio.Event()
+    # The audio stages' acceptance of their open messages (one event each): the thinker's open goes
+    # out with theirs, and its output waits for both only where it is handed on.
+    accepted_by = {"talker": asyncio.Event(), "code2wav": asyncio.Event()} if audio else {}
 
     async def guarded(stage: str, body) -> None:
         call = {"thinker": thinker, "talker": talker, "code2wav": code2wav}[stage]
@@ -149,6 +152,14 @@ async def run_stages(
         await call.initial_metadata()
         if call.done():
             raise stage_error(stage, await call.code(), await call.details(), await call.trailing_metadata())
+        accepted_by[stage].set()
+
+    async def all_accepted() -> None:
+        """Both audio stages took their open. Nothing of the thinker reaches the client or them
+        before: a stage that refuses still fails the request before its first event (so the gateway
+        can move it to another replica), and no write goes to a stream its stage refused."""
+        for event in accepted_by.values():
+            await event.wait()
 
     async def open_talker() -> None:
         assert talker is not None
@@ -177,6 +188,7 @@ async def run_stages(
                 state["cached"] = chunk.cached_tokens
             state["output_ids"].extend(chunk.token_ids)
             marks.setdefault("ttft", time.perf_counter())
+            await all_accepted()  # at once after the first chunk: they accept in a round trip
             await emit(TextEvent(list(chunk.token_ids), chunk.text_delta))
             if talker is not None and talker_done.is_set() and not talker_closed:
                 # The talker finished first (codec EOS, max frames): its input is moot now.
@@ -191,6 +203,7 @@ async def run_stages(
             if chunk.finished:
                 state["reason"] = chunk.finish_reason or "stop"
         if talker is not None and not talker_closed:
+            await all_accepted()
             with contextlib.suppress(asyncio.InvalidStateError, grpc.aio.AioRpcError):
                 await talker.done_writing()
 
@@ -228,14 +241,21 @@ async def run_stages(
                 rate = chunk.sample_rate
                 await emit(AudioEvent(np.asarray(audio, dtype=np.float32), int(chunk.first_sample), rate))
 
+    async def talker_stage() -> None:
+        await open_talker()
+        await run_talker()
+
+    async def code2wav_stage() -> None:
+        await open_code2wav()
+        await run_code2wav()
+
     ended: BaseException | None = None
     try:
-        if audio:
-            # Both accept their open before any thinker output can be forwarded to them.
-            await asyncio.gather(guarded("talker", open_talker), guarded("code2wav", open_code2wav))
+        # All three open at once: the thinker's prompt is under way while the audio stages accept
+        # (a round trip each, ~4 ms of every request's TTFT when they came first).
         tasks = [guarded("thinker", run_thinker)]
         if audio:
-            tasks += [guarded("talker", run_talker), guarded("code2wav", run_code2wav)]
+            tasks += [guarded("talker", talker_stage), guarded("code2wav", code2wav_stage)]
         await _all_or_none(tasks)
         return DoneEvent(
             prompt_ids=state["prompt_ids"],
