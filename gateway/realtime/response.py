@@ -80,6 +80,9 @@ class ResponseRun:
         self.error: OmniError | None = None
         self.done: DoneEvent | None = None
         self.output_tokens = 0
+        # The answer's token (1-based) with which its first text came: 1, unless its first tokens
+        # were bytes of a character not yet whole (held back until it is, or is known broken).
+        self.first_text_token: int | None = None
         self.session: Session | None = None
         self.replicas: dict[str, str] = {}
         self.last_audio_sent: float | None = None
@@ -240,7 +243,7 @@ class ResponseRun:
                             await self._piece(piece, text_kind)
                     elif event.delta:
                         self.item.text += event.delta
-                        await self._emit(text_kind, owner=True, delta=event.delta, **self._where())
+                        await self._text(text_kind, event.delta)
                 elif isinstance(event, AudioEvent):
                     pcm = converter.convert(event.audio, event.sample_rate)
                     if not pcm:
@@ -272,7 +275,12 @@ class ResponseRun:
             if not self.message_open:
                 await self._open_message()
             self.item.text += piece.text
-            await self._emit(text_kind, owner=True, delta=piece.text, **self._where())
+            await self._text(text_kind, piece.text)
+
+    async def _text(self, text_kind: str, delta: str) -> None:
+        if self.first_text_token is None:
+            self.first_text_token = self.output_tokens
+        await self._emit(text_kind, owner=True, delta=delta, **self._where())
 
     async def _finish(self, status: str) -> None:
         self.status = status
@@ -350,6 +358,7 @@ class ResponseRun:
         audio."""
         out: dict[str, Any] = {
             "ttft_ms": None,
+            "first_text_token": self.first_text_token,  # ttft_ms is the first token's, text or not
             "ttfa_ms": None,
             "rtf": None,
             "replicas": {stage: self.replicas.get(stage) for stage in STAGES},

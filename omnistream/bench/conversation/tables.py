@@ -23,11 +23,14 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
     """Markdown: the chosen turns (and the last), cache on beside cache off."""
     count = max([r["turn"] for r in [*on, *off]], default=0)
     turns = sorted({t for t in shown if t <= count} | ({count} if count else set()))
-    gateway = any(r.get("gateway_ttft_ms") is not None for r in on)  # realtime: the gateway's own TTFT
+    # Realtime: the gateway's own TTFT (to the first token, text or not) and the token that brought
+    # the first text (the client's TTFT waits for it).
+    gateway = any(r.get("gateway_ttft_ms") is not None for r in on)
     lines = [
         "| turn | TTFT on ms | TTFT off ms | TTFP on ms | TTFP off ms | input tokens | cached on | "
-        "cached share on | cached off |" + (" gateway TTFT on ms |" if gateway else ""),
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if gateway else ""),
+        "cached share on | cached off |"
+        + (" gateway TTFT on ms | first text at token on |" if gateway else ""),
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gateway else ""),
     ]
     for t in turns:
         a, b = row_of_turn(on, t) or {}, row_of_turn(off, t) or {}
@@ -36,7 +39,11 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
             f"{_num(b.get('ttfp_ms'))} | {_num(a.get('input_tokens') or b.get('input_tokens'), '{:.0f}')} | "
             f"{_num(a.get('cached_tokens'), '{:.0f}')} | {_pct(a.get('cached_share'))} | "
             f"{_num(b.get('cached_tokens'), '{:.0f}')} |"
-            + (f" {_num(a.get('gateway_ttft_ms'))} |" if gateway else "")
+            + (
+                f" {_num(a.get('gateway_ttft_ms'))} | {_num(a.get('first_text_token'), '{:g}')} |"
+                if gateway
+                else ""
+            )
         )
     return "\n".join(lines)
 

@@ -62,6 +62,8 @@ class Turn:
     audio_seconds: float = 0.0
     error: str = ""
     gateway_ttft_ms: float | None = None  # realtime: as the gateway measured it (response.omnistream)
+    # realtime: the answer's token that brought its first text (1 unless bytes of a character came first)
+    first_text_token: int | None = None
 
     @property
     def cached_share(self) -> float | None:
@@ -208,7 +210,8 @@ def realtime_turn_from_events(turn: int, start: float, events: list[tuple[float,
         elif kind == "response.done":
             out.e2e_ms = _ms(start, at)
             response = event["response"]
-            out.gateway_ttft_ms = (response.get("omnistream") or {}).get("ttft_ms")
+            extra = response.get("omnistream") or {}
+            out.gateway_ttft_ms, out.first_text_token = extra.get("ttft_ms"), extra.get("first_text_token")
             usage = response.get("usage") or {}
             out.input_tokens = usage.get("input_tokens")
             out.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")

@@ -17,10 +17,24 @@ def test_the_turn_table_shows_the_chosen_turns_and_the_last():
     assert lines[3].split("|")[2].strip() == "2.0" and lines[3].split("|")[3].strip() == "4.0"
     assert "90%" in lines[3] and "gateway" not in lines[0]  # REST turns: no gateway column
     spoken = merge_turns(
-        [[{**row, "gateway_ttft_ms": row["ttft_ms"] / 2} for row in turn_rows([4.0, 6.0, 8.0])]]
+        [
+            [
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 2}
+                for row in turn_rows([4.0, 6.0, 8.0])
+            ],
+            [
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 1}
+                for row in turn_rows([4.0, 6.0, 8.0])
+            ],
+            [
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 1}
+                for row in turn_rows([4.0, 6.0, 8.0])
+            ],
+        ]
     )
     lines = turn_table(spoken, off).splitlines()
-    assert lines[0].endswith("gateway TTFT on ms |") and lines[3].split("|")[-2].strip() == "3.0"
+    assert lines[0].endswith("gateway TTFT on ms | first text at token on |")
+    assert lines[3].split("|")[-3].strip() == "3.0" and lines[3].split("|")[-2].strip() == "1"  # medians
 
 
 def test_the_report_has_every_workload_and_every_target():

@@ -1,5 +1,6 @@
 """A response stopped before its task first ran still ends with response.done (status cancelled);
-response.done's omnistream fields carry what the listener heard of the turn."""
+response.done's omnistream fields carry what the listener heard of the turn and which token brought
+its first text."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from gateway.realtime.session import Item
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.session import Session, Timings
 from omnistream.audio.listener import AudioArrival
-from omnistream.request.generation import GenerationRequest
+from omnistream.request.generation import DoneEvent, GenerationRequest, TextEvent
 
 
 class _NoCore:
@@ -94,3 +95,30 @@ def test_a_turn_without_audio_has_no_listener_numbers():
     for session in (None, _session(Timings(0.0, first_text=0.5))):
         extra = _response(session).timings()
         assert all(extra[k] is None for k in ("stalls", "stall_ms", "underrun_ms", "continuity_ok"))
+
+
+class _Said:
+    """A session whose answer comes as these text events, then ends."""
+
+    def __init__(self, *deltas: tuple[list[int], str]) -> None:
+        self.deltas = deltas
+        self.replica_addresses: dict[str, str] = {}
+
+    async def events(self):
+        for ids, delta in self.deltas:
+            yield TextEvent(ids, delta)
+        output = [i for ids, _ in self.deltas for i in ids]
+        yield DoneEvent([1, 2], output, "length", 0, 0, 0.01, None, 0.02)
+
+
+def test_response_done_says_which_token_brought_the_first_text():
+    async def first_text_token(session: _Said) -> int | None:
+        response = _response(None)
+        await response._deltas(session)  # type: ignore[arg-type]
+        return response.timings()["first_text_token"]
+
+    # A byte of an unfinished character says nothing until the next token completes (or breaks) it.
+    held = _Said(([244], ""), ([449], "\ufffd one"), ([12], " two"))
+    assert asyncio.run(first_text_token(held)) == 2
+    assert asyncio.run(first_text_token(_Said(([5], "Hi"), ([6], " there")))) == 1
+    assert asyncio.run(first_text_token(_Said(([7, 8], ""), ([9], "")))) is None  # no text at all
