@@ -80,9 +80,10 @@ class ResponseRun:
         self.error: OmniError | None = None
         self.done: DoneEvent | None = None
         self.output_tokens = 0
-        # The answer's token (1-based) with which its first text came: 1, unless its first tokens
-        # were bytes of a character not yet whole (held back until it is, or is known broken).
-        self.first_text_token: int | None = None
+        # How many of the answer's tokens had come when its first text did: 1, unless its first
+        # tokens were bytes of a character not yet whole (held back until it is, or is known
+        # broken) or the thinker's first chunk carried several (its loop was late to send the first).
+        self.tokens_at_first_text: int | None = None
         self.session: Session | None = None
         self.replicas: dict[str, str] = {}
         self.last_audio_sent: float | None = None
@@ -278,8 +279,8 @@ class ResponseRun:
             await self._text(text_kind, piece.text)
 
     async def _text(self, text_kind: str, delta: str) -> None:
-        if self.first_text_token is None:
-            self.first_text_token = self.output_tokens
+        if self.tokens_at_first_text is None:
+            self.tokens_at_first_text = self.output_tokens
         await self._emit(text_kind, owner=True, delta=delta, **self._where())
 
     async def _finish(self, status: str) -> None:
@@ -358,7 +359,7 @@ class ResponseRun:
         audio."""
         out: dict[str, Any] = {
             "ttft_ms": None,
-            "first_text_token": self.first_text_token,  # ttft_ms is the first token's, text or not
+            "tokens_at_first_text": self.tokens_at_first_text,  # ttft_ms: to the first token, text or not
             "ttfa_ms": None,
             "rtf": None,
             "replicas": {stage: self.replicas.get(stage) for stage in STAGES},

@@ -35,7 +35,7 @@ def merge_turns(runs: Sequence[Sequence[Row]]) -> list[Row]:
             "ttfp_ms",
             "e2e_ms",
             "gateway_ttft_ms",
-            "first_text_token",
+            "tokens_at_first_text",
             "input_tokens",
             "cached_tokens",
             "cached_share",

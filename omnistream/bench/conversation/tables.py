@@ -29,7 +29,7 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
     lines = [
         "| turn | TTFT on ms | TTFT off ms | TTFP on ms | TTFP off ms | input tokens | cached on | "
         "cached share on | cached off |"
-        + (" gateway TTFT on ms | first text at token on |" if gateway else ""),
+        + (" gateway TTFT on ms | tokens at first text on |" if gateway else ""),
         "|---:|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if gateway else ""),
     ]
     for t in turns:
@@ -40,7 +40,7 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
             f"{_num(a.get('cached_tokens'), '{:.0f}')} | {_pct(a.get('cached_share'))} | "
             f"{_num(b.get('cached_tokens'), '{:.0f}')} |"
             + (
-                f" {_num(a.get('gateway_ttft_ms'))} | {_num(a.get('first_text_token'), '{:g}')} |"
+                f" {_num(a.get('gateway_ttft_ms'))} | {_num(a.get('tokens_at_first_text'), '{:g}')} |"
                 if gateway
                 else ""
             )

@@ -62,8 +62,9 @@ class Turn:
     audio_seconds: float = 0.0
     error: str = ""
     gateway_ttft_ms: float | None = None  # realtime: as the gateway measured it (response.omnistream)
-    # realtime: the answer's token that brought its first text (1 unless bytes of a character came first)
-    first_text_token: int | None = None
+    # realtime: the answer's tokens come when its first text did (response.omnistream: 1 unless the
+    # first were bytes of an unfinished character or came in one chunk; the client's TTFT waits for them)
+    tokens_at_first_text: int | None = None
 
     @property
     def cached_share(self) -> float | None:
@@ -211,7 +212,10 @@ def realtime_turn_from_events(turn: int, start: float, events: list[tuple[float,
             out.e2e_ms = _ms(start, at)
             response = event["response"]
             extra = response.get("omnistream") or {}
-            out.gateway_ttft_ms, out.first_text_token = extra.get("ttft_ms"), extra.get("first_text_token")
+            out.gateway_ttft_ms, out.tokens_at_first_text = (
+                extra.get("ttft_ms"),
+                extra.get("tokens_at_first_text"),
+            )
             usage = response.get("usage") or {}
             out.input_tokens = usage.get("input_tokens")
             out.cached_tokens = (usage.get("input_token_details") or {}).get("cached_tokens")

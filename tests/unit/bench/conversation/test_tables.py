@@ -19,21 +19,21 @@ def test_the_turn_table_shows_the_chosen_turns_and_the_last():
     spoken = merge_turns(
         [
             [
-                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 2}
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "tokens_at_first_text": 2}
                 for row in turn_rows([4.0, 6.0, 8.0])
             ],
             [
-                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 1}
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "tokens_at_first_text": 1}
                 for row in turn_rows([4.0, 6.0, 8.0])
             ],
             [
-                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "first_text_token": 1}
+                {**row, "gateway_ttft_ms": row["ttft_ms"] / 2, "tokens_at_first_text": 1}
                 for row in turn_rows([4.0, 6.0, 8.0])
             ],
         ]
     )
     lines = turn_table(spoken, off).splitlines()
-    assert lines[0].endswith("gateway TTFT on ms | first text at token on |")
+    assert lines[0].endswith("gateway TTFT on ms | tokens at first text on |")
     assert lines[3].split("|")[-3].strip() == "3.0" and lines[3].split("|")[-2].strip() == "1"  # medians
 
 

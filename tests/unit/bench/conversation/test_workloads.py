@@ -53,7 +53,7 @@ def test_a_realtime_turn_is_read_from_its_events():
                     "status_details": {"type": "incomplete", "reason": "max_output_tokens"},
                     "usage": {"input_tokens": 300, "output_tokens": 16,
                               "input_token_details": {"cached_tokens": 270}},
-                    "omnistream": {"ttft_ms": 12.5, "first_text_token": 2},
+                    "omnistream": {"ttft_ms": 12.5, "tokens_at_first_text": 2},
                 },
             },
         ),
@@ -63,7 +63,7 @@ def test_a_realtime_turn_is_read_from_its_events():
     assert turn.e2e_ms == pytest.approx(300.0) and turn.audio_seconds == pytest.approx(0.2)
     assert (turn.input_tokens, turn.cached_tokens, turn.output_tokens) == (300, 270, 16)
     assert turn.cached_share == 0.9 and turn.error == "" and turn.gateway_ttft_ms == 12.5
-    assert turn.first_text_token == 2
+    assert turn.tokens_at_first_text == 2
     failed = [(0.1, {"type": "response.done", "response": {"status": "failed", "status_details": None}})]
     assert "failed" in realtime_turn_from_events(1, 0.0, failed, 24_000).error
 

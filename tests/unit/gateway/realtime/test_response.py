@@ -1,6 +1,6 @@
 """A response stopped before its task first ran still ends with response.done (status cancelled);
-response.done's omnistream fields carry what the listener heard of the turn and which token brought
-its first text."""
+response.done's omnistream fields carry what the listener heard of the turn and how many tokens had
+come when its first text did."""
 
 from __future__ import annotations
 
@@ -111,14 +111,15 @@ class _Said:
         yield DoneEvent([1, 2], output, "length", 0, 0, 0.01, None, 0.02)
 
 
-def test_response_done_says_which_token_brought_the_first_text():
-    async def first_text_token(session: _Said) -> int | None:
+def test_response_done_counts_the_tokens_that_came_before_and_with_the_first_text():
+    async def tokens_at_first_text(session: _Said) -> int | None:
         response = _response(None)
         await response._deltas(session)  # type: ignore[arg-type]
-        return response.timings()["first_text_token"]
+        return response.timings()["tokens_at_first_text"]
 
     # A byte of an unfinished character says nothing until the next token completes (or breaks) it.
     held = _Said(([244], ""), ([449], "\ufffd one"), ([12], " two"))
-    assert asyncio.run(first_text_token(held)) == 2
-    assert asyncio.run(first_text_token(_Said(([5], "Hi"), ([6], " there")))) == 1
-    assert asyncio.run(first_text_token(_Said(([7, 8], ""), ([9], "")))) is None  # no text at all
+    assert asyncio.run(tokens_at_first_text(held)) == 2
+    assert asyncio.run(tokens_at_first_text(_Said(([5], "Hi"), ([6], " there")))) == 1
+    assert asyncio.run(tokens_at_first_text(_Said(([5, 6], "Hi there")))) == 2  # one chunk of two
+    assert asyncio.run(tokens_at_first_text(_Said(([7, 8], ""), ([9], "")))) is None  # no text at all
