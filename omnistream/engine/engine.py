@@ -345,6 +345,11 @@ class Engine(Generic[S, W]):
                     listener(self, elapsed)
                 except Exception:  # a metrics hook must never end the engine thread
                     log.exception("%s step listener %r failed", self.name, listener)
+            # Let go of the GIL once a step, so that the event loop, woken for what the step put out,
+            # sends it now. Without it the loop thread waited for the next step to let go: a
+            # thinker's first chunk left with its second to fourth token, 3-10 ms late, in ~1 of 7
+            # spoken turns (docs/benchmarks.md, "The first token leaves at once").
+            time.sleep(0)
 
     def _poison(self, error: BaseException) -> None:
         """The device is unusable (engine thread): fail every request with an explicit error, stop

@@ -92,3 +92,40 @@ def test_a_failing_step_listener_does_not_end_the_engine_thread():
     finally:
         engine.stop()
     assert len(calls) >= 3
+
+
+def test_the_engine_thread_lets_go_of_the_gil_after_every_step(monkeypatch):
+    # What a step put out is sent by the event loop's thread, which needs the GIL: the engine lets go
+    # of it once a step (a zero sleep), before it plans the next, so that a first token does not wait
+    # for the second (docs/benchmarks.md, "The first token leaves at once").
+    import omnistream.engine.engine as engine_module
+
+    seen: list[str] = []
+    real_sleep = engine_module.time.sleep
+
+    def sleep(seconds: float) -> None:
+        if seconds == 0:
+            seen.append("let go")
+        real_sleep(seconds)
+
+    class Recorded(_Counter):
+        def _run(self, work) -> None:
+            seen.append("step")
+            super()._run(work)
+
+    monkeypatch.setattr(engine_module.time, "sleep", sleep)
+    engine = Recorded(max_requests=1)
+
+    async def run() -> list[int]:
+        state = RequestState("r", engine.new_output())
+        engine.admit(state)
+        engine.start()
+        return [item async for item in state.output]
+
+    try:
+        assert asyncio.run(asyncio.wait_for(run(), 30)) == [1, 2, 3]
+    finally:
+        engine.stop()
+    steps = [i for i, what in enumerate(seen) if what == "step"]
+    assert len(steps) == 3
+    assert all(seen[i + 1] == "let go" for i in steps), seen
