@@ -87,7 +87,6 @@ class Engine(Generic[S, W]):
         self._requests: dict[str, S] = {}
         self._released: list[S] = []
         self._stopping = False
-        self._first_out = False  # a request's first output was queued this step (see `_loop`)
         self._thread: threading.Thread | None = None
         self.stats = EngineStats()
         self._step_listeners: list[StepListener] = []
@@ -133,16 +132,7 @@ class Engine(Generic[S, W]):
 
     def new_output(self) -> OutputStream[Any]:
         """A request's output channel on the running event loop; consuming from it wakes the engine."""
-        return OutputStream(
-            asyncio.get_running_loop(),
-            self.output_capacity,
-            on_consume=self.wake,
-            on_first_put=self._first_put,
-        )
-
-    def _first_put(self) -> None:
-        """A request's first output was queued (engine thread): see `_loop`."""
-        self._first_out = True
+        return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
 
     def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now; its KV slot is released before the next step.
@@ -355,16 +345,11 @@ class Engine(Generic[S, W]):
                     listener(self, elapsed)
                 except Exception:  # a metrics hook must never end the engine thread
                     log.exception("%s step listener %r failed", self.name, listener)
-            # After a step that put out a request's first output, let go of the GIL (a zero sleep),
-            # so the event loop, woken for it, sends it now: otherwise the loop thread waited for
-            # the next step to let go, and a thinker's first chunk left with its second to fourth
-            # token, 3-10 ms late, in ~1 of 7 spoken turns (the talker's and code2wav's first
-            # chunks likewise). Later outputs may go a few steps together, as before: at
-            # concurrency 10 a message per step and request cost the thinker's text pace
-            # (docs/benchmarks.md, "The first token leaves at once").
-            if self._first_out:
-                self._first_out = False
-                time.sleep(0)
+            # Let go of the GIL once a step, so that the event loop, woken for what the step put out,
+            # sends it now. Without it the loop thread waited for the next step to let go: a
+            # thinker's first chunk left with its second to fourth token, 3-10 ms late, in ~1 of 7
+            # spoken turns (docs/benchmarks.md, "The first token leaves at once").
+            time.sleep(0)
 
     def _poison(self, error: BaseException) -> None:
         """The device is unusable (engine thread): fail every request with an explicit error, stop
