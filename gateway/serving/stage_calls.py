@@ -26,6 +26,8 @@ from omnistream.request.stage_chain import TALKER, stage_opens, stages_for
 from omnistream.service.server import (
     ERROR_FIELD_METADATA_KEY,
     ERROR_KIND_METADATA_KEY,
+    OPEN_ACCEPTED,
+    OPEN_METADATA_KEY,
     STAGE_ORIGIN,
     STATUS_ORIGIN_METADATA_KEY,
     client_channel_options,
@@ -62,6 +64,11 @@ class StageStubs:
 # What gRPC reports when the link broke and no status came from the stage: UNAVAILABLE (reset, peer
 # gone, keepalive timeout), INTERNAL "Internal error from Core" (the transport broke under a read or
 # write, grpc/grpc#36066), UNKNOWN or CANCELLED (an RST_STREAM the stage's code never sent).
+# A stage's initial metadata without the acceptance mark: its call is checked this often for the
+# status of a refusal before it counts as accepted (50 ms, once per call, only for a stage that
+# predates the mark).
+UNMARKED_OPEN_CHECKS = 10
+UNMARKED_OPEN_CHECK_S = 0.005
 _codes = grpc.StatusCode
 LINK_FAILURE_CODES = frozenset({_codes.UNAVAILABLE, _codes.INTERNAL, _codes.UNKNOWN, _codes.CANCELLED})
 
@@ -148,10 +155,18 @@ async def run_stages(
             await body()
 
     async def accepted(stage: str, call) -> None:
-        """Wait for the stage to accept its open message (initial metadata) or to refuse it."""
-        await call.initial_metadata()
-        if call.done():
-            raise stage_error(stage, await call.code(), await call.details(), await call.trailing_metadata())
+        """Wait for the stage to accept its open message (initial metadata that says so) or to
+        refuse it (a status: gRPC answers the wait for initial metadata with an empty set first)."""
+        metadata = await call.initial_metadata()
+        if metadata.get(OPEN_METADATA_KEY) != OPEN_ACCEPTED:
+            # A refusal (its status follows the empty initial metadata at once), or a stage from
+            # before the mark (omnistream 0.1 during a rollout), which accepts without saying so.
+            for _ in range(UNMARKED_OPEN_CHECKS):
+                if call.done():
+                    raise stage_error(
+                        stage, await call.code(), await call.details(), await call.trailing_metadata()
+                    )
+                await asyncio.sleep(UNMARKED_OPEN_CHECK_S)
         accepted_by[stage].set()
 
     async def all_accepted() -> None:

@@ -45,6 +45,12 @@ ERROR_FIELD_METADATA_KEY = "omni-error-field"
 STATUS_ORIGIN_METADATA_KEY = "omni-status-origin"
 STAGE_ORIGIN = "stage"
 GATEWAY_ORIGIN = "gateway"
+# The initial metadata a stage sends once it accepted a stream's open message. A stage that refuses
+# sends none: gRPC then answers the caller's wait for initial metadata with an empty set, which
+# alone does not tell a refusal from an acceptance (its status may come a moment later).
+OPEN_METADATA_KEY = "omni-open"
+OPEN_ACCEPTED = "accepted"
+OPEN_ACCEPTED_METADATA = ((OPEN_METADATA_KEY, OPEN_ACCEPTED),)
 
 ChannelOptions = list[tuple[str, int | str]]
 

@@ -22,6 +22,7 @@ from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Unavailable
 from omnistream.service.metrics import StageMetrics
 from omnistream.service.server import (
+    OPEN_ACCEPTED_METADATA,
     abort_with,
 )
 from omnistream.service.speed import SpeedMeter
@@ -218,7 +219,7 @@ class StageServicer:
             span.admitted(admitted.request_id, self.engine.counts)
             # Initial metadata tells the caller the open was accepted (before any output exists), so
             # a gateway learns of a refused or unreachable stage before it streams to its client.
-            await context.send_initial_metadata(())
+            await context.send_initial_metadata(OPEN_ACCEPTED_METADATA)
             output_done = asyncio.Event()
             pump_task = asyncio.ensure_future(self._pump(requests, admitted, output_done, context))
             async for chunk in admitted.chunks:

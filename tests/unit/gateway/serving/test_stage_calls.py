@@ -18,6 +18,7 @@ from omnistream.request.errors import InternalError, InvalidRequest, OmniError, 
 from omnistream.request.generation import DoneEvent, GenerationRequest, TextEvent
 from omnistream.service.server import (
     ERROR_KIND_METADATA_KEY,
+    OPEN_ACCEPTED_METADATA,
     STAGE_ORIGIN,
     STATUS_ORIGIN_METADATA_KEY,
     abort_with,
@@ -182,10 +183,12 @@ class _Opened:
     """Three stages on one loopback server that see in which order a request opens them: the
     thinker notes its open and sends one finished chunk; the talker accepts only once the thinker
     has sent it (`refuse`: it refuses then instead); code2wav accepts at once. A gateway that
-    waited for the talker before opening the thinker would never see the talker accept."""
+    waited for the talker before opening the thinker would never see the talker accept. `mark`: the
+    initial metadata that says a stage accepted (() as a stage from before the mark sends)."""
 
-    def __init__(self, refuse: bool = False) -> None:
+    def __init__(self, refuse: bool = False, mark: tuple = OPEN_ACCEPTED_METADATA) -> None:
         self.refuse = refuse
+        mark_of_acceptance = mark
         self.chunk_sent = asyncio.Event()
         self.talker_inputs: list[stage_pb2.TalkerRequest] = []
         stages = self
@@ -193,7 +196,7 @@ class _Opened:
         class Thinker(stage_pb2_grpc.ThinkerServiceServicer):
             async def Stream(self, request_iterator, context):
                 await anext(request_iterator)
-                await context.send_initial_metadata(())
+                await context.send_initial_metadata(mark_of_acceptance)
                 yield stage_pb2.ThinkerChunk(token_ids=[7], text_delta="hi", finished=True)
                 stages.chunk_sent.set()
 
@@ -203,7 +206,7 @@ class _Opened:
                 await asyncio.wait_for(stages.chunk_sent.wait(), 10)
                 if stages.refuse:
                     await abort_with(context, InvalidRequest("the talker refuses this request"))
-                await context.send_initial_metadata(())
+                await context.send_initial_metadata(mark_of_acceptance)
                 async for message in request_iterator:
                     stages.talker_inputs.append(message)
                 return
@@ -212,7 +215,7 @@ class _Opened:
         class Code2Wav(stage_pb2_grpc.Code2WavServiceServicer):
             async def Stream(self, request_iterator, context):
                 await anext(request_iterator)
-                await context.send_initial_metadata(())
+                await context.send_initial_metadata(mark_of_acceptance)
                 async for _ in request_iterator:
                     pass
                 return
@@ -260,3 +263,10 @@ async def test_an_audio_stage_that_refuses_fails_the_request_before_any_event_re
     emitted, error = await _Opened(refuse=True).run()
     assert isinstance(error, OmniError) and (error.kind, error.stage) == ("invalid_request", "talker")
     assert "refuses" in error.message and emitted == []
+
+
+async def test_a_stage_from_before_the_acceptance_mark_is_accepted_without_it():
+    stages = _Opened(mark=())
+    emitted, done = await stages.run()
+    assert isinstance(done, DoneEvent) and [type(e) for e in emitted] == [TextEvent]
+    assert [m.input.token_ids[:] for m in stages.talker_inputs] == [[7]]
