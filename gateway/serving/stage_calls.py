@@ -64,13 +64,13 @@ class StageStubs:
 # What gRPC reports when the link broke and no status came from the stage: UNAVAILABLE (reset, peer
 # gone, keepalive timeout), INTERNAL "Internal error from Core" (the transport broke under a read or
 # write, grpc/grpc#36066), UNKNOWN or CANCELLED (an RST_STREAM the stage's code never sent).
+_codes = grpc.StatusCode
+LINK_FAILURE_CODES = frozenset({_codes.UNAVAILABLE, _codes.INTERNAL, _codes.UNKNOWN, _codes.CANCELLED})
 # A stage's initial metadata without the acceptance mark: its call is checked this often for the
 # status of a refusal before it counts as accepted (50 ms, once per call, only for a stage that
 # predates the mark).
 UNMARKED_OPEN_CHECKS = 10
 UNMARKED_OPEN_CHECK_S = 0.005
-_codes = grpc.StatusCode
-LINK_FAILURE_CODES = frozenset({_codes.UNAVAILABLE, _codes.INTERNAL, _codes.UNKNOWN, _codes.CANCELLED})
 
 
 def stage_error(

@@ -23,8 +23,8 @@ def turn_table(on: Sequence[Row], off: Sequence[Row], shown: Sequence[int] = SHO
     """Markdown: the chosen turns (and the last), cache on beside cache off."""
     count = max([r["turn"] for r in [*on, *off]], default=0)
     turns = sorted({t for t in shown if t <= count} | ({count} if count else set()))
-    # Realtime: the gateway's own TTFT (to the first token, text or not) and the token that brought
-    # the first text (the client's TTFT waits for it).
+    # Realtime: the gateway's own TTFT (to the first token, text or not) and how many tokens had come
+    # when the first text did (the client's TTFT waits for them).
     gateway = any(r.get("gateway_ttft_ms") is not None for r in on)
     lines = [
         "| turn | TTFT on ms | TTFT off ms | TTFP on ms | TTFP off ms | input tokens | cached on | "

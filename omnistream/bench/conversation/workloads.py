@@ -62,8 +62,8 @@ class Turn:
     audio_seconds: float = 0.0
     error: str = ""
     gateway_ttft_ms: float | None = None  # realtime: as the gateway measured it (response.omnistream)
-    # realtime: the answer's tokens come when its first text did (response.omnistream: 1 unless the
-    # first were bytes of an unfinished character or came in one chunk; the client's TTFT waits for them)
+    # realtime: how many of the answer's tokens had come when its first text did (response.omnistream:
+    # 1 unless the first were bytes of an unfinished character or came in one chunk)
     tokens_at_first_text: int | None = None
 
     @property

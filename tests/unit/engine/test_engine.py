@@ -71,6 +71,21 @@ class _Counter(Engine):
                 self.finish(state)
 
 
+def _one_request_to_its_end(engine: Engine) -> list:
+    """Start `engine` with one request, collect its outputs to the end, stop the engine."""
+
+    async def run() -> list:
+        state = RequestState("r", engine.new_output())
+        engine.admit(state)
+        engine.start()
+        return [item async for item in state.output]
+
+    try:
+        return asyncio.run(asyncio.wait_for(run(), 30))
+    finally:
+        engine.stop()
+
+
 def test_a_failing_step_listener_does_not_end_the_engine_thread():
     engine = _Counter(max_requests=2)
     calls: list[int] = []
@@ -81,16 +96,7 @@ def test_a_failing_step_listener_does_not_end_the_engine_thread():
 
     engine.add_step_listener(broken)
 
-    async def run() -> list[int]:
-        state = RequestState("r", engine.new_output())
-        engine.admit(state)
-        engine.start()
-        return [item async for item in state.output]
-
-    try:
-        assert asyncio.run(asyncio.wait_for(run(), 30)) == [1, 2, 3]
-    finally:
-        engine.stop()
+    assert _one_request_to_its_end(engine) == [1, 2, 3]
     assert len(calls) >= 3
 
 
@@ -116,16 +122,7 @@ def test_the_engine_thread_lets_go_of_the_gil_after_every_step(monkeypatch):
     monkeypatch.setattr(engine_module.time, "sleep", sleep)
     engine = Recorded(max_requests=1)
 
-    async def run() -> list[int]:
-        state = RequestState("r", engine.new_output())
-        engine.admit(state)
-        engine.start()
-        return [item async for item in state.output]
-
-    try:
-        assert asyncio.run(asyncio.wait_for(run(), 30)) == [1, 2, 3]
-    finally:
-        engine.stop()
+    assert _one_request_to_its_end(engine) == [1, 2, 3]
     steps = [i for i, what in enumerate(seen) if what == "step"]
     assert len(steps) == 3
     assert all(seen[i + 1] == "let go" for i in steps), seen
