@@ -79,6 +79,9 @@ class Engine(Generic[S, W]):
     # An engine with prefix caching sets its cache here (omnistream/engine/prefix_cache.py): the
     # scopes that end are released on the engine thread, between steps.
     prefix_cache: PrefixCache | None = None
+    # Let the event loop have the GIL after every step (see `_loop`), or only after a step that
+    # called `hand_off` (a request's first output, or what the subclass says the client waits for).
+    hand_off_every_step = True
 
     def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
         self.max_requests = max_requests
@@ -87,6 +90,7 @@ class Engine(Generic[S, W]):
         self._requests: dict[str, S] = {}
         self._released: list[S] = []
         self._stopping = False
+        self._hand_off_due = False
         self._thread: threading.Thread | None = None
         self.stats = EngineStats()
         self._step_listeners: list[StepListener] = []
@@ -132,7 +136,14 @@ class Engine(Generic[S, W]):
 
     def new_output(self) -> OutputStream[Any]:
         """A request's output channel on the running event loop; consuming from it wakes the engine."""
-        return OutputStream(asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake)
+        return OutputStream(
+            asyncio.get_running_loop(), self.output_capacity, on_consume=self.wake, on_first_put=self.hand_off
+        )
+
+    def hand_off(self) -> None:
+        """Let the event loop have the GIL once this step ends (engine thread): what the step put out
+        leaves at once, not with the next steps' outputs."""
+        self._hand_off_due = True
 
     def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
         """Forget the request now; its KV slot is released before the next step.
@@ -345,11 +356,14 @@ class Engine(Generic[S, W]):
                     listener(self, elapsed)
                 except Exception:  # a metrics hook must never end the engine thread
                     log.exception("%s step listener %r failed", self.name, listener)
-            # Let go of the GIL once a step, so that the event loop, woken for what the step put out,
-            # sends it now. Without it the loop thread waited for the next step to let go: a
+            # Let go of the GIL (a zero sleep), so that the event loop, woken for what the step put
+            # out, sends it now. Without it the loop thread waited for the next step to let go: a
             # thinker's first chunk left with its second to fourth token, 3-10 ms late, in ~1 of 7
-            # spoken turns (docs/benchmarks.md, "The first token leaves at once").
-            time.sleep(0)
+            # spoken turns (docs/benchmarks.md, "The first token leaves at once"). An engine whose
+            # later outputs may go a few steps together (the thinker's text) does it only when asked.
+            if self.hand_off_every_step or self._hand_off_due:
+                self._hand_off_due = False
+                time.sleep(0)
 
     def _poison(self, error: BaseException) -> None:
         """The device is unusable (engine thread): fail every request with an explicit error, stop

@@ -25,8 +25,14 @@ class OutputStream(Generic[T]):
     """
 
     def __init__(
-        self, loop: asyncio.AbstractEventLoop, capacity: int, on_consume: Callable[[], None] | None = None
+        self,
+        loop: asyncio.AbstractEventLoop,
+        capacity: int,
+        on_consume: Callable[[], None] | None = None,
+        on_first_put: Callable[[], None] | None = None,
     ) -> None:
+        """`on_consume`: called on the loop when items are taken; `on_first_put`: on the producer's
+        thread, after the first item is queued (the engine then lets the loop send it at once)."""
         self._loop = loop
         self._capacity = capacity
         self._items: deque[T] = deque()
@@ -35,6 +41,8 @@ class OutputStream(Generic[T]):
         self._error: BaseException | None = None
         self._closed = False
         self._on_consume = on_consume
+        self._on_first_put = on_first_put
+        self._put_any = False
 
     def queued(self) -> list[T]:
         """The items put and not yet taken, oldest first (a snapshot; nothing is consumed)."""
@@ -52,7 +60,10 @@ class OutputStream(Generic[T]):
     def put(self, item: T) -> None:
         with self._lock:
             self._items.append(item)
+            first, self._put_any = not self._put_any, True
         self._notify()
+        if first and self._on_first_put is not None:
+            self._on_first_put()
 
     def fail(self, error: BaseException) -> None:
         with self._lock:

@@ -100,10 +100,8 @@ def test_a_failing_step_listener_does_not_end_the_engine_thread():
     assert len(calls) >= 3
 
 
-def test_the_engine_thread_lets_go_of_the_gil_after_every_step(monkeypatch):
-    # What a step put out is sent by the event loop's thread, which needs the GIL: the engine lets go
-    # of it once a step (a zero sleep), before it plans the next, so that a first token does not wait
-    # for the second (docs/benchmarks.md, "The first token leaves at once").
+def _steps_and_hand_offs(monkeypatch, engine_class: type[_Counter]) -> list[str]:
+    """Run one request through `engine_class` on its thread: "step" per step, "let go" per zero sleep."""
     import omnistream.engine.engine as engine_module
 
     seen: list[str] = []
@@ -114,15 +112,41 @@ def test_the_engine_thread_lets_go_of_the_gil_after_every_step(monkeypatch):
             seen.append("let go")
         real_sleep(seconds)
 
-    class Recorded(_Counter):
+    class Recorded(engine_class):  # type: ignore[misc, valid-type]
         def _run(self, work) -> None:
             seen.append("step")
             super()._run(work)
 
     monkeypatch.setattr(engine_module.time, "sleep", sleep)
-    engine = Recorded(max_requests=1)
+    assert _one_request_to_its_end(Recorded(max_requests=1)) == [1, 2, 3]
+    return seen
 
-    assert _one_request_to_its_end(engine) == [1, 2, 3]
+
+def _let_go_after(seen: list[str]) -> list[bool]:
+    """For each step, whether the engine let go of the GIL before the next step began."""
     steps = [i for i, what in enumerate(seen) if what == "step"]
-    assert len(steps) == 3
-    assert all(seen[i + 1] == "let go" for i in steps), seen
+    return [seen[i + 1 : i + 2] == ["let go"] for i in steps]
+
+
+def test_the_engine_thread_lets_go_of_the_gil_after_every_step(monkeypatch):
+    # What a step put out is sent by the event loop's thread, which needs the GIL: the engine lets go
+    # of it once a step (a zero sleep), before it plans the next, so that a first token does not wait
+    # for the second (docs/benchmarks.md, "The first token leaves at once").
+    seen = _steps_and_hand_offs(monkeypatch, _Counter)
+    assert _let_go_after(seen) == [True, True, True], seen
+
+
+def test_an_engine_that_hands_off_when_asked_lets_go_after_a_first_output_and_when_asked(monkeypatch):
+    # The thinker's text may leave a few steps together (at concurrency 10 a message a step and
+    # request cost its pace); a request's first output still leaves at once, and so does what the
+    # engine says a client waits for (`hand_off`).
+    class WhenAsked(_Counter):
+        hand_off_every_step = False
+
+        def _run(self, work) -> None:
+            super()._run(work)
+            if any(s.sent == 3 for s in work):
+                self.hand_off()
+
+    seen = _steps_and_hand_offs(monkeypatch, WhenAsked)
+    assert _let_go_after(seen) == [True, False, True], seen

@@ -70,6 +70,10 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
     a prompt's prefill pieces are its `prefill` part's."""
 
     name = "thinker"
+    # Its text runs far ahead of the talker: after a request's first token and its first text, its
+    # tokens may leave a few steps together (a message a step and request at concurrency 10 cost
+    # the text pace), while the first text a client waits for leaves at once.
+    hand_off_every_step = False
 
     def __init__(
         self,
@@ -444,6 +448,9 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         delta = detok.add(token)
         if finished:
             delta += detok.flush()
+        if (delta and not state.text_out) or finished:
+            state.text_out = True
+            self.hand_off()
         state.next_token = token
         positions = layout = None
         if hidden is not None:  # the deep rows of the multimodal positions, in order

@@ -25,6 +25,7 @@ class _ThinkerState(RequestState):
     generated: list[int] = field(default_factory=list)
     detok: IncrementalDetokenizer | None = None
     next_token: int | None = None  # sampled, not yet fed back
+    text_out: bool = False  # some of its text was put out (the engine hands off the GIL at the first)
     media: MediaPrompt | None = None
     slices: list[Slice] = field(default_factory=list)  # media slices not yet encoded
     encoded: Encoded = field(default_factory=Encoded)

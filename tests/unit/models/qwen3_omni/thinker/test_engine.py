@@ -297,3 +297,38 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
     # positions those held depends on what shared the budget with them.
     assert len(at_failure) == 1 and at_failure[0][0] == at_failure[0][1] >= 16
     assert engine.num_requests == 0 and engine.cache.free_slots == 4
+
+
+def test_the_thinker_hands_off_the_gil_after_a_first_token_a_first_text_and_an_end(tiny_model_dir):
+    # Its tokens may leave a few steps together, but not what a client waits for: the first token
+    # (the talker's start), the first text (the second token when the first is a byte of an
+    # unfinished character) and the last. Steps run on this thread.
+    engine = ThinkerEngine(
+        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_model_len=256, prefix_cache_bytes=0
+    )
+    assert not engine.hand_off_every_step
+    asked: list[int] = []
+    engine.hand_off = lambda: asked.append(1)  # type: ignore[method-assign]
+
+    class FirstTokenNoText:  # the detokenizer holding back a byte of an unfinished character
+        def __init__(self) -> None:
+            self.tokens = 0
+
+        def add(self, token: int) -> str:
+            self.tokens += 1
+            return "" if self.tokens == 1 else "x"
+
+        def flush(self) -> str:
+            return ""
+
+    async def steps() -> list[int]:
+        engine.add_request("r", _prompt(engine), ThinkerParams(5, True))
+        engine.state("r").detok = FirstTokenNoText()
+        per_step = []
+        while (work := engine.plan_step()) is not None:
+            before = len(asked)
+            engine.run_step(work)
+            per_step.append(len(asked) - before)
+        return per_step
+
+    assert asyncio.run(steps()) == [1, 1, 0, 0, 1]
