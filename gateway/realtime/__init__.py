@@ -2,5 +2,7 @@
 
 events.py parses client events, protocol.py names and shapes server events (GA and beta), vad.py
 finds turns, session.py holds one connection's state, turn.py builds a turn's request,
-response.py runs one response, outbound.py sends, connection.py dispatches, server.py mounts it.
+response.py runs one response, responder.py starts, refits and ends them one at a time,
+input_audio.py keeps the input audio buffer and its turns, outbound.py sends, connection.py
+dispatches one connection's events to them, server.py mounts it.
 """

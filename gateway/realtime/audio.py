@@ -53,6 +53,11 @@ def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | Non
     return pcm
 
 
+def ms_of(samples: int) -> int:
+    """Milliseconds of `samples` of the wire's 24 kHz audio (the events' `audio_*_ms` fields)."""
+    return samples * 1000 // INPUT_RATE
+
+
 FEATURE_HOP = 160  # samples per feature frame at 16 kHz (10 ms)
 FEATURE_WINDOW = 400  # samples in one frame's window (25 ms)
 

@@ -4,18 +4,22 @@ still encoded, for the gateway's decoder) and as the client sees them.
 Parts: `input_text` (any role), `input_audio` (base64 pcm16 24 kHz, user), `input_image` (a data URL,
 user; the same decoding and limits as REST images), and for an assistant item `text`/`output_text`
 or `output_audio` with its transcript (what it said is kept as text).
+An item's media (a created item's or a committed turn's) are decoded once, before it joins the
+conversation (`decode_parts`), so a response never waits on a decode.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from gateway.media.decode_pool import MediaDecoder
 from gateway.media.parts import from_data_url
-from gateway.realtime.audio import decode_base64_pcm, encoded_turn
+from gateway.realtime.audio import decode_base64_pcm, encoded_turn, settled
 from gateway.realtime.events import EventError
 from gateway.realtime.events import Item as GivenItem
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.request.errors import OmniError
+from omnistream.request.media import AudioInput
 
 
 def check_modality(modalities: tuple[str, ...] | None, kind: str, param: str) -> None:
@@ -96,3 +100,16 @@ def item_parts(
                 param=f"{where}.type",
             )
     return parts, content, text, seconds
+
+
+async def decode_parts(media: MediaDecoder, parts: list[dict[str, Any]], event_id: str | None) -> None:
+    """Decode an item's media in place, in the gateway's decoder threads (a committed turn's and a
+    created item's alike); its audio ends settled (gateway/realtime/audio.py), so its features stay
+    those of its first turn."""
+    try:
+        await media.decode([{"role": "user", "content": parts}], False)
+    except OmniError as exc:
+        raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+    for part in parts:
+        if part["type"] == "audio" and isinstance(part["audio"], AudioInput):
+            part["audio"] = settled(part["audio"])

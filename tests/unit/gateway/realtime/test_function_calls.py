@@ -231,7 +231,7 @@ def test_a_cancel_during_the_arguments_leaves_no_half_call(how: str):
             if any(e["type"] == "response.function_call_arguments.delta" for e in queued):
                 break
         if how == "barge-in":
-            await conn._speech_started(0)  # the server VAD heard the user: what a barge-in runs
+            await conn.input_audio.speech_started(0)  # the server VAD heard the user: what a barge-in runs
         else:
             await _send(conn, type="response.cancel")
         return conn, queued

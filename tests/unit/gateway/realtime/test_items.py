@@ -1,14 +1,19 @@
-"""conversation.item.create's content parts: what the thinker gets, what the client sees, refusals."""
+"""conversation.item.create's content parts: what the thinker gets, what the client sees, refusals;
+a decoder's refusal of an item's media as the event's error."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from gateway.media.parts import EncodedMedia
 from gateway.realtime.events import EventError, Item
-from gateway.realtime.items import item_parts
+from gateway.realtime.items import decode_parts, item_parts
+from omnistream.request.errors import InvalidRequest
 
 PCM = base64.b64encode(bytes(4800)).decode()  # 0.1 s
 PNG = "data:image/png;base64,iVBORw0KGgo="
@@ -62,3 +67,15 @@ def test_bad_parts_are_refused_naming_the_part(role, part, modalities, param):
     with pytest.raises(EventError) as caught:
         item_parts(given, modalities, 10**6, None)
     assert caught.value.param == param
+
+
+def test_media_the_decoder_refuses_are_refused_as_the_events_error_naming_the_field():
+    async def refuse(messages: Any, use_audio_in_video: bool) -> int:
+        raise InvalidRequest("the audio is not a WAV file", field="item.content.0.audio")
+
+    media = EncodedMedia("audio", "audio/wav", "item.content.0.audio", data=b"")
+    parts: list[dict[str, Any]] = [{"type": "audio", "audio": media}]
+    with pytest.raises(EventError) as caught:
+        asyncio.run(decode_parts(SimpleNamespace(decode=refuse), parts, "e7"))  # type: ignore[arg-type]
+    assert caught.value.message == "the audio is not a WAV file" and caught.value.event_id == "e7"
+    assert caught.value.code == "invalid_request" and caught.value.param == "item.content.0.audio"

@@ -1,0 +1,174 @@
+"""The input audio buffer's events (`input_audio_buffer.*`): appends checked for their rate and
+the buffer's room, the server VAD's turns (speech_started, speech_stopped), and commits, each of
+which makes a user audio item.
+
+Its own owner because the buffer, the rate bucket, the detector and the item a detected turn will
+become change together, on appends, and nowhere else. The connection hands over the session's
+config (its turn_detection, read as it is now), the conversation a committed turn joins (and how it
+is added, with its events), and the responder that a turn's end starts and a barge-in stops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from gateway.realtime import events as ev
+from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
+from gateway.realtime.events import EventError
+from gateway.realtime.items import check_modality, decode_parts
+from gateway.realtime.protocol import new_id
+from gateway.realtime.responder import Responder
+from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
+from gateway.realtime.vad import INPUT_RATE, SpeechDetector
+from gateway.serving.core import GatewayCore
+
+MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
+
+Send = Callable[..., Awaitable[None]]  # Connection.send: (kind, **fields)
+AddItem = Callable[[Item, str | None], Awaitable[None]]  # Connection._add_item: (item, previous id)
+
+
+class InputAudio:
+    def __init__(
+        self,
+        core: GatewayCore,
+        config: SessionConfig,
+        send: Send,
+        conversation: Conversation,
+        add_item: AddItem,
+        responder: Responder,
+        on_barge_in: Callable[[], None] = lambda: None,
+    ) -> None:
+        c = core.config
+        self.core = core
+        self.config = config
+        self.send = send
+        self.conversation = conversation
+        self.add_item = add_item
+        self.responder = responder
+        self.on_barge_in = on_barge_in
+        self.buffer = InputBuffer(int(c.realtime_max_buffer_seconds * INPUT_RATE) * 2)
+        self.rate = AppendRate(c.realtime_append_burst_seconds)
+        self.detector = self._detector()
+        self.turn_item_id: str | None = None  # the user item a detected turn will become
+
+    def _detector(self) -> SpeechDetector | None:
+        td = self.config.turn_detection
+        return None if td is None else SpeechDetector(td.threshold, td.silence_duration_ms)
+
+    def detection_changed(self) -> None:
+        """session.update changed turn_detection: a turn under way is forgotten, and the new
+        detector counts from the buffer's end (its positions are stream samples, as the buffer's)."""
+        self.detector = self._detector()
+        if self.detector is not None:
+            self.detector.position = self.buffer.end
+        self.turn_item_id = None
+
+    async def append(self, event: ev.BufferAppend) -> None:
+        pcm = decode_base64_pcm(event.audio, "audio", self.buffer.max_bytes, event.event_id)
+        seconds = len(pcm) / 2 / INPUT_RATE
+        if not self.rate.take(seconds):
+            raise EventError(
+                "audio is arriving faster than real time (more than "
+                f"{self.rate.burst:g} s ahead): this append was dropped",
+                code="input_audio_buffer_rate_exceeded",
+                error_type="rate_limit_error",
+            )
+        if not self.buffer.append(pcm):
+            if self.detector is None or not self.detector.in_speech:
+                raise self._buffer_full()
+            # A turn as long as the buffer (continuous speech, or a noise the VAD takes for it)
+            # ends here: a server-VAD client never commits or clears, so refusing would wedge it.
+            self.detector.reset()
+            await self.speech_stopped(self.buffer.end)
+            if not self.buffer.append(pcm):
+                raise self._buffer_full()
+        if self.detector is None:
+            return
+        for found in self.detector.process(pcm):
+            if found.kind == "started":
+                await self.speech_started(found.sample)
+            else:
+                await self.speech_stopped(found.sample)
+        if not self.detector.in_speech and self.config.turn_detection is not None:
+            prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
+            self.buffer.keep_from(self.buffer.end - prefix)
+
+    def _buffer_full(self) -> EventError:
+        return EventError(
+            f"the input audio buffer is full ({self.core.config.realtime_max_buffer_seconds:g} s): "
+            "commit or clear it",
+            code="input_audio_buffer_full",
+        )
+
+    async def clear(self) -> None:
+        self.buffer.clear()
+        if self.detector is not None:
+            self.detector.reset()
+        self.turn_item_id = None
+        await self.send("input_audio_buffer.cleared")
+
+    async def speech_started(self, sample: int) -> None:
+        """The server VAD heard a turn begin at stream `sample`: with interrupt_response, the
+        running response stops first (a barge-in)."""
+        td = self.config.turn_detection
+        assert td is not None
+        self.turn_item_id = new_id("item")
+        self.buffer.keep_from(sample - td.prefix_padding_ms * INPUT_RATE // 1000)
+        response = self.responder.response
+        # Stopped before speech_started is queued: none of its audio can follow that event.
+        barge_in = td.interrupt_response and response is not None and response.stop("turn_detected")
+        await self.send(
+            "input_audio_buffer.speech_started", audio_start_ms=ms_of(sample), item_id=self.turn_item_id
+        )
+        if barge_in:
+            assert response is not None
+            self.on_barge_in()
+            await response.wait()
+
+    async def speech_stopped(self, sample: int) -> None:
+        """The server VAD heard the turn end at stream `sample`: it is committed, and with
+        create_response answered unless a response is running."""
+        td = self.config.turn_detection
+        assert td is not None
+        item_id = self.turn_item_id or new_id("item")
+        await self.send("input_audio_buffer.speech_stopped", audio_end_ms=ms_of(sample), item_id=item_id)
+        try:
+            committed = await self.commit(sample, None, item_id)
+        except EventError as exc:
+            if exc.code != "input_audio_buffer_commit_empty":
+                raise
+            return  # a blip too short to be a turn: dropped, not the client's error
+        if committed and td.create_response and not self.responder.busy:
+            await self.responder.start(None)
+
+    async def commit(self, until: int | None, event_id: str | None, item_id: str | None = None) -> bool:
+        """The buffer's audio up to stream sample `until` (all when None: input_audio_buffer.commit)
+        as a user item, decoded before it joins the conversation."""
+        pcm = self.buffer.take(until)
+        if self.detector is not None and until is None:
+            self.detector.reset()
+        self.turn_item_id = None
+        if len(pcm) // 2 < MIN_COMMIT_MS * INPUT_RATE // 1000:
+            raise EventError(
+                f"the input audio buffer holds {ms_of(len(pcm) // 2)} ms; "
+                f"at least {MIN_COMMIT_MS} ms are needed",
+                code="input_audio_buffer_commit_empty",
+                event_id=event_id,
+            )
+        check_modality(self.core.deployment.input_modalities, "audio", "input_audio_buffer")
+        item_id = item_id or new_id("item")
+        parts: list[dict[str, Any]] = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
+        await decode_parts(self.core.media, parts, event_id)
+        item = Item(
+            item_id,
+            "user",
+            parts,
+            [{"type": "input_audio", "transcript": None}],
+            audio_seconds=len(pcm) / 2 / INPUT_RATE,
+        )
+        previous = self.conversation.last_id()
+        await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
+        await self.add_item(item, previous)
+        return True

@@ -1,0 +1,213 @@
+"""The connection's responses, one at a time: each starts with the history fitted to the thinker's
+context (gateway/realtime/context.py: the oldest items go only when the turn would not fit
+otherwise), is sent once more when the thinker still refuses its prompt as too long (`_refit`), and
+at its end shares the thinker's count of its prompt out over the items it was made of.
+
+Its own owner because a response's turn (its settings, what its prompt was made of) lives from its
+start to its end and only these steps read it. The connection hands over the session's config and
+conversation, and is told of items dropped from the history and of each response's end.
+"""
+
+from __future__ import annotations
+
+import logging
+import typing
+from collections.abc import Awaitable, Callable
+
+from gateway.realtime import events as ev
+from gateway.realtime.context import (
+    CONTEXT_EXCEEDED,
+    DEFAULT_CONTEXT_TOKENS,
+    ContextFull,
+    Drop,
+    PromptShape,
+    fit,
+    measure,
+    overflow_of,
+    prompt_tokens,
+    shape_of,
+)
+from gateway.realtime.events import EventError
+from gateway.realtime.outbound import Outbound
+from gateway.realtime.protocol import Protocol, new_id
+from gateway.realtime.response import ResponseRun
+from gateway.realtime.session import Conversation, Item, SessionConfig
+from gateway.realtime.turn import ResponseSettings, build_request
+from gateway.serving.core import GatewayCore
+from omnistream.request.defaults import ServingDefaults
+from omnistream.request.errors import OmniError, from_kind
+from omnistream.request.generation import GenerationRequest
+
+log = logging.getLogger(__name__)
+
+
+class TellDropped(typing.Protocol):
+    """How the connection tells of items dropped from the history (`Connection._dropped`): to the
+    client, the logs and the metrics; `why` ends its log line."""
+
+    def __call__(self, dropped: list[tuple[str, str]], why: str = "") -> Awaitable[None]: ...
+
+
+class Responder:
+    def __init__(
+        self,
+        core: GatewayCore,
+        protocol: Protocol,
+        outbound: Outbound,
+        config: SessionConfig,
+        conversation: Conversation,
+        session_id: str,
+        cache_scope: bytes,
+        *,
+        dropped: TellDropped,
+        on_end: Callable[[], None],
+    ) -> None:
+        self.core = core
+        self.protocol = protocol
+        self.outbound = outbound
+        self.config = config
+        self.conversation = conversation
+        self.session_id = session_id  # for the logs
+        self.cache_scope = cache_scope
+        self._dropped = dropped
+        self._on_end = on_end  # a response ended: the idle timeout counts from here
+        self.response: ResponseRun | None = None
+        # The running response's turn: its settings and what its prompt was made of (the
+        # thinker's count of it is shared out over its items when it ends).
+        self.turn: tuple[ResponseSettings, ServingDefaults] | None = None
+        self.shape: PromptShape | None = None
+
+    @property
+    def busy(self) -> bool:
+        return self.response is not None and self.response.active
+
+    def context_tokens(self) -> int:
+        """Tokens a turn (prompt and answer) may take: the thinker's max_model_len (the smallest of
+        those in rotation), capped by realtime_context_tokens; the serve default if none says."""
+        reported = self.core.deployment.max_model_len
+        cap = self.core.config.realtime_context_tokens
+        if reported is None:
+            return cap or DEFAULT_CONTEXT_TOKENS
+        return min(reported, cap) if cap else reported
+
+    async def create(self, event: ev.ResponseCreate) -> None:
+        if self.busy:
+            raise EventError(
+                "a response is in progress; cancel it or wait for response.done",
+                code="conversation_already_has_active_response",
+            )
+        if event.response is not None and event.response.conversation == "none":
+            raise EventError(
+                "out-of-band responses (conversation: none) are not supported",
+                code="unsupported",
+                param="response.conversation",
+            )
+        await self.start(event.response)
+
+    async def start(self, fields: ev.ResponseFields | None) -> None:
+        """Start a response (response.create's `fields`, or None: a detected turn's, the session's)."""
+        if not any(i.role == "user" for i in self.conversation.items.values()):
+            raise EventError("the conversation has no user item to respond to", code="conversation_empty")
+        settings = ResponseSettings.of(self.config, fields)
+        limit = self.core.config.max_tokens_limit
+        if settings.max_output_tokens is None or settings.max_output_tokens > limit:
+            settings.max_output_tokens = min(
+                settings.max_output_tokens or self.core.config.default_max_tokens, limit
+            )
+        serving = ServingDefaults.of(self.core.config, self.core.deployment.voices)
+        assert settings.max_output_tokens is not None
+        kind = "output_audio" if settings.speaks else "output_text"
+        item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
+        previous = self.conversation.last_id()
+        # The answer's item first (the history's caps count it), then the prompt fitted to the context.
+        await self._dropped(self.conversation.add(item))
+        try:
+            await self._fit(settings.instructions, settings.max_output_tokens)
+            request = build_request(self.conversation, self.config, settings, serving, self.cache_scope)
+        except ContextFull as exc:
+            self.conversation.remove(item)
+            raise EventError(exc.message, code=CONTEXT_EXCEEDED) from None
+        except OmniError as exc:
+            self.conversation.remove(item)
+            raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+        self.turn = (settings, serving)
+        self.shape = shape_of(self.conversation, settings.instructions)
+        self.response = ResponseRun(
+            self.core,
+            self.protocol,
+            self.outbound,
+            request,
+            item,
+            previous,
+            self._ended,
+            self._refit,
+            tools=settings.tool_use,
+            conversation=self.conversation,
+            on_dropped=self._dropped,
+        )
+        self.response.start()
+
+    async def cancel(self, event: ev.ResponseCancel) -> None:
+        response = self.response
+        if response is None or not response.active:
+            raise EventError("no response is in progress", code="response_cancel_not_active")
+        if event.response_id is not None and event.response_id != response.id:
+            raise EventError(
+                f"response {event.response_id!r} is not in progress",
+                code="invalid_value",
+                param="response_id",
+            )
+        await response.cancel("client_cancelled")
+
+    async def _fit(self, instructions: str | None, reserve: int, context: int | None = None) -> None:
+        """Drop the oldest items the next turn (its prompt and `reserve` tokens of answer) needs
+        gone to fit the context; ContextFull (nothing dropped) when it cannot fit."""
+        context = context or self.context_tokens()
+        tokens = prompt_tokens(self.conversation, instructions)
+        drops: list[Drop] = fit(self.conversation, instructions, context, reserve)
+        for drop in drops:
+            self.conversation.remove(drop.item)
+        why = (
+            f" before a turn of ~{tokens} prompt tokens + max_output_tokens {reserve} "
+            f"(context {context} tokens)"
+        )
+        await self._dropped([(d.item.id, d.reason) for d in drops], why)
+
+    async def _refit(self, error: OmniError) -> GenerationRequest | None:
+        """The thinker refused the turn's prompt as too long for its context (an estimate was
+        low): its count of the prompt is a measurement; drop the oldest items that now must go and
+        return the turn's request again, once. None: not that refusal, or nothing to drop (the
+        refusal stands); an error of kind context_length_exceeded when the turn cannot fit."""
+        found = overflow_of(error)
+        if found is None or self.turn is None or self.shape is None:
+            return None
+        settings, serving = self.turn
+        counted, length = found
+        if counted is not None and not measure(self.conversation, self.shape, counted):
+            # The counts kept contradict the thinker's: estimate its items again, then share it out.
+            for item, _ in self.shape.items:
+                item.tokens = None
+            self.conversation.system_tokens = None
+            measure(self.conversation, self.shape, counted)
+        context = self.context_tokens() if length is None else min(length, self.context_tokens())
+        assert settings.max_output_tokens is not None
+        before = len(self.conversation.items)
+        try:
+            await self._fit(settings.instructions, settings.max_output_tokens, context)
+        except ContextFull as exc:
+            raise from_kind(CONTEXT_EXCEEDED, exc.message) from None
+        if len(self.conversation.items) == before:
+            return None
+        log.info(
+            "realtime session %s: the thinker refused the prompt as too long; sent again", self.session_id
+        )
+        self.shape = shape_of(self.conversation, settings.instructions)
+        return build_request(self.conversation, self.config, settings, serving, self.cache_scope)
+
+    async def _ended(self, response: ResponseRun) -> None:
+        self._on_end()
+        done, item = response.done, response.item
+        item.generated_tokens = len(done.output_ids) if done is not None else response.output_tokens
+        if done is not None and self.shape is not None:  # the thinker's count of the whole prompt
+            measure(self.conversation, self.shape, len(done.prompt_ids))
+        self.turn = self.shape = None

@@ -1,0 +1,120 @@
+"""The input audio buffer without a server (input_audio.py): a commit too short to be a turn is
+refused and one long enough becomes a decoded, settled user item; a full buffer and appends that run
+ahead of real time are refused; a turn_detection change starts the new detector at the buffer's end.
+The server VAD's turns over real audio are tests/integration/test_realtime_vad.py's."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+
+from gateway.config import GatewayConfig
+from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW
+from gateway.realtime.events import BufferAppend, EventError, ServerVad
+from gateway.realtime.input_audio import InputAudio
+from gateway.realtime.session import Conversation, Item, SessionConfig
+from gateway.realtime.vad import INPUT_RATE
+from omnistream.request.media import AudioInput
+
+
+class Harness:
+    """An InputAudio with its session's turn detection off, the events it sends and the items it adds."""
+
+    def __init__(self, **config: Any) -> None:
+        self.sent: list[tuple[str, dict[str, Any]]] = []
+        self.added: list[tuple[Item, str | None]] = []
+        core = SimpleNamespace(
+            config=GatewayConfig(**config),
+            deployment=SimpleNamespace(input_modalities=None),
+            media=SimpleNamespace(decode=self._decode),
+        )
+        self.config = SessionConfig(turn_detection=None)
+        responder = SimpleNamespace(response=None, busy=False)
+        self.audio = InputAudio(core, self.config, self._send, Conversation(), self._add, responder)  # type: ignore[arg-type]
+
+    async def _send(self, kind: str, **fields: Any) -> None:
+        self.sent.append((kind, fields))
+
+    async def _add(self, item: Item, previous: str | None) -> None:
+        self.added.append((item, previous))
+
+    @staticmethod
+    async def _decode(messages: list[dict[str, Any]], use_audio_in_video: bool) -> int:
+        """As the media decoder: every encoded audio part as its 16 kHz samples, in place."""
+        for part in messages[0]["content"]:
+            part["audio"] = AudioInput(np.ones(1600, np.float32), 16000)
+        return 0
+
+    async def append(self, seconds: float, event_id: str = "a") -> None:
+        pcm = base64.b64encode(bytes(int(seconds * INPUT_RATE) * 2)).decode()
+        await self.audio.append(BufferAppend(type="input_audio_buffer.append", audio=pcm, event_id=event_id))
+
+
+def test_a_commit_too_short_for_a_turn_is_refused_and_a_long_enough_one_becomes_a_settled_item():
+    async def run() -> tuple[Harness, EventError]:
+        h = Harness()
+        await h.append(0.05)
+        with pytest.raises(EventError) as short:
+            await h.audio.commit(None, "c1")
+        await h.append(0.2)
+        assert await h.audio.commit(None, "c2")
+        return h, short.value
+
+    h, short = asyncio.run(run())
+    assert short.code == "input_audio_buffer_commit_empty" and short.event_id == "c1"
+    assert "holds 50 ms; at least 100 ms" in short.message
+    ((item, previous),) = h.added
+    assert h.sent == [("input_audio_buffer.committed", {"previous_item_id": None, "item_id": item.id})]
+    assert previous is None and item.role == "user" and item.audio_seconds == pytest.approx(0.2)
+    audio = item.parts[0]["audio"]
+    assert isinstance(audio, AudioInput) and audio.samples.size % FEATURE_HOP == 0
+    assert audio.samples.size >= 1600 + FEATURE_WINDOW and not audio.samples[1600:].any()
+    assert len(h.audio.buffer.data) == 0
+
+
+def test_a_full_buffer_refuses_the_append_until_it_is_cleared():
+    async def run() -> tuple[Harness, EventError]:
+        h = Harness(realtime_max_buffer_seconds=0.5)
+        await h.append(0.4)
+        with pytest.raises(EventError) as full:
+            await h.append(0.2)
+        await h.audio.clear()
+        await h.append(0.4)
+        return h, full.value
+
+    h, full = asyncio.run(run())
+    assert full.code == "input_audio_buffer_full" and "(0.5 s)" in full.message
+    assert [kind for kind, _ in h.sent] == ["input_audio_buffer.cleared"]
+    assert h.audio.buffer.start == int(0.4 * INPUT_RATE) and h.audio.buffer.end == int(0.8 * INPUT_RATE)
+
+
+def test_appends_further_ahead_of_real_time_than_the_burst_are_dropped():
+    async def run() -> tuple[Harness, EventError]:
+        h = Harness(realtime_append_burst_seconds=1.0)
+        await h.append(0.9)
+        with pytest.raises(EventError) as ahead:
+            await h.append(0.9)
+        return h, ahead.value
+
+    h, ahead = asyncio.run(run())
+    assert ahead.code == "input_audio_buffer_rate_exceeded" and ahead.error_type == "rate_limit_error"
+    assert h.audio.buffer.end == int(0.9 * INPUT_RATE)  # the dropped append left the buffer as it was
+
+
+def test_a_turn_detection_change_starts_the_new_detector_at_the_buffers_end():
+    async def run() -> Harness:
+        h = Harness()
+        await h.append(0.3)
+        h.audio.turn_item_id = "item_x"
+        h.config.turn_detection = ServerVad(type="server_vad")
+        h.audio.detection_changed()
+        return h
+
+    h = asyncio.run(run())
+    assert h.audio.detector is not None and h.audio.detector.position == h.audio.buffer.end > 0
+    assert h.audio.turn_item_id is None
