@@ -22,10 +22,11 @@ codebooks, then the talker's decode, each with its sampling), captured as CUDA g
 `--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
 
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
-Its parts, objects it builds and holds: deadline scheduling and the prefill budget (`schedule`,
-`schedule.py`'s `DeadlineSchedule`), one frame's steps, eager and static (`frames`, `frame_steps.py`'s
-`FrameSteps`); the per-request state is `state.py`'s. Admission, the inputs and each prompt's prefill
-stay here.
+Its parts, objects it builds and holds: the checks of a request's thinker input and how it joins the
+request's state (`intake`, `intake.py`'s `TalkerIntake`), deadline scheduling and the prefill budget
+(`schedule`, `schedule.py`'s `DeadlineSchedule`), one frame's steps, eager and static (`frames`,
+`frame_steps.py`'s `FrameSteps`); the per-request state is `state.py`'s. Admission, the lock and
+request table the inputs go through, and each prompt's prefill stay here.
 """
 
 from __future__ import annotations
@@ -52,18 +53,12 @@ from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner, batch_buckets
-from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
 from omnistream.models.qwen3_omni.talker.frame_steps import FrameSteps
+from omnistream.models.qwen3_omni.talker.intake import TalkerIntake
 from omnistream.models.qwen3_omni.talker.prefix import TalkerPrefixes
-from omnistream.models.qwen3_omni.talker.prompt import (
-    ASSISTANT_PROMPT_ROWS,
-    ASSISTANT_PROMPT_TOKENS,
-    TalkerPromptBuilder,
-    assistant_start,
-    user_positions,
-)
+from omnistream.models.qwen3_omni.talker.prompt import ASSISTANT_PROMPT_TOKENS, TalkerPromptBuilder
 from omnistream.models.qwen3_omni.talker.rope import talker_rope
 from omnistream.models.qwen3_omni.talker.schedule import DeadlineSchedule, TalkerStep
 from omnistream.models.qwen3_omni.talker.state import TalkerOutput, _TalkerState
@@ -75,7 +70,8 @@ log = logging.getLogger(__name__)
 
 
 class TalkerEngine(Engine[_TalkerState, TalkerStep]):
-    """The talker stage: the engine thread, admission and inputs here; its schedule and frames as parts."""
+    """The talker stage: the engine thread, admission and prefill here; its intake, schedule and
+    frames as parts."""
 
     name = "talker"
 
@@ -127,6 +123,18 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         text = tc.text_config
         self.max_batch = max_batch
         self.max_model_len = max_model_len
+        # A request's thinker input, checked as it comes and added to its state.
+        self.intake = TalkerIntake(
+            thinker_vocab=self.thinker_vocab,
+            hidden_width=self.hidden_width,
+            multimodal_ids=self.prompts.multimodal_ids,
+            im_start_id=self.config.im_start_token_id,
+            assistant_id=self.config.assistant_token_id,
+            user_id=self.config.user_token_id,
+            max_model_len=max_model_len,
+            device=self.device,
+            dtype=self.dtype,
+        )
         # Static frames (omnistream/models/qwen3_omni/talker/frame.py): each frame as two fixed-shape,
         # graph-capturable steps; one more cache slot, the padding rows' scratch.
         static = options.static_frames if static_frames is None else static_frames
@@ -262,93 +270,20 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
         multimodal_hidden: Mapping[int, torch.Tensor] | None = None,
         media_layout: MediaLayout | None = None,
     ) -> None:
-        """Give the talker more thinker output: the prompt once, then generated tokens as they come."""
-        if any(not 0 <= t < self.thinker_vocab for t in token_ids):
-            raise InvalidRequest(f"token ids must be in [0, {self.thinker_vocab})", field="token_ids")
-        deep = None
-        if multimodal_hidden is not None:
-            # The engine, not its callers, puts what a request brings on its device and in its dtype,
-            # once: rows decoded from the wire are float32 on the CPU, the projection may be bfloat16
-            # on CUDA. Outside the lock: a device copy must not hold up the engine thread.
-            try:
-                deep = DeepRows.of(multimodal_hidden).to(self.device, self.dtype)
-            except ValueError as exc:
-                raise InvalidRequest(str(exc), field="prompt_hidden") from exc
+        """Give the talker more thinker output: the prompt once, then generated tokens as they come
+        (checked and added by the `intake` part, intake.py)."""
+        self.intake.check_tokens(token_ids)
+        deep = self.intake.device_rows(multimodal_hidden)  # outside the lock: a device copy
         with self._cond:
             state = self._requests.get(request_id)
             if state is None:
                 raise InvalidRequest(f"talker has no running request {request_id!r}", field="request_id")
-            if state.input_done:
-                raise InvalidRequest(f"request {request_id!r} already received its last input")
-            if prompt_ids is not None:
-                if state.prompt_ids is not None:
-                    raise InvalidRequest("the prompt was already given", field="prompt_ids")
-                if any(not 0 <= t < self.thinker_vocab for t in prompt_ids):
-                    raise InvalidRequest(
-                        f"prompt ids must be in [0, {self.thinker_vocab})", field="prompt_ids"
-                    )
-                cfg = self.config
-                try:
-                    start = assistant_start(prompt_ids, cfg.im_start_token_id, cfg.assistant_token_id)
-                except ValueError as exc:
-                    raise InvalidRequest(str(exc), field="prompt_ids") from exc
-                prompt_rows = len(prompt_ids) + 9  # the user turns plus the assistant rows, at most
-                if prompt_rows + state.params.max_frames > self.max_model_len:
-                    raise InvalidRequest(
-                        f"prompt ({len(prompt_ids)} tokens) + max_frames ({state.params.max_frames}) exceeds "
-                        f"the talker length {self.max_model_len}",
-                        field="max_frames",
-                    )
-                users = user_positions(prompt_ids, cfg.im_start_token_id, cfg.user_token_id)
-                self._check_multimodal(prompt_ids, users, deep)
-                state.prompt_ids = list(prompt_ids)
-                state.user_positions = users
-                state.prompt_row_count = len(users) + ASSISTANT_PROMPT_ROWS
-                state.stream = list(prompt_ids[start:])
-                state.multimodal_hidden = deep
-                state.media_layout = media_layout
-            elif deep is not None or media_layout is not None:
-                raise InvalidRequest("multimodal rows come with the prompt only", field="prompt_hidden")
-            elif state.prompt_ids is None:
-                raise InvalidRequest("the first talker input must carry the prompt ids", field="prompt_ids")
-            state.stream.extend(token_ids)
-            state.spoken_tokens += len(token_ids)
-            if last:
-                state.input_done = True
-                if not state.spoken_tokens:
-                    # Nothing to speak (an answer that is only a tool call: ThinkerChunk.spoken):
-                    # no frames, the end at once (a slot, if the prompt had one, goes as an abort's).
-                    state.output.put(TalkerOutput(None, 0, finished=True, finish_reason="stop"))
-                    self.finish(state)
-                elif len(state.stream) < ASSISTANT_PROMPT_TOKENS:
-                    raise InvalidRequest("the talker needs at least one generated token to speak")
+            if self.intake.take(state, token_ids, last, prompt_ids, deep, media_layout):
+                # Nothing to speak: no frames, the end at once (a slot, if the prompt had one, goes
+                # as an abort's).
+                state.output.put(TalkerOutput(None, 0, finished=True, finish_reason="stop"))
+                self.finish(state)
             self._cond.notify_all()
-
-    def _check_multimodal(self, prompt_ids: list[int], users: list[int], hidden: DeepRows | None) -> None:
-        """Rows and positions must match the prompt exactly before the request may join a batch:
-        one row of the thinker's width per multimodal token of a user turn (`users`: the positions
-        of the user turns), and nothing else."""
-        mm_ids = self.prompts.multimodal_ids
-        needed = {p for p in users if prompt_ids[p] in mm_ids}
-        given = hidden.positions if hidden is not None else []
-        for position in given:
-            if not 0 <= position < len(prompt_ids) or prompt_ids[position] not in mm_ids:
-                raise InvalidRequest(
-                    f"multimodal position {position} holds no audio, image or video token of the prompt",
-                    field="multimodal_positions",
-                )
-        if hidden is not None and len(hidden) and hidden.width != self.hidden_width:
-            raise InvalidRequest(
-                f"prompt_hidden rows must have width {self.hidden_width}, got {(hidden.width,)}",
-                field="prompt_hidden",
-            )
-        missing = sorted(needed - set(given))
-        if missing:
-            raise InvalidRequest(
-                f"prompt positions {missing[:8]} hold audio/image/video tokens but no prompt_hidden row "
-                "was given for them",
-                field="prompt_hidden",
-            )
 
     # --- engine thread ------------------------------------------------------------------------------
     def _release(self, state: _TalkerState) -> None:
