@@ -24,7 +24,7 @@ import torch
 
 from omnistream.request.media import MediaLayout
 
-ASSISTANT_ROWS = 9  # the talker prompt's assistant part (see talker_prompt.TalkerPromptBuilder)
+ASSISTANT_ROWS = 9  # the talker prompt's assistant part (see prompt.py, TalkerPromptBuilder)
 
 
 class _WithAudioConfig:
