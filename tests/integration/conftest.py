@@ -131,11 +131,17 @@ def metric(service: ServiceProcess, name: str) -> float:
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
+    """Poll `predicate` until it holds or `timeout` passes. A poll that cannot reach a service (a
+    scrape that timed out on a loaded machine: CI once waited 5 s for a stage's /metrics) is "not
+    yet"; only the last poll's error is raised."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout
     while loop.time() < deadline:
-        if predicate():
-            return True
+        try:
+            if predicate():
+                return True
+        except OSError:  # urllib's URLError and a socket timeout among them
+            pass
         await asyncio.sleep(interval)
     return predicate()
 
