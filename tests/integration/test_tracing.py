@@ -39,7 +39,10 @@ STAGE_SERVICES = {"thinker": "ThinkerService", "talker": "TalkerService", "code2
 SPAN_WAIT_S = 30.0
 STOP_TIMEOUT_S = DRAIN_TIMEOUT_S  # `up`'s own bound on one group's stop (omnistream/cli/up.py)
 SERVER, CLIENT = 2, 3  # opentelemetry.proto.trace.v1.Span.SpanKind
-SMALL = {"max_tokens": 4, "max_audio_frames": 8, "modalities": ["text", "audio"]}
+# Seeded: the tiny checkpoint samples its end of text or of speech now and then (temperature 1.0),
+# and these spans are checked for 4 tokens and 8 frames.
+SEED = 5
+SMALL = {"max_tokens": 4, "max_audio_frames": 8, "modalities": ["text", "audio"], "seed": SEED}
 AUDIO = {"voice": "ethan", "format": "pcm16"}
 
 
@@ -266,7 +269,10 @@ def test_a_client_that_leaves_mid_stream_ends_every_span_with_the_cancel(stack):
 def test_a_grpc_api_call_continues_its_metadata_traceparent(stack):
     trace_id, span_id, header = traceparent()
     request = gateway_pb2.GenerateRequest(
-        messages=[common_pb2.Message(role="user", content="Hello")], max_tokens=4, max_audio_frames=8
+        messages=[common_pb2.Message(role="user", content="Hello")],
+        max_tokens=4,
+        max_audio_frames=8,
+        sampling=common_pb2.Sampling(temperature=1.0, top_p=1.0, seed=SEED),
     )
     with grpc.insecure_channel(f"127.0.0.1:{stack.grpc_port}") as channel:
         events = list(
@@ -299,7 +305,7 @@ def test_a_realtime_turn_continues_the_upgrades_traceparent(stack):
                 "audio": {"input": {"turn_detection": None}},
                 "max_output_tokens": 4,
             }
-            session["omnistream"] = {"max_audio_frames": 8}
+            session["omnistream"] = {"max_audio_frames": 8, "seed": SEED}
             await ws.send(json.dumps({"type": "session.update", "session": session}))
             await until("session.updated")
             item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi!"}]}
