@@ -1,7 +1,11 @@
 """Replica choice: each request goes to the least-loaded healthy replica of each stage.
 
 A replica leaves the rotation when its health check fails or a call to it fails with UNAVAILABLE,
-and comes back as soon as its health check answers SERVING again.
+and comes back as soon as its health check answers SERVING again. A check that only timed out is a
+slow answer, not a failure, until `MISSED_CHECKS_TO_LEAVE` in a row have: on a loaded machine one
+check can wait its whole timeout (a stage's health took 0.95 s beside a vLLM start on 2 cores), and
+with one replica a stage, that one check would refuse every audio request until the next round.
+A stage that says NOT_SERVING (draining) or cannot be reached leaves at once.
 
 Replicas come from the configured entries of each stage (parsed and looked up in
 gateway/cluster/discovery.py). An IP literal (`10.0.0.7:50051`, `[fd00::7]:50051`) or a `unix:` path is one
@@ -52,7 +56,9 @@ STUBS = {
 
 
 INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
+HEALTH_TIMEOUT = 2.0  # seconds a replica has to answer a health check
 LOAD_TIMEOUT = 2.0  # seconds for the per-round Info read of the load (as the health check's)
+MISSED_CHECKS_TO_LEAVE = 3  # health checks in a row that time out before a healthy replica leaves
 
 
 def load_of(info: StageInfo) -> stage_pb2.StageLoad | None:
@@ -76,6 +82,7 @@ class Replica:
     refused: str | None = None  # why the deployment does not accept its info
     info_error: str | None = None  # why its Info could not be read, while that lasts
     load: stage_pb2.StageLoad | None = None  # its measured speed, from the last health round
+    missed_checks: int = 0  # health checks in a row that timed out while it was healthy
 
     @property
     def in_rotation(self) -> bool:
@@ -220,11 +227,27 @@ class Replicas:
         replica.healthy = False
 
     async def check(self, replica: Replica) -> None:
+        timed_out = False
         try:
-            reply = await replica.health.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            request = health_pb2.HealthCheckRequest(service="")
+            reply = await replica.health.Check(request, timeout=HEALTH_TIMEOUT)
             ok = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except (grpc.aio.AioRpcError, TimeoutError):
-            ok = False
+        except grpc.aio.AioRpcError as exc:
+            ok, timed_out = False, exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+        except TimeoutError:
+            ok, timed_out = False, True
+        if timed_out and replica.healthy:
+            replica.missed_checks += 1
+            if replica.missed_checks < MISSED_CHECKS_TO_LEAVE:
+                log.info(
+                    "%s replica %s: health check timed out (%d of %d in a row before it leaves)",
+                    replica.stage,
+                    replica.address,
+                    replica.missed_checks,
+                    MISSED_CHECKS_TO_LEAVE,
+                )
+                return  # still in rotation, with the load of its last answer
+        replica.missed_checks = 0
         if ok and (not replica.healthy or replica.info is None):
             await self.read_info(replica)
         elif ok:
