@@ -57,7 +57,7 @@ STUBS = {
 
 INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
 HEALTH_TIMEOUT = 2.0  # seconds a replica has to answer a health check
-LOAD_TIMEOUT = 2.0  # seconds for the per-round Info read of the load (as the health check's)
+LOAD_TIMEOUT = HEALTH_TIMEOUT  # seconds for the per-round Info read of the load
 MISSED_CHECKS_TO_LEAVE = 3  # health checks in a row that time out before a healthy replica leaves
 
 
