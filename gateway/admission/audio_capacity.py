@@ -60,7 +60,7 @@ from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.service.step_model import StepFit
 
 if TYPE_CHECKING:  # only annotated: the config imports this module's defaults, not the replicas
-    from gateway.cluster.replicas import Replica
+    from gateway.cluster.replica import Replica
 
 DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
 DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time

@@ -13,7 +13,7 @@ limit bounds what the gateway sends (the thinkers' max_model_len, which a realti
 fills), the smallest of the replicas in rotation is the deployment's. So may the
 input modalities of thinkers: a transformers thinker takes audio, images and video, a vLLM one text
 only; the deployment takes what its thinkers in rotation take between them, and each request goes
-to a thinker that takes all of its media (gateway/cluster/replicas.py).
+to a thinker that takes all of its media (gateway/cluster/replica.py).
 """
 
 from __future__ import annotations

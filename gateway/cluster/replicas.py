@@ -1,31 +1,22 @@
-"""Replica choice: each request goes to the least-loaded healthy replica of each stage.
+"""The gateway's replicas of every stage, kept current: found, health-checked, judged, removed.
 
-A replica leaves the rotation when its health check fails or a call to it fails with UNAVAILABLE,
-and comes back as soon as its health check answers SERVING again. A check that only timed out is a
-slow answer, not a failure, until `MISSED_CHECKS_TO_LEAVE` in a row have: on a loaded machine one
-check can wait its whole timeout (a stage's health took 0.95 s beside a vLLM start on 2 cores), and
-with one replica a stage, that one check would refuse every audio request until the next round.
-A stage that says NOT_SERVING (draining) or cannot be reached leaves at once.
+A request goes to the least-loaded replica in rotation of each stage (`gateway.cluster.replica`). A
+replica leaves the rotation when a call to it fails with UNAVAILABLE or its health round says so
+(`gateway.cluster.health`: the timeouts, and when a slow answer is not yet a failure), and comes back
+as soon as its health check answers SERVING again.
 
 Replicas come from the configured entries of each stage (parsed and looked up in
-gateway/cluster/discovery.py). An IP literal (`10.0.0.7:50051`, `[fd00::7]:50051`) or a `unix:` path is one
-static replica. A DNS name (`talker:50051`, or explicitly
-`dns:///talker.omnistream.svc:50051`) is looked up every `discovery_interval` seconds and every
-address it resolves to is a replica: a Kubernetes headless Service (or a Compose service with several
-replicas) answers with one address per ready pod, so scaling a stage needs no gateway restart.
-Addresses that appear are added (and health-checked at once), addresses that vanish are removed
-after their running requests finish; a failed look-up keeps the replicas known so far.
+gateway/cluster/discovery.py). An IP literal (`10.0.0.7:50051`, `[fd00::7]:50051`) or a `unix:` path
+is one static replica. A DNS name (`talker:50051`, or explicitly `dns:///talker.omnistream.svc:50051`)
+is looked up every `discovery_interval` seconds and every address it resolves to is a replica: a
+Kubernetes headless Service (or a Compose service with several replicas) answers with one address
+per ready pod, so scaling a stage needs no gateway restart. Addresses that appear are added (and
+health-checked at once), addresses that vanish are removed after their running requests finish; a
+failed look-up keeps the replicas known so far.
 
 A replica joins the rotation only once the gateway has its Info and the deployment accepted it (see
-`gateway.cluster.deployment`): the Info is read whenever a replica becomes healthy (first seen, or back
-after a failure: it may be another process now), and a replica that cannot answer it stays out until
-a later health round gets an answer.
-
-Every later health round of a healthy replica reads its Info again for the one part that changes,
-its measured speed (`StageInfo.load`, see omnistream/service/speed.py), which admission uses
-(gateway/admission/audio_capacity.py); its identity is not judged again (the process is the same one as long
-as its health never failed). A stage too old to report a load, or one whose Info fails in a round,
-has no load until it reports one: its speed is unknown.
+`gateway.cluster.deployment`); every round judges the Info of every healthy replica again, stages in
+pipeline order.
 """
 
 from __future__ import annotations
@@ -34,15 +25,15 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc
 
-from gateway.cluster.deployment import Deployment, StageInfo
+from gateway.cluster import health
+from gateway.cluster.deployment import Deployment
 from gateway.cluster.discovery import Resolver, Target, resolve_addresses
+from gateway.cluster.replica import Replica, ReplicaSet
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
-from omnistream.request.errors import Unavailable
 from omnistream.service.security import open_channel
 from omnistream.service.server import client_channel_options
 
@@ -53,92 +44,6 @@ STUBS = {
     "talker": stage_pb2_grpc.TalkerServiceStub,
     "code2wav": stage_pb2_grpc.Code2WavServiceStub,
 }
-
-
-INFO_TIMEOUT = 5.0  # seconds a replica has to answer Info before it stays out for this round
-HEALTH_TIMEOUT = 2.0  # seconds a replica has to answer a health check
-LOAD_TIMEOUT = HEALTH_TIMEOUT  # seconds for the per-round Info read of the load
-MISSED_CHECKS_TO_LEAVE = 3  # health checks in a row that time out before a healthy replica leaves
-
-
-def load_of(info: StageInfo) -> stage_pb2.StageLoad | None:
-    """The load an Info carries; None from a stage that predates the field."""
-    return info.load if info.HasField("load") else None
-
-
-@dataclass
-class Replica:
-    stage: str
-    address: str
-    channel: grpc.aio.Channel
-    stub: object
-    health: health_pb2_grpc.HealthStub
-    healthy: bool = False
-    inflight: int = 0
-    served: int = 0
-    source: str | None = None  # the DNS entry that found it; None for a static entry
-    info: StageInfo | None = None  # its Info, read when it last became healthy
-    accepted: bool = False  # the deployment accepted `info` (False until it was judged)
-    refused: str | None = None  # why the deployment does not accept its info
-    info_error: str | None = None  # why its Info could not be read, while that lasts
-    load: stage_pb2.StageLoad | None = None  # its measured speed, from the last health round
-    missed_checks: int = 0  # health checks in a row that timed out while it was healthy
-
-    @property
-    def in_rotation(self) -> bool:
-        return self.healthy and self.accepted
-
-    @property
-    def input_modalities(self) -> frozenset[str]:
-        """What its Info says it takes in a prompt (a thinker; empty for the other stages)."""
-        return frozenset(self.info.input_modalities) if self.info is not None else frozenset()
-
-    def takes(self, kinds: frozenset[str]) -> bool:
-        """Does it take every one of `kinds` (media in a prompt)? An Info that names no modalities
-        (an older stage) is taken to accept whatever the deployment does, as before."""
-        return not kinds or not self.input_modalities or kinds <= self.input_modalities
-
-
-@dataclass
-class ReplicaSet:
-    stage: str
-    replicas: list[Replica] = field(default_factory=list)
-
-    def pick(self, kinds: frozenset[str] = frozenset()) -> Replica:
-        """The least-loaded replica in rotation that takes every one of `kinds` (the request's media:
-        a deployment may mix thinkers that take media with text-only ones, e.g. vLLM's)."""
-        rotation = [r for r in self.replicas if r.in_rotation]
-        if not rotation:
-            raise Unavailable(f"no healthy {self.stage} replica")
-        usable = [r for r in rotation if r.takes(kinds)]
-        if not usable:
-            raise Unavailable(
-                f"no healthy {self.stage} replica takes {' and '.join(sorted(kinds))} input now "
-                f"(the {len(rotation)} in rotation take: {', '.join(self.input_modalities() or ())})"
-            )
-        return min(usable, key=lambda r: (r.inflight, r.served))
-
-    def input_modalities(self) -> tuple[str, ...] | None:
-        """What the replicas in rotation take between them, in Info order (None: none reported)."""
-        seen: dict[str, None] = {}
-        for replica in self.replicas:
-            if replica.in_rotation and replica.info is not None:
-                seen.update(dict.fromkeys(replica.info.input_modalities))
-        return tuple(seen) or None
-
-    def max_model_len(self) -> int | None:
-        """The smallest max_model_len the replicas in rotation report (a request may go to any of
-        them); None when none reports one."""
-        lengths = [
-            r.info.limits.max_model_len
-            for r in self.replicas
-            if r.in_rotation and r.info is not None and r.info.limits.max_model_len
-        ]
-        return min(lengths) if lengths else None
-
-    @property
-    def any_in_rotation(self) -> bool:
-        return any(r.in_rotation for r in self.replicas)
 
 
 class Replicas:
@@ -155,7 +60,7 @@ class Replicas:
         server_name: str | None = None,
         resolver: Resolver = resolve_addresses,
         deployment: Deployment | None = None,
-        info_timeout: float = INFO_TIMEOUT,
+        info_timeout: float = health.INFO_TIMEOUT,
     ) -> None:
         """`credentials`: TLS to the stages (None: plaintext); `server_name`: the name their
         certificates carry (default: the dialled IP for static entries, the DNS name for the others);
@@ -226,72 +131,6 @@ class Replicas:
             )
         replica.healthy = False
 
-    async def check(self, replica: Replica) -> None:
-        timed_out = False
-        try:
-            request = health_pb2.HealthCheckRequest(service="")
-            reply = await replica.health.Check(request, timeout=HEALTH_TIMEOUT)
-            ok = reply.status == health_pb2.HealthCheckResponse.SERVING
-        except grpc.aio.AioRpcError as exc:
-            ok, timed_out = False, exc.code() == grpc.StatusCode.DEADLINE_EXCEEDED
-        except TimeoutError:
-            ok, timed_out = False, True
-        if timed_out and replica.healthy:
-            replica.missed_checks += 1
-            if replica.missed_checks < MISSED_CHECKS_TO_LEAVE:
-                log.info(
-                    "%s replica %s: health check timed out (%d of %d in a row before it leaves)",
-                    replica.stage,
-                    replica.address,
-                    replica.missed_checks,
-                    MISSED_CHECKS_TO_LEAVE,
-                )
-                return  # still in rotation, with the load of its last answer
-        replica.missed_checks = 0
-        if ok and (not replica.healthy or replica.info is None):
-            await self.read_info(replica)
-        elif ok:
-            await self.read_load(replica)
-        else:
-            replica.load = None
-        if ok != replica.healthy:
-            log.info(
-                "%s replica %s is now %s", replica.stage, replica.address, "healthy" if ok else "unhealthy"
-            )
-        replica.healthy = ok
-
-    async def read_info(self, replica: Replica) -> None:
-        """Read the replica's Info; on failure it has none (out of rotation) until a later round."""
-        replica.accepted = False  # until `judge` has seen what it says now
-        try:
-            info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=self.info_timeout)
-            replica.load = load_of(info)
-            info.ClearField("load")  # the identity only: a load kept here (or in the deployment) goes stale
-            replica.info = info
-            replica.info_error = None
-        except (grpc.aio.AioRpcError, TimeoutError) as exc:
-            replica.info = None
-            replica.load = None
-            error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
-            if error != replica.info_error:
-                log.warning(
-                    "%s replica %s: cannot read its Info (%s); out of rotation until it answers",
-                    replica.stage,
-                    replica.address,
-                    error,
-                )
-            replica.info_error = error
-
-    async def read_load(self, replica: Replica) -> None:
-        """Refresh the replica's measured speed from a new Info; a failed read forgets it (unknown)
-        and is not a health failure (the health check decides that)."""
-        try:
-            info = await replica.stub.Info(stage_pb2.InfoRequest(), timeout=LOAD_TIMEOUT)
-        except (grpc.aio.AioRpcError, TimeoutError):
-            replica.load = None
-            return
-        replica.load = load_of(info)
-
     def judge_all(self) -> None:
         """Judge every healthy replica, stages in pipeline order and replicas in the order they were
         configured or found, so which info defines the deployment does not depend on which health
@@ -347,7 +186,7 @@ class Replicas:
 
     async def check_all(self) -> None:
         replicas = [r for s in self.sets.values() for r in s.replicas]
-        await asyncio.gather(*(self.check(r) for r in replicas))
+        await asyncio.gather(*(health.check(r, self.info_timeout) for r in replicas))
         self.judge_all()
         if self.on_load is not None:
             self.on_load()
@@ -369,7 +208,7 @@ class Replicas:
                 continue
             added += self._apply(target, found)
         if added:
-            await asyncio.gather(*(self.check(r) for r in added))
+            await asyncio.gather(*(health.check(r, self.info_timeout) for r in added))
             self.judge_all()
 
     def _apply(self, target: Target, found: list[str]) -> list[Replica]:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from gateway.admission.permits import Permit
 from gateway.admission.start_guard import StartGuard
-from gateway.cluster.replicas import Replica
+from gateway.cluster.replica import Replica
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.audio.listener import AudioArrival, Listening, listen
 from omnistream.request.errors import DeadlineExceeded, OmniError

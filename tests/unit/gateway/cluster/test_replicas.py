@@ -8,11 +8,11 @@ import socket
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2
 
+from gateway.cluster import health
 from gateway.cluster import replicas as replicas_module
 from gateway.cluster.discovery import Target, resolve_addresses
-from gateway.cluster.replicas import Replica, Replicas
+from gateway.cluster.replicas import Replicas
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request.errors import Unavailable
 from tests.unit.gateway.infos import stage_info
@@ -38,12 +38,12 @@ def checked(monkeypatch):
     """Health checks succeed without any RPC; the list records which replicas were checked."""
     seen: list[str] = []
 
-    async def check(self, replica) -> None:
+    async def check(replica, info_timeout) -> None:
         seen.append(replica.address)
         replica.healthy = True
         replica.info = stage_info(replica.stage)
 
-    monkeypatch.setattr(Replicas, "check", check)
+    monkeypatch.setattr(health, "check", check)
     return seen
 
 
@@ -235,12 +235,12 @@ async def test_a_replica_that_disagrees_stays_out_until_the_deployment_it_disagr
     once every accepted replica of the stage has gone the next one defines the stage again."""
     other_voices = {"127.0.0.12:50051"}
 
-    async def check(self, replica) -> None:
+    async def check(replica, info_timeout) -> None:
         replica.healthy = True
         voices = ["vivian"] if replica.address in other_voices else ["aiden", "chelsie", "ethan"]
         replica.info = stage_info(replica.stage, **({"voices": voices} if replica.stage == "talker" else {}))
 
-    monkeypatch.setattr(Replicas, "check", check)
+    monkeypatch.setattr(health, "check", check)
     resolver = FakeResolver({"talker.svc": ["127.0.0.11", "127.0.0.12"]})
     replicas = Replicas(
         {
@@ -281,13 +281,13 @@ async def test_thinkers_taking_different_media_share_a_deployment_and_media_go_t
     to the one that takes it, and with it gone media gets 503 naming what is missing."""
     media_thinker = "127.0.0.1:7001"
 
-    async def check(self, replica) -> None:
+    async def check(replica, info_timeout) -> None:
         replica.healthy = True
         taken = ALL_MEDIA if replica.address == media_thinker else ["text"]
         extra = {"input_modalities": taken} if replica.stage == "thinker" else {}
         replica.info = stage_info(replica.stage, **extra)
 
-    monkeypatch.setattr(Replicas, "check", check)
+    monkeypatch.setattr(health, "check", check)
     replicas = Replicas(
         {
             "thinker": [media_thinker, "127.0.0.1:7011"],
@@ -325,12 +325,12 @@ async def test_the_deployments_context_is_the_smallest_thinker_in_rotation(monke
     """A request may go to any thinker in rotation: a conversation fills the smallest context."""
     lengths = {"127.0.0.1:7001": 8192, "127.0.0.1:7011": 4096}
 
-    async def check(self, replica) -> None:
+    async def check(replica, info_timeout) -> None:
         replica.healthy = True
         limits = stage_pb2.StageLimits(max_batch=8, max_model_len=lengths.get(replica.address, 0))
         replica.info = stage_info(replica.stage, limits=limits)
 
-    monkeypatch.setattr(Replicas, "check", check)
+    monkeypatch.setattr(health, "check", check)
     replicas = Replicas({"thinker": list(lengths), "talker": ["127.0.0.1:7002"]}, 1024)
     await replicas.start()
     try:
@@ -343,8 +343,6 @@ async def test_the_deployments_context_is_the_smallest_thinker_in_rotation(monke
 
 async def test_a_released_cache_scope_reaches_every_healthy_thinker_and_talker(checked):
     """Best effort: one replica that fails to answer neither stops the others nor raises."""
-    import grpc
-
     replicas = Replicas(
         {
             "thinker": ["127.0.0.1:7001", "127.0.0.1:7011"],
@@ -378,63 +376,3 @@ async def test_a_released_cache_scope_reaches_every_healthy_thinker_and_talker(c
         ]  # not code2wav, which caches nothing
     finally:
         await replicas.stop()
-
-
-class FakeHealth:
-    """A stage's health service answering from a script: a status name, or a gRPC code raised."""
-
-    def __init__(self, answers: list[str | grpc.StatusCode]) -> None:
-        self.answers = list(answers)
-
-    async def Check(self, request, timeout: float):  # the gRPC method's name
-        answer = self.answers.pop(0)
-        if isinstance(answer, grpc.StatusCode):
-            raise grpc.aio.AioRpcError(answer, grpc.aio.Metadata(), grpc.aio.Metadata(), details="scripted")
-        return health_pb2.HealthCheckResponse(
-            status=health_pb2.HealthCheckResponse.ServingStatus.Value(answer)
-        )
-
-
-def health_scripted(monkeypatch, answers: list[str | grpc.StatusCode]) -> tuple[Replicas, Replica]:
-    """One healthy, accepted thinker replica whose next health checks answer `answers` (Info reads
-    stubbed: this is about the health verdict)."""
-
-    async def nothing(self, replica) -> None:
-        return None
-
-    monkeypatch.setattr(Replicas, "read_info", nothing)
-    monkeypatch.setattr(Replicas, "read_load", nothing)
-    replicas = Replicas({}, 1 << 20)
-    replica = Replica("thinker", "10.0.0.7:50051", None, None, FakeHealth(answers))  # type: ignore[arg-type]
-    replica.healthy, replica.accepted, replica.info = True, True, stage_info("thinker")
-    return replicas, replica
-
-
-async def test_a_replica_leaves_after_checks_that_time_out_in_a_row_not_after_one(monkeypatch):
-    slow = grpc.StatusCode.DEADLINE_EXCEEDED
-    leave = replicas_module.MISSED_CHECKS_TO_LEAVE
-    replicas, replica = health_scripted(monkeypatch, [slow] * (leave - 1) + ["SERVING"] + [slow] * leave)
-    for _ in range(leave - 1):  # slow answers under load: it stays in rotation
-        await replicas.check(replica)
-        assert replica.in_rotation
-    await replicas.check(replica)  # an answer resets the count
-    assert replica.in_rotation and replica.missed_checks == 0
-    for _ in range(leave - 1):
-        await replicas.check(replica)
-    assert replica.in_rotation
-    await replicas.check(replica)  # the last of `leave` in a row: a hung stage is out
-    assert not replica.healthy and not replica.in_rotation
-
-
-@pytest.mark.parametrize("answer", ["NOT_SERVING", grpc.StatusCode.UNAVAILABLE])
-async def test_a_draining_or_unreachable_replica_leaves_at_once(monkeypatch, answer):
-    replicas, replica = health_scripted(monkeypatch, [answer])
-    await replicas.check(replica)
-    assert not replica.healthy and not replica.in_rotation
-
-
-async def test_an_unhealthy_replica_that_times_out_stays_out(monkeypatch):
-    replicas, replica = health_scripted(monkeypatch, [grpc.StatusCode.DEADLINE_EXCEEDED])
-    replica.healthy = False
-    await replicas.check(replica)
-    assert not replica.healthy and replica.missed_checks == 0
