@@ -170,8 +170,8 @@ def test_a_scope_is_found_by_its_own_requests_only_and_gone_once_released(engine
 
 def test_a_hit_builds_only_the_rows_after_it_and_they_are_the_whole_builds(engines):
     """A long conversation's user rows are mostly cached: the talker projects only the new ones
-    (at twenty spoken turns all of them took milliseconds a turn), and each row is the same
-    whether the prompt is built whole or from a cached row on."""
+    (at twenty spoken turns all of them took milliseconds a turn), each row is the same (to float64
+    rounding) whether the prompt is built whole or from a cached row on, and so are the codes."""
     on, off, chat = engines
     on.prefix_cache.clear()
     prompt = _audio_prompt(chat)
@@ -186,7 +186,10 @@ def test_a_hit_builds_only_the_rows_after_it_and_they_are_the_whole_builds(engin
     whole = on.prompts.prompt(prompt, head, speaker, hidden)
     for start in (1, len(users) // 2, len(users)):
         rows = on.prompts.prompt(prompt, head, speaker, hidden, users=users, start=start)
-        assert torch.equal(rows, whole[:, start:])
+        # To float64 rounding, not bit for bit: on some CPUs (an AMD EPYC here) the GEMM rounds the
+        # last rows of a matrix whose row count is not a multiple of 4 differently (1-2 ulp); the
+        # codes, below, are the same with and without the cache.
+        torch.testing.assert_close(rows, whole[:, start:], rtol=1e-13, atol=1e-16)
 
     built: list[int] = []
     text_rows = on.prompts.text_rows
