@@ -45,11 +45,14 @@ def marked_pids(name: str, value: str) -> list[int]:
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, interval: float = 0.1) -> bool:
-    """Poll `predicate` until it holds or `timeout` passes; its last value."""
+    """Poll `predicate` until it holds or `timeout` passes; its last value. A poll that cannot reach
+    a service (OSError: a refused connection, a scrape that timed out on a loaded machine) is "not
+    yet", as in tests/integration/conftest.py's `wait_for`; only the last poll's error is raised."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if predicate():
-            return True
+        with contextlib.suppress(OSError):  # urllib's URLError and a socket timeout among them
+            if predicate():
+                return True
         time.sleep(interval)
     return predicate()
 
