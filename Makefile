@@ -147,7 +147,7 @@ bench-conversation: tiny-model sysdeps
 test-slow: setup sysdeps
 	$(PY) -m pytest -q --durations=25 $(PARALLEL) -m slow
 
-# ruff (its lint and its format check), then mypy (strict on the engines and the layers below them: [tool.mypy] in pyproject.toml).
+# ruff (lint, format check), then mypy (strict on the engines and the layers below: [tool.mypy]).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
