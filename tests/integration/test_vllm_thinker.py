@@ -7,12 +7,18 @@ timed-out stream must end its request inside vLLM (vLLM's own `vllm:num_requests
 thinker's /metrics, not only ours); a given answer (speech) is spoken the same; and the vLLM thinker
 says in its Info that it takes text only, refusing media with INVALID_ARGUMENT.
 One stack per module: vLLM's engine takes ~20-40 s to start here.
+
+The vLLM thinker serves a copy of the tiny checkpoint whose text model has ENDLESS_LEN positions
+(the weights are the same files; RoPE has no learned positions), so a request can ask for more
+tokens than vLLM makes in many minutes here: a stream ended by cancel or deadline meets a request
+that is still running, on a starved machine or a fast one, and nothing in the test is a race.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 import time
@@ -42,25 +48,46 @@ PROMPTS = [
 ]
 SPEECH = "The sea was calm tonight, and the boats came home."
 SPEECH_EXTRA = {"talker_temperature": 0, "initial_codec_chunk_frames": 4, "max_audio_frames": 40}
-# Tokens of a request that is still running when the test cancels it: as many as the tiny model's
-# positions allow (8192; both thinkers serve MAX_MODEL_LEN), since this machine's vLLM made 3000 in
-# under 5 s, before a cancel from a client starved by make test's other worker reached it.
+# Both thinkers' model length for everything but the ended-stream tests.
 MAX_MODEL_LEN = 8192
-LONG = MAX_MODEL_LEN - 16
+# The vLLM thinker's model length (its checkpoint copy has as many positions; KV 512 bytes a token):
+# a request of ENDLESS tokens needs minutes of this machine's vLLM (~1,000 tokens/s at best, slower
+# as its context grows), far past any test here, so it ends only when its stream does.
+ENDLESS_LEN = 262144
+ENDLESS = ENDLESS_LEN - 16
+# The ended-by-deadline stream's deadline: its first 8 tokens take milliseconds, so it falls while
+# the request runs unless the client was starved this long before its open reached the thinker.
+DEADLINE_S = 10.0
+# How long vLLM may take to let go of an ended request (a poll of its own gauges).
+IDLE_TIMEOUT_S = 30.0
 GENERATED = "vllm:generation_tokens_total"
+STAGE_REQUESTS = "omnistream_stage_requests_total"
+STAGE_ABORTS = "omnistream_stage_aborts_total"
 
 
 def args(stage: str, model: str, *extra: str) -> list[str]:
     return ["serve", stage, "--model", model, "--dtype", "float32", "--max-batch", "8", *extra]
 
 
+def with_positions(model_dir: str, directory: Path, positions: int) -> str:
+    """A copy of the checkpoint in `model_dir` whose thinker text model has `positions` positions:
+    the config rewritten, every other file linked (the same weights, tokenizer, processor)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for source in Path(model_dir).iterdir():
+        if source.name != "config.json" and source.is_file():
+            (directory / source.name).symlink_to(source.resolve())
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    config["thinker_config"]["text_config"]["max_position_embeddings"] = positions
+    (directory / "config.json").write_text(json.dumps(config, indent=2))
+    return str(directory)
+
+
 @pytest.fixture(scope="module")
-def stack(tiny_model_dir):
-    """thinker-vllm, thinker (transformers), talker, code2wav."""
+def stack(tiny_model_dir, tmp_path_factory):
+    """thinker-vllm (ENDLESS_LEN positions), thinker (transformers), talker, code2wav."""
+    long_dir = with_positions(tiny_model_dir, tmp_path_factory.mktemp("vllm") / "tiny", ENDLESS_LEN)
     specs = {
-        "thinker-vllm": args(
-            "thinker", tiny_model_dir, "--backend", "vllm", "--max-model-len", str(MAX_MODEL_LEN)
-        ),
+        "thinker-vllm": args("thinker", long_dir, "--backend", "vllm", "--max-model-len", str(ENDLESS_LEN)),
         "thinker": args("thinker", tiny_model_dir, "--max-model-len", str(MAX_MODEL_LEN)),
         "talker": args("talker", tiny_model_dir),
         "code2wav": args("code2wav", tiny_model_dir),
@@ -117,7 +144,8 @@ def test_info_says_text_only(stack):
     vllm, ours = asyncio.run(info("thinker-vllm")), asyncio.run(info("thinker"))
     assert list(vllm.input_modalities) == ["text"]
     assert set(ours.input_modalities) == {"text", "audio", "image", "video"}
-    assert vllm.family == ours.family and vllm.limits.max_model_len == ours.limits.max_model_len
+    assert vllm.family == ours.family
+    assert (vllm.limits.max_model_len, ours.limits.max_model_len) == (ENDLESS_LEN, MAX_MODEL_LEN)
 
 
 @pytest.mark.parametrize("index", range(len(PROMPTS)))
@@ -149,57 +177,56 @@ def test_concurrent_prompts_batched_in_vllm_match_alone(stack):
     assert [g[1] for g in got] == prompts and {g[2] for g in got} == {"length"}
 
 
+async def end_stream(service, how: str, rid: str) -> tuple[grpc.StatusCode, int]:
+    """Open an ENDLESS request and end its stream by `how` once it has sent 8 tokens: "cancel" cancels
+    the call, "deadline" stops reading and lets DEADLINE_S pass. (The call's status, tokens read.)
+
+    Every way the call can end on this side is the call's status: a deadline that falls during a
+    write surfaces as AioRpcError, InvalidStateError or grpc's ExecuteBatchError depending on the
+    operation it interrupts, and each means the call is over; its status says how."""
+    async with grpc.aio.insecure_channel(service.address) as channel:
+        call = stage_pb2_grpc.ThinkerServiceStub(channel).Stream(
+            timeout=None if how == "cancel" else DEADLINE_S
+        )
+        got = 0
+        try:
+            await call.write(thinker_open(rid, [5, 6, 7], max_tokens=ENDLESS))
+            await call.done_writing()
+            async for chunk in call:
+                got += len(chunk.token_ids)
+                if got >= 8:
+                    break
+            if how == "cancel":
+                call.cancel()
+        except Exception:  # the call ended early: its status below says how
+            pass
+        return await call.code(), got
+
+
 @pytest.mark.parametrize("how", ["cancel", "deadline"])
 def test_an_ended_stream_ends_its_request_inside_vllm(stack, how):
+    """The request cannot finish by itself (ENDLESS tokens), so vLLM letting go of it proves that
+    the stream's end reached vLLM: its own gauges say nothing runs or waits, its own counter of
+    generated tokens stops short, and the stage counts the request as opened and aborted."""
     service = stack["thinker-vllm"]
+    opened, aborted = metric(service, STAGE_REQUESTS), metric(service, STAGE_ABORTS)
+    generated = metric(service, GENERATED)
 
-    async def run(attempt: int):
-        async with grpc.aio.insecure_channel(service.address) as channel:
-            stub = stage_pb2_grpc.ThinkerServiceStub(channel)
-            # The deadline must fall while the request runs: well after its 8th token, however
-            # loaded the machine (make test's other worker; a probe of 8 tokens says how fast it is
-            # now), and long before its LONG tokens.
-            started = time.monotonic()
-            probe = stub.Stream(timeout=60)
-            await probe.write(thinker_open(f"probe-{how}-{attempt}", [5, 6, 7], max_tokens=8))
-            await probe.done_writing()
-            assert sum([len(c.token_ids) async for c in probe]) == 8
-            deadline = max(3.0, 10 * (time.monotonic() - started))
-            # What vLLM itself generated, from its own counter: its running gauge is not a reliable
-            # witness on a loaded machine (read late by a starved client, it missed the request).
-            before = metric(service, GENERATED)
-            call = stub.Stream(timeout=60 if how == "cancel" else deadline)
-            got = 0
-            try:
-                # In the try: on a starved machine the deadline can fall before the open is written.
-                await call.write(thinker_open(f"end-{how}-{attempt}", [5, 6, 7], max_tokens=LONG))
-                await call.done_writing()
-                async for chunk in call:
-                    got += len(chunk.token_ids)
-                    if got >= 8 and how == "cancel":
-                        call.cancel()
-                        break
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as exc:
-                code = exc.code() if isinstance(exc, grpc.aio.AioRpcError) else await call.code()
-                assert how == "deadline" and code == grpc.StatusCode.DEADLINE_EXCEEDED
-            # All LONG made before it ended (a fast machine outran the deadline): the loop below
-            # tries again, and asserts that one attempt ended early.
-            idle = await wait_for(lambda: vllm_idle(service), timeout=10.0)
-            return metric(service, GENERATED) - before, idle
+    async def run():
+        status, got = await end_stream(service, how, f"end-{how}")
+        idle = await wait_for(lambda: vllm_idle(service), timeout=IDLE_TIMEOUT_S)
+        return status, got, idle
 
-    # The test needs the request still running when its stream ends. A client starved by a loaded
-    # machine (make test's other worker) may read its 8th token only after vLLM made all LONG, a
-    # fast one may make all LONG before a deadline of 3 s, and a starved service may let the
-    # deadline pass before the request starts: such an attempt proves nothing either way, and
-    # another one is made (a cancel or deadline that never reached vLLM would let every attempt
-    # run to LONG).
-    for attempt in range(3):
-        generated, idle = asyncio.run(run(attempt))
-        assert idle  # nothing of it is left inside vLLM
-        if 8 <= generated < LONG:
-            break
-    # vLLM ran it (its 8 tokens at least) and stopped it early: it never made its LONG tokens.
-    assert 8 <= generated < LONG, generated
+    status, got, idle = asyncio.run(run())
+    want = grpc.StatusCode.CANCELLED if how == "cancel" else grpc.StatusCode.DEADLINE_EXCEEDED
+    assert status == want
+    assert got >= 8, f"{got} tokens within {DEADLINE_S:g} s: the client was starved that long"
+    assert idle, "vLLM still holds the request after its stream ended"
+    assert metric(service, STAGE_REQUESTS) - opened == 1
+    assert metric(service, STAGE_ABORTS) - aborted == 1
+    made = metric(service, GENERATED) - generated
+    assert got <= made < ENDLESS
+    assert metric(service, GENERATED) - generated == made  # nothing more after it was let go
 
 
 def test_a_given_answer_is_spoken_the_same(stack):
@@ -240,23 +267,29 @@ def test_media_is_refused_by_name(stack):
 
 
 def test_bad_requests_get_the_transformers_thinkers_statuses(stack, tiny_model_dir):
-    """Refused before vLLM sees them, with the same status and message on both thinkers."""
+    """Refused before vLLM sees them, with the same status and message on both thinkers (a
+    request too long for a thinker's model length: one token more than its own)."""
     image_token = read_config(tiny_model_dir)["thinker_config"]["image_token_id"]
-    cases = {
-        "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=MAX_MODEL_LEN + 1),
-        "vocab": thinker_open("vocab", [5, 100000]),
-        "placeholder": thinker_open("placeholder", [5, image_token, 7]),
-    }
+    lengths = {"thinker-vllm": ENDLESS_LEN, "thinker": MAX_MODEL_LEN}
 
     async def run(name):
+        cases = {
+            "too-long": thinker_open("too-long", [5, 6, 7], max_tokens=lengths[name] + 1),
+            "vocab": thinker_open("vocab", [5, 100000]),
+            "placeholder": thinker_open("placeholder", [5, image_token, 7]),
+        }
         async with grpc.aio.insecure_channel(stack[name].address) as channel:
             stub = stage_pb2_grpc.ThinkerServiceStub(channel)
             return {case: await raw_stream(stub.Stream, [first]) for case, first in cases.items()}
 
     vllm, ours = asyncio.run(run("thinker-vllm")), asyncio.run(run("thinker"))
+    code, details = vllm.pop("too-long")
+    assert f"max_tokens ({ENDLESS_LEN + 1}) exceeds the model length {ENDLESS_LEN}" in details
+    said = details.replace(str(ENDLESS_LEN + 1), str(MAX_MODEL_LEN + 1))
+    assert (code, said.replace(str(ENDLESS_LEN), str(MAX_MODEL_LEN))) == ours.pop("too-long")
     assert vllm == ours
     assert {code for code, _ in vllm.values()} == {grpc.StatusCode.INVALID_ARGUMENT}
-    assert "model length" in vllm["too-long"][1] and "placeholder" in vllm["placeholder"][1]
+    assert "placeholder" in vllm["placeholder"][1]
     assert vllm_idle(stack["thinker-vllm"])
 
 
