@@ -108,11 +108,13 @@ bench: tiny-model
 	@if [ -x $(VLLM_PY) ]; then $(MAKE) --no-print-directory bench-thinkers; \
 	else echo "make bench: no $(VLLM_VENV) (make setup-vllm): the thinker backends were not compared"; fi
 
-# Where the machine is really full: 32 and 48 prompts sent together, the default admission against none
-# (the capacity point: the highest concurrency with continuity >= 97% and nothing refused).
+# A burst where the machine is really full: 32 and 64 prompts sent together to the default `omnistream up`
+# admission (limits from what the stages hold), with the audio hold against without it; refused, continuity,
+# audio s/s, TTFP mean and p90 (the capacity point: the highest concurrency with continuity >= 97% and
+# nothing refused).
 bench-capacity: tiny-model
 	$(VENV)/bin/omnistream bench --model $(TINY) --targets services --transport rest --modes async \
-		--max-concurrency 32,48 --audio-hold on,off --repeats 1 --audio-frames 340 \
+		--max-concurrency 32,64 --audio-hold on,off --repeats 1 --audio-frames 340 \
 		--output-dir bench-results/capacity
 
 # The seed's table: services vs in-process, async chunk on/off, concurrency 1/4/10 (about 10 minutes here).

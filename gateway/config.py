@@ -63,10 +63,18 @@ class GatewayConfig:
     codec_left_context_frames: int = setting(
         DEFAULTS.codec_left_context_frames, help="codec frames of left context each chunk is decoded with"
     )
-    max_concurrency: int = setting(
-        16, help="requests admitted at once; beyond this (and the queue) requests get 429"
+    # Admission (docs/serving.md "Admission", gateway/admission/limits.py): unset, the limits follow
+    # what the stages' replicas in rotation report they hold; set, the operator's cap wins.
+    max_concurrency: int | None = setting(
+        None,
+        shown="max_requests of the thinkers in rotation, summed",
+        help="requests admitted at once; beyond this (and the queue) requests get 429",
     )
-    max_queue: int = setting(0, help="requests that may wait for a slot (room for bursts)")
+    max_queue: int | None = setting(
+        None,
+        shown="--max-concurrency's value, at least 16 while it is not given",
+        help="requests that may wait for a slot, each at most --queue-timeout",
+    )
     queue_timeout: float = setting(
         DEFAULT_QUEUE_TIMEOUT_S,
         help="seconds a request may wait for admission, the audio hold included, before its 429",
@@ -74,12 +82,12 @@ class GatewayConfig:
     # Audio hold (docs/serving.md "Admission"): an audio request waits (up to queue_timeout) while the talker
     # and code2wav, at the speed they measure, could not keep one more stream plus the ones playing
     # real time with `audio_hold_margin` to spare; at most `audio_hold_queue` wait (None: as many as
-    # max_concurrency; 0: refuse at once instead of holding). Off: admitted as before, whatever the
+    # max_queue's default; 0: refuse at once instead of holding). Off: admitted as before, whatever the
     # speed. Text-only requests are never held.
     audio_hold: bool = setting(
         True,
         help="hold new audio requests while the measured talker/code2wav speed could not keep one more "
-        "stream real time (--no-audio-hold: every audio request is admitted up to --max-concurrency)",
+        "stream real time (--no-audio-hold: every audio request is admitted up to the concurrency limit)",
     )
     audio_hold_margin: float = setting(
         DEFAULT_MARGIN,
@@ -87,7 +95,7 @@ class GatewayConfig:
     )
     audio_hold_queue: int | None = setting(
         None,
-        shown="--max-concurrency",
+        shown="--max-queue's default",
         help="audio requests held at most; more get 429 (0: 429 at once instead of holding)",
     )
     # Start guard (admission/start_guard.py): while a stream whose first chunk is
@@ -287,8 +295,12 @@ class GatewayConfig:
             raise ValueError("audio_start_jitter must be in [0, 10] seconds")
         if not 0 <= self.audio_start_jitter_per_stream <= 1:
             raise ValueError("audio_start_jitter_per_stream must be in [0, 1] seconds")
-        if self.audio_hold_queue is not None and self.audio_hold_queue < 0:
-            raise ValueError("audio_hold_queue must be at least 0")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise ValueError("max_concurrency must be at least 1 (or none: what the stages hold)")
+        for name in ("max_queue", "audio_hold_queue"):
+            value = getattr(self, name)
+            if value is not None and value < 0:
+                raise ValueError(f"{name} must be at least 0")
         if self.discovery_interval <= 0:
             raise ValueError("discovery_interval must be positive")
         if self.realtime_max_sessions < 0:

@@ -11,6 +11,7 @@ import ssl
 
 import uvicorn
 
+from gateway.admission.limits import Limits
 from gateway.api.app import build_app
 from gateway.config import GatewayConfig
 from gateway.serving.core import GatewayCore
@@ -21,6 +22,21 @@ from omnistream.service.server import GATEWAY_ORIGIN, add_health_and_reflection,
 from omnistream.service.tracing import setup_tracing
 
 log = logging.getLogger(__name__)
+
+# RPCs the public gRPC port holds at once while admission's limits are derived: grpc fixes its bound
+# when the server is built, before any stage has reported its room, and the room follows replicas
+# that come and go; so the bound sits far above any deployment's room plus its queue, and admission
+# refuses the excess itself (RESOURCE_EXHAUSTED with retry-after), as on REST.
+DERIVED_GRPC_STREAMS = 4096
+
+
+def grpc_streams(config: GatewayConfig) -> int:
+    """The public gRPC port's bound: twice what may run and wait under an explicit cap (room for
+    the quick refusals beside them), DERIVED_GRPC_STREAMS otherwise."""
+    if config.max_concurrency is None:
+        return DERIVED_GRPC_STREAMS
+    capped = Limits.of(None, config.max_concurrency, config.max_queue)
+    return 2 * (capped.concurrency + capped.queue)
 
 
 def config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -52,9 +68,7 @@ async def _serve(core: GatewayCore, config: GatewayConfig) -> int:
     interceptors = None
     if config.api_key:
         interceptors = [ApiKeyInterceptor(config.api_key, [f"/{SERVICE_NAME}/"], GATEWAY_ORIGIN)]
-    grpc_server = build_server(
-        config.max_message_bytes, config.max_concurrency * 2, interceptors=interceptors
-    )
+    grpc_server = build_server(config.max_message_bytes, grpc_streams(config), interceptors=interceptors)
     name = add_gateway_api(grpc_server, core)
     health = add_health_and_reflection(grpc_server, [name])
     credentials = server_credentials(config.tls_cert, config.tls_key, config.tls_client_ca)

@@ -82,7 +82,12 @@ class StageSettings:
         help="thinker and talker: prompt positions prefilled per step, all requests together; a long "
         "prompt then delays the running requests' next token by one such piece at a time",
     )
-    max_requests: int | None = setting(None, shown="4x --max-batch", help="concurrency backstop")
+    max_requests: int | None = setting(
+        None,
+        shown="4x --max-batch",
+        help="requests held at once, running and waiting (more get RESOURCE_EXHAUSTED); reported in "
+        "Info, the gateway admits by it",
+    )
     max_message_bytes: int = setting(MAX_MESSAGE_BYTES, help="gRPC message limit, sent and received")
     grace_seconds: float = setting(30.0, help="seconds the open streams may take to finish on SIGTERM")
     threads: int = setting(

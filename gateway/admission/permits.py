@@ -1,14 +1,18 @@
-"""Admission: a bound on concurrent streams plus an optional bounded, timed wait queue, and the
-audio hold in front of it.
+"""Admission: a bound on concurrent streams plus a bounded, timed wait queue, and the audio hold in
+front of it.
 
 The permit lives as long as the stream (released when the response ends, however it ends), so the
-bound counts what really occupies the stages, not how fast requests arrive.
+bound counts what really occupies the stages, not how fast requests arrive. The bounds are live:
+by default what the stages' replicas in rotation report they hold, else the operator's caps
+(gateway/admission/limits.py); a health round that brings more room lets in what waits
+(`reconsider`), and a bound that shrank lets no one in until enough permits ended.
 
 Audio hold: a request with audio first asks the audio gate whether one more stream can start
 without pushing the streams already playing below real time (gateway/admission/audio_capacity.py). While it
-cannot, the request waits in its own bounded FIFO (`max_audio_hold`, the same `queue_timeout`),
+cannot, or while the audio stages hold as many requests with audio as they take (`Limits.audio`),
+the request waits in its own bounded FIFO (`Limits.audio_hold`, the same `queue_timeout`),
 without a concurrency slot, so text-only requests never wait behind it; a held request is let in
-when an audio stream ends or when the stages report new speeds (`reconsider`). Only then does it
+when an audio stream ends or when the stages report new speeds or room (`reconsider`). Only then does it
 take its concurrency slot (one deadline covers both waits). A request that the concurrency bound
 would refuse right now is refused at once, before any audio wait, as it always was.
 
@@ -33,6 +37,7 @@ import contextlib
 from collections import deque
 from collections.abc import Callable
 
+from gateway.admission.limits import Limits, Room
 from omnistream.request.errors import Overloaded
 
 DEFAULT_QUEUE_TIMEOUT_S = 10.0  # seconds a request may wait for admission (GatewayConfig.queue_timeout)
@@ -41,7 +46,7 @@ DEFAULT_QUEUE_TIMEOUT_S = 10.0  # seconds a request may wait for admission (Gate
 # (None as the gate: no audio hold)
 AudioGate = Callable[[int, float | None], bool]
 # (reason, request id) of a request that starts waiting in the audio hold; the reasons:
-HOLD_REASONS = ("capacity", "start_guard", "queue")
+HOLD_REASONS = ("capacity", "start_guard", "queue", "room")
 OnHold = Callable[[str, str | None], None]
 
 
@@ -57,33 +62,43 @@ class Rejected(Overloaded):
 class Admission:
     def __init__(
         self,
-        max_concurrency: int,
-        max_queue: int = 0,
+        max_concurrency: int | None = None,
+        max_queue: int | None = None,
         queue_timeout: float = DEFAULT_QUEUE_TIMEOUT_S,
         retry_after: int = 1,
         *,
+        room: Callable[[], Room] | None = None,
         audio_gate: AudioGate | None = None,
         max_audio_hold: int | None = None,
         on_hold: OnHold | None = None,
     ) -> None:
-        """`audio_gate`: the audio hold's rule (None: no hold); `max_audio_hold`: requests it holds
-        at most (default `max_concurrency`; 0 refuses at once what it would hold); `on_hold`: called
-        with the reason (HOLD_REASONS: the gate said no, a starting stream is fragile, others wait
-        already) for every request that starts waiting there (a metric and a log line)."""
-        if max_concurrency < 1:
+        """`max_concurrency`, `max_queue`, `max_audio_hold`: the operator's caps (None: derived from
+        `room`, what the stages hold now, read at every decision: limits.py); `audio_gate`: the
+        audio hold's rule (None: no hold); `on_hold`: called with the reason (HOLD_REASONS: the gate
+        said no, a starting stream is fragile, others wait already, the audio stages are full) for
+        every request that starts waiting there (a metric and a log line)."""
+        if max_concurrency is None and room is None:
+            raise ValueError("admission needs max_concurrency or the stages' room")
+        if max_concurrency is not None and max_concurrency < 1:
             raise ValueError("max_concurrency must be at least 1")
         self.max_concurrency = max_concurrency
         self.max_queue = max_queue
+        self.max_audio_hold = max_audio_hold
+        self.room = room
         self.queue_timeout = queue_timeout
         self.retry_after = retry_after
         self.audio_gate = audio_gate
-        self.max_audio_hold = max_concurrency if max_audio_hold is None else max_audio_hold
         self.on_hold = on_hold
         self.active = 0
         self.audio_active = 0  # permits of requests with audio (their streams are playing)
         self._fragile: set[Permit] = set()  # of those, the fragile ones (the start guard, module docstring)
         self._waiters: deque[asyncio.Future] = deque()
         self._audio_waiters: deque[asyncio.Future] = deque()
+
+    def limits(self) -> Limits:
+        """The limits now: the caps given, the rest from what the stages report now."""
+        room = self.room() if self.room is not None and self.max_concurrency is None else None
+        return Limits.of(room, self.max_concurrency, self.max_queue, self.max_audio_hold)
 
     @property
     def audio_starting(self) -> int:
@@ -106,7 +121,7 @@ class Admission:
         deadline = started + self.queue_timeout
         if audio:
             if self._concurrency_full():
-                raise self._refusal()
+                raise self._refusal(self.limits())
             await self._acquire_audio(deadline, request_id)
         held = loop.time() - started
         try:
@@ -121,26 +136,35 @@ class Admission:
 
     def _concurrency_full(self) -> bool:
         """Would `_acquire_slot` refuse right now?"""
-        free = self.active < self.max_concurrency and not self._waiters
-        return not free and len(self._waiters) >= self.max_queue
+        limits = self.limits()
+        free = self.active < limits.concurrency and not self._waiters
+        return not free and len(self._waiters) >= limits.queue
 
-    def _refusal(self) -> Rejected:
+    def _refusal(self, limits: Limits) -> Rejected:
         return Rejected(
-            f"server is at its limit of {self.max_concurrency} concurrent requests"
-            + (f" and {self.max_queue} queued" if self.max_queue else ""),
-            reason="concurrency" if not self.max_queue else "queue_full",
+            f"server is at its limit of {limits.concurrency} concurrent requests"
+            + (f" and {limits.queue} queued" if limits.queue else ""),
+            reason="concurrency" if not limits.queue else "queue_full",
             retry_after=self.retry_after,
         )
 
     async def _acquire_slot(self, deadline: float) -> None:
-        if self.active < self.max_concurrency and not self._waiters:
+        limits = self.limits()
+        if self.active < limits.concurrency and not self._waiters:
             self.active += 1
             return
-        if len(self._waiters) >= self.max_queue:
-            raise self._refusal()
+        if len(self._waiters) >= limits.queue:
+            raise self._refusal(limits)
         await self._wait(self._waiters, deadline, self._release, "no capacity", "queue_timeout")
 
+    def _audio_full(self) -> bool:
+        """Do the audio stages hold as many requests with audio as they take (limits.py)?"""
+        audio = self.limits().audio
+        return audio is not None and self.audio_active >= audio
+
     def _audio_room(self) -> bool:
+        if self._audio_full():
+            return False
         if self.audio_gate is None:
             return True
         needs = [permit.need for permit in self._fragile]
@@ -154,17 +178,24 @@ class Admission:
         """Why a new audio request would wait now (one of HOLD_REASONS)."""
         if self._audio_waiters:
             return "queue"
+        if self._audio_full():
+            return "room"
         return "start_guard" if self.audio_starting else "capacity"
 
     async def _acquire_audio(self, deadline: float, request_id: str | None = None) -> None:
         if not self._audio_waiters and self._audio_room():
             self.audio_active += 1
             return
-        if len(self._audio_waiters) >= self.max_audio_hold:
+        hold = self.limits().audio_hold
+        if len(self._audio_waiters) >= hold:
+            why = (
+                f"the audio stages hold {self.audio_active} requests with audio, all they take"
+                if self._audio_full()
+                else f"the audio stages are at the speed their {self.audio_active} playing streams need"
+            )
             raise Rejected(
-                f"the audio stages are at the speed their {self.audio_active} playing streams need"
-                + (f", and {self.max_audio_hold} requests wait for audio" if self.max_audio_hold else ""),
-                reason="audio_capacity" if not self.max_audio_hold else "audio_hold_full",
+                why + (f", and {hold} requests wait for audio" if hold else ""),
+                reason="audio_capacity" if not hold else "audio_hold_full",
                 retry_after=self.retry_after,
             )
         if self.on_hold is not None:
@@ -214,12 +245,17 @@ class Admission:
         return Permit(self, audio)
 
     def _release(self) -> None:
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)  # hand the slot over: `active` stays the same
-                return
         self.active -= 1
+        self._grant_slots()
+
+    def _grant_slots(self) -> None:
+        """Hand the free slots to the waiting requests, oldest first (each counted in for it)."""
+        concurrency = self.limits().concurrency
+        while self._waiters and self.active < concurrency:
+            waiter = self._waiters.popleft()
+            if not waiter.done():  # else gone (timed out or cancelled) but not yet removed
+                self.active += 1
+                waiter.set_result(None)
 
     def _release_audio(self) -> None:
         self.audio_active -= 1
@@ -230,10 +266,11 @@ class Admission:
         self.reconsider()  # the needs left may let a held request in (all of them once none is left)
 
     def reconsider(self) -> None:
-        """Let in the held audio requests that fit now, oldest first (after a stream ended or
-        settled, or when the stages reported new speeds). Those let in here are not fragile yet
-        (their plans are chosen once they resume), so one round lets in the whole group the guard
-        held, each counted in before the next is judged."""
+        """Let in the waiting requests that fit now, oldest first (after a stream ended or settled,
+        or when the stages reported new speeds or room). Held audio requests let in here are not
+        fragile yet (their plans are chosen once they resume), so one round lets in the whole group
+        the guard held, each counted in before the next is judged."""
+        self._grant_slots()
         while self._audio_waiters:
             waiter = self._audio_waiters[0]
             if waiter.done():  # gone (timed out or cancelled) but not yet removed

@@ -23,6 +23,7 @@ from gateway.admission.audio_capacity import (
     measured_capacity,
     replica_speeds,
 )
+from gateway.admission.limits import Room, room_of
 from gateway.admission.permits import Admission, Permit, Rejected
 from gateway.cluster.deployment import Deployment
 from gateway.cluster.readiness import Readiness
@@ -60,11 +61,13 @@ class GatewayCore:
             config.max_concurrency,
             config.max_queue,
             config.queue_timeout,
+            room=self._room,
             audio_gate=self._audio_gate if config.audio_hold else None,
             max_audio_hold=config.audio_hold_queue,
             on_hold=self._on_hold,
         )
         self.metrics.queued.set_function(lambda: self.admission.waiting)
+        self.metrics.watch_limits(self.admission.limits)
         self.replicas = Replicas(
             {"thinker": config.thinker, "talker": config.talker, "code2wav": config.code2wav},
             config.max_message_bytes,
@@ -175,6 +178,10 @@ class GatewayCore:
         step_frames = max(bounds) if bounds and all(bounds) else None  # one unbounded: no bound
         return code2wav_pause(streams, chunk, self.assumed_capacity("code2wav", streams - 1), step_frames)
 
+    def _room(self) -> Room:
+        """What the stages' replicas in rotation hold now (admission's derived limits, limits.py)."""
+        return room_of(self.replicas.sets)
+
     def _audio_gate(self, running: int, need: float | None) -> bool:
         return self.audio_capacity().admits(running, self.config.audio_hold_margin, need)
 
@@ -204,18 +211,18 @@ class GatewayCore:
         """The audio streams a new stream's first chunk is sized with (and its start need computed
         with): those playing, itself among them, plus the audio requests on their way in (inside
         `open` before admission, or held), as many of them as could play at once (the most streams
-        the hold admits, or max_concurrency without it). A wave of simultaneous requests starts
-        together: sized only with the streams already playing, its first streams looked alone, got
-        2-frame first chunks that the rest of the wave would make run dry, and so (the start guard)
-        held the rest of the wave until they had a second of audio in hand (docs/benchmarks.md,
-        issue 33 run 8: TTFT 0.69 s at 16 against 0.16 s without the hold). Without `permit`: as if
-        admitted now."""
+        the hold admits, or without it admission's limit of requests with audio). A wave of
+        simultaneous requests starts together: sized only with the streams already playing, its
+        first streams looked alone, got 2-frame first chunks that the rest of the wave would make
+        run dry, and so (the start guard) held the rest of the wave until they had a second of audio
+        in hand (docs/benchmarks.md, issue 33 run 8: TTFT 0.69 s at 16 against 0.16 s without the
+        hold). Without `permit`: as if admitted now."""
         admitted = permit is not None and permit.audio
         playing = self.admission.audio_active + (0 if admitted else 1)
         coming = self.audio_arriving + self.admission.audio_held
         if not coming:
             return playing
-        most = min(playing + coming, max(playing, self.config.max_concurrency))
+        most = min(playing + coming, max(playing, self.admission.limits().with_audio))
         if not self.config.audio_hold:
             return most
         capacity, margin = self.audio_capacity(), self.config.audio_hold_margin
@@ -237,7 +244,7 @@ class GatewayCore:
             chunk = request.codec_chunk_frames
             if headroom is None:
                 others = self.admission.active - (1 if admitted else 0)
-                initial = dynamic_initial_frames(others, self.config.max_concurrency, chunk)
+                initial = dynamic_initial_frames(others, self.admission.limits().concurrency, chunk)
             else:
                 fps, pause, jitter = self._start_allowances(streams, chunk)
                 schedule = request.codec_chunk_schedule

@@ -7,6 +7,7 @@ from collections.abc import Callable, Iterable
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
 from gateway.admission.audio_capacity import AUDIO_STAGES
+from gateway.admission.limits import Limits
 from omnistream.audio.listener import Listening
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 60.0)
@@ -74,6 +75,14 @@ class GatewayMetrics:
         )
         self.in_flight = Gauge("omnistream_requests_in_flight", "Admitted requests not yet ended", registry=r)
         self.queued = Gauge("omnistream_requests_queued", "Requests waiting for admission", registry=r)
+        self.limit = Gauge(
+            "omnistream_admission_limit",
+            "Admission's limits now, as the stages report their room or the operator capped them "
+            "(concurrency: admitted at once; audio: of those, with audio; queue: waiting for a slot; "
+            "audio_hold: waiting in the audio hold)",
+            ["kind"],
+            registry=r,
+        )
         self.rejected = Counter(
             "omnistream_requests_rejected_total", "Requests refused, by reason", ["reason"], registry=r
         )
@@ -109,7 +118,8 @@ class GatewayMetrics:
         self.audio_held_total = Counter(
             "omnistream_requests_audio_held_total",
             "Audio requests that had to wait in the audio hold, by reason (capacity: the assumed "
-            "capacity was short; start_guard: a starting stream was fragile; queue: others waited)",
+            "capacity was short; start_guard: a starting stream was fragile; queue: others waited; "
+            "room: the audio stages held all the requests they take)",
             ["reason"],
             registry=r,
         )
@@ -127,6 +137,17 @@ class GatewayMetrics:
             ["stage"],
             registry=r,
         )
+
+    def watch_limits(self, limits: Callable[[], Limits]) -> None:
+        """Point the limit gauge at admission's limits (read at each scrape)."""
+        readings: dict[str, Callable[[Limits], int]] = {
+            "concurrency": lambda now: now.concurrency,
+            "audio": lambda now: now.with_audio,
+            "queue": lambda now: now.queue,
+            "audio_hold": lambda now: now.audio_hold,
+        }
+        for kind, read in readings.items():
+            self.limit.labels(kind=kind).set_function(lambda read=read: read(limits()))
 
     def watch_replicas(self, stages: Iterable[str], count: Callable[[str, bool], int]) -> None:
         """`count(stage, in_rotation)`: the replicas of a stage the gateway knows that are in

@@ -139,12 +139,12 @@ async def run_bench(args: argparse.Namespace) -> int:
             else:
                 from omnistream.cli.up import start_gateway, start_stack
 
-                limit = max(concurrencies) * 2
+                # The gateways' admission is `omnistream up`'s default (what the stages hold,
+                # gateway/admission/limits.py) unless --gateway-args sets a cap.
                 flags = shlex.split(args.gateway_args)
                 gateway = start_stack(
                     args.model,
                     services,
-                    max_concurrency=limit,
                     audio_hold=holds[0],
                     gateway_flags=flags,
                     **prefill,
@@ -156,7 +156,6 @@ async def run_bench(args: argparse.Namespace) -> int:
                         services,
                         name=f"gateway-hold-{'on' if hold else 'off'}",
                         gateway_flags=flags,
-                        max_concurrency=limit,
                         audio_hold=hold,
                     )
                 for hold in holds:

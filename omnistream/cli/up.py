@@ -51,9 +51,10 @@ VLLM_PYTHON_ENV = "OMNISTREAM_VLLM_PYTHON"
 # The thinker's nice when the stages share this machine's cores (omnistream/service/cpu_priority.py).
 DEFAULT_THINKER_NICE = 5
 # GatewayConfig settings that `up` takes as flags of the same names: where it serves (and how many
-# requests at once), and the admission settings it hands to `serve gateway` when given.
+# requests at once: unset, what the stages hold), and the admission settings it hands to
+# `serve gateway` when given.
 UP_GATEWAY_SETTINGS = ("host", "http_port", "grpc_port", "max_concurrency")
-ADMISSION_SETTINGS = ("audio_hold_margin", "queue_timeout")
+ADMISSION_SETTINGS = ("max_queue", "audio_hold_margin", "queue_timeout")
 THINKER_BACKEND = table(ThinkerSettings)["backend"]  # `serve thinker --backend`: its choices and default
 
 
@@ -159,7 +160,7 @@ def start_stack(
     host: str = GatewayConfig.host,
     http_port: int = 0,
     grpc_port: int = 0,
-    max_concurrency: int = GatewayConfig.max_concurrency,
+    max_concurrency: int | None = GatewayConfig.max_concurrency,
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
@@ -178,6 +179,7 @@ def start_stack(
     thinker on cuda:0 and the talker and code2wav on cuda:1. Each stage checks at start that its
     weights and KV cache fit the free memory of its device (omnistream/models/qwen3_omni/memory.py).
 
+    `max_concurrency`: the gateway's cap (None: its limits follow what the stages report they hold).
     `audio_hold`: False starts the gateway with `--no-audio-hold` (docs/serving.md "Admission").
     `gateway_flags`: more `omnistream serve gateway` flags (e.g. `--audio-start-guard 0`).
 
@@ -237,7 +239,7 @@ def start_gateway(
     host: str = GatewayConfig.host,
     http_port: int = 0,
     grpc_port: int = 0,
-    max_concurrency: int = GatewayConfig.max_concurrency,
+    max_concurrency: int | None = GatewayConfig.max_concurrency,
     audio_hold: bool = GatewayConfig.audio_hold,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
@@ -254,8 +256,7 @@ def start_gateway(
         str(http_port),
         "--grpc-port",
         str(grpc_port),
-        "--max-concurrency",
-        str(max_concurrency),
+        *as_flags({"max_concurrency": max_concurrency}, GatewayConfig),
         *([] if audio_hold else ["--no-audio-hold"]),
         *gateway_flags,
     ]

@@ -268,7 +268,8 @@ def test_example_config_loads():
 
     config = GatewayConfig.from_yaml(Path(__file__).resolve().parents[2] / "deploy" / "gateway.example.yaml")
     config.validate()
-    assert len(config.talker) == 2 and config.max_queue == 8
+    assert len(config.talker) == 2 and config.queue_timeout == 5.0
+    assert config.max_concurrency is None and config.max_queue is None  # derived from the stages
 
 
 def test_same_prompt_and_seed_give_the_same_output_through_every_entry_point(

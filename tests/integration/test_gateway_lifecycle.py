@@ -22,7 +22,8 @@ from .test_gateway import EXTRA, MAX_CONCURRENCY, MESSAGES
 
 @pytest.fixture(scope="module")
 def gateway(stages):
-    with gateway_process(stages, "--max-concurrency", str(MAX_CONCURRENCY)) as gateway:
+    # An explicit cap and no queue: the request past the cap is refused at once, not queued.
+    with gateway_process(stages, "--max-concurrency", str(MAX_CONCURRENCY), "--max-queue", "0") as gateway:
         yield gateway
 
 

@@ -219,3 +219,36 @@ def test_admission_flags_reach_the_gateway_as_serve_gateway_names_them(monkeypat
     assert served.audio_hold is (False if "--no-audio-hold" in given else None)
     if "--queue-timeout" in given:
         assert served.queue_timeout == 30.0 and served.audio_hold_margin == 0.5
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"),
+    [([], {}), (["--max-concurrency", "32", "--max-queue", "0"], {"max_concurrency": 32, "max_queue": 0})],
+)
+def test_the_gateways_caps_are_passed_only_when_given(monkeypatch, given, expected):
+    """Without `--max-concurrency` / `--max-queue`, `up`'s gateway derives its limits from the
+    stages (no cap on its command line); given, `serve gateway` gets them under the same names."""
+    from gateway.main import config_from_args
+    from gateway.main_args import add_arguments as gateway_arguments
+
+    specs_seen: list[dict[str, list[str]]] = []
+
+    def fake_start(specs, cancel=None, **kw):
+        specs_seen.append(specs)
+        if "gateway" in specs:
+            raise StartCancelled()
+        return {name: ServiceProcess(name, None, port=1000 + i) for i, name in enumerate(specs)}
+
+    monkeypatch.setattr(up, "start_services", fake_start)
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    parsed = args.parse_args(["--model", "m", *given])
+    with pytest.raises(StartCancelled):
+        up.start_stack(
+            "m", {}, max_concurrency=parsed.max_concurrency, gateway_flags=up.admission_flags(parsed)
+        )
+    gateway_parser = argparse.ArgumentParser()
+    gateway_arguments(gateway_parser)
+    served = config_from_args(gateway_parser.parse_args(specs_seen[-1]["gateway"][2:]))
+    caps = {"max_concurrency": served.max_concurrency, "max_queue": served.max_queue}
+    assert caps == {"max_concurrency": None, "max_queue": None} | expected

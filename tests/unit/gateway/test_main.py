@@ -9,7 +9,7 @@ import yaml
 
 from gateway.admission.audio_capacity import DEFAULT_START_JITTER_S
 from gateway.config import GatewayConfig
-from gateway.main import config_from_args
+from gateway.main import DERIVED_GRPC_STREAMS, config_from_args, grpc_streams
 from gateway.main_args import add_arguments
 from omnistream.service.settings import Setting, as_flags, settings_of
 
@@ -97,3 +97,11 @@ def test_an_unknown_or_mistyped_yaml_key_is_named(tmp_path):
     path.write_text("stages: {thinker: [a:1], vocoder: [b:1]}\n")
     with pytest.raises(ValueError, match="stages takes a mapping of thinker, talker, code2wav"):
         GatewayConfig.from_yaml(path)
+
+
+def test_the_grpc_port_holds_what_admission_may_run_and_queue():
+    """Under caps, twice what runs and waits (16 and no queue: 32, as before); derived limits are
+    unknown when the port is built, so its bound is far above them and admission refuses."""
+    assert grpc_streams(GatewayConfig(max_concurrency=16, max_queue=0)) == 32
+    assert grpc_streams(GatewayConfig(max_concurrency=16)) == 64  # the queue follows the cap
+    assert grpc_streams(GatewayConfig()) == DERIVED_GRPC_STREAMS

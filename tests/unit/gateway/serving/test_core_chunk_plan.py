@@ -6,6 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from gateway.admission.limits import Limits
 from gateway.config import GatewayConfig
 from gateway.serving.core import GatewayCore
 from omnistream.request.errors import InvalidRequest
@@ -16,7 +17,9 @@ def _plan(active: int = 0, **fields):
     # Speed unknown (no stage reported a load): the plan falls back to the load rule.
     unknown = SimpleNamespace(headroom=lambda streams: None)
     core = SimpleNamespace(
-        admission=SimpleNamespace(active=active, audio_active=active, audio_held=0),
+        admission=SimpleNamespace(
+            active=active, audio_active=active, audio_held=0, limits=lambda: Limits.of(None, 8)
+        ),
         audio_capacity=lambda: unknown,
         config=GatewayConfig(max_concurrency=8),
         audio_arriving=0,
