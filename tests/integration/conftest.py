@@ -125,9 +125,9 @@ def ending_stages(ending_tiny_model_dir):
             service.stop()
 
 
-def metric(service: ServiceProcess, name: str) -> float:
+def metric(service: ServiceProcess, name: str, timeout: float = 5.0) -> float:
     """Sum of a metric's samples on the service's /metrics endpoint."""
-    return metric_at(f"http://{service.connect_host}:{service.metrics_port}/metrics", name)
+    return metric_at(f"http://{service.connect_host}:{service.metrics_port}/metrics", name, timeout)
 
 
 async def wait_for(predicate, timeout: float = 5.0, interval: float = 0.05) -> bool:
@@ -155,8 +155,10 @@ def gateway_idle(gateway: ServiceProcess, stages: dict[str, ServiceProcess]) -> 
     return metric_at(f"{gateway_url(gateway)}/metrics", "omnistream_requests_in_flight") == 0
 
 
-def metric_at(url: str, name: str) -> float:
-    body = urllib.request.urlopen(url, timeout=5).read().decode()
+def metric_at(url: str, name: str, timeout: float = 5.0) -> float:
+    """`timeout`: for one scrape; a poll (`wait_for`) keeps the short default and scrapes again, a
+    single read outside one gives a loaded machine's busy stage more."""
+    body = urllib.request.urlopen(url, timeout=timeout).read().decode()
     samples = [
         float(line.rsplit(" ", 1)[1]) for line in body.splitlines() if re.match(rf"^{name}(\{{|\s)", line)
     ]

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from omnistream.cli.launcher import start_services
+from omnistream.service.server import keepalive_ms
 from tests.procs import wait_until
 
 from .conftest import metric, stage_args
@@ -24,8 +25,10 @@ from .netns import Network, netns_unavailable, network_of
 STAGE_PORT = 50051
 METRICS_PORT = 9100
 HTTP_PORT = 8000
-# A dead peer must be found by gRPC keepalive (omnistream.service.server): ping interval + ping timeout.
-DETECTION_BOUND_S = 35.0
+# A dead peer must be found by gRPC keepalive (omnistream.service.server), at the latest a ping
+# interval and a ping timeout after the cut (the deployment's own: 30 s), long before the request's
+# own 90 s timeout; the rest is room for a loaded machine's timers, event loops and threads.
+DETECTION_BOUND_S = sum(keepalive_ms()) / 1000 + 15.0
 
 SHORT = {
     "messages": [{"role": "user", "content": "Hello across hosts"}],
@@ -33,6 +36,8 @@ SHORT = {
     "modalities": ["text", "audio"],
     "max_audio_frames": 8,
     "talker_temperature": 0,
+    # The same answer every time: its audio is asserted, and what the talker says follows the text.
+    "seed": 11,
 }
 LONG = {
     "messages": [{"role": "user", "content": "Tell me a very long story."}],
@@ -98,12 +103,21 @@ def test_network_is_removed_even_after_a_failure():
 
 
 def _ready(base: str) -> tuple[int, dict]:
-    reply = httpx.get(f"{base}/ready", timeout=5)
+    try:
+        reply = httpx.get(f"{base}/ready", timeout=30)
+    except httpx.TransportError as exc:  # unreached or slow under load: `wait_until`'s "not yet"
+        raise OSError(f"GET {base}/ready: {exc!r}") from exc
     return reply.status_code, reply.json()
 
 
 def _talkers(base: str) -> dict[str, dict]:
     return {r["address"]: r for r in _ready(base)[1]["stages"]["talker"]}
+
+
+def _requests(service) -> float:
+    """The streams the stage admitted so far: one read, no poll to scrape again, so a busy stage on a
+    loaded machine gets time to answer."""
+    return metric(service, "omnistream_stage_requests_total", timeout=60)
 
 
 def _post_short(base: str) -> httpx.Response:
@@ -147,7 +161,10 @@ def test_requests_cross_hosts_and_survive_a_cut_link(network, stack):
     talker_a, talker_b = stack["talker-a"], stack["talker-b"]
     assert talker_a.address == f"{network.nodes['talker-a'].address}:{STAGE_PORT}"
 
-    # (1) end to end across the hosts, both talkers used
+    # (1) end to end across the hosts, both talkers used: once both are in rotation (a health check
+    # the gateway's start saw time out on a loaded machine leaves one out until a later round), the
+    # least-served one takes each request
+    assert wait_until(lambda: all(r["in_rotation"] for r in _talkers(base).values()), 60), _talkers(base)
     for _ in range(4):
         reply = _post_short(base)
         assert reply.status_code == 200, reply.text
@@ -178,21 +195,23 @@ def test_requests_cross_hosts_and_survive_a_cut_link(network, stack):
         )
 
     # (3) new requests go to the surviving talker while the link is down
-    assert wait_until(lambda: not _talkers(base)[cut.address]["healthy"], 10), _talkers(base)
+    assert wait_until(lambda: not _talkers(base)[cut.address]["healthy"], 60), _talkers(base)
     assert _ready(base)[0] == 200
-    before = metric(survivor, "omnistream_stage_requests_total")
+    before = _requests(survivor)
     served_cut = _talkers(base)[cut.address]["served"]
     for _ in range(3):
         reply = _post_short(base)
         assert reply.status_code == 200, reply.text
-    assert metric(survivor, "omnistream_stage_requests_total") >= before + 3
+    assert _requests(survivor) >= before + 3
     assert _talkers(base)[cut.address]["served"] == served_cut
 
-    # (4) the link comes back: the talker is healthy again and gets requests again
+    # (4) the link comes back: the talker is in rotation again and gets requests again (in rotation,
+    # not only healthy: it is healthy a moment before the round that read its Info accepts it, and a
+    # request in that moment goes to the survivor)
     network.restore(cut_node)
-    assert wait_until(lambda: _talkers(base)[cut.address]["healthy"], 60), _talkers(base)
-    before = metric(cut, "omnistream_stage_requests_total")
+    assert wait_until(lambda: _talkers(base)[cut.address]["in_rotation"], 60), _talkers(base)
+    before = _requests(cut)
     for _ in range(2):
         reply = _post_short(base)
         assert reply.status_code == 200, reply.text
-    assert metric(cut, "omnistream_stage_requests_total") >= before + 1
+    assert _requests(cut) >= before + 1
