@@ -1,4 +1,4 @@
-"""Realtime audio on the wire: base64 pcm16 mono 24 kHz, both ways.
+"""Realtime audio on the wire: base64 pcm16 mono 24 kHz both ways, or G.711 at 8 kHz (formats.py).
 
 In: a committed turn (or an `input_audio` part) is wrapped as a WAV file and handed to the
 gateway's media decoder like any REST audio part, so it gets the same resampler (FFmpeg's, to the
@@ -10,9 +10,9 @@ with zeros after it, and without them when it is the longest, so the same spoken
 other features (and a frame more or less) once a longer turn followed it: its cached prefix would
 no longer match, and every later turn would prefill it again. Ending it with a window of zeros on
 a frame boundary makes both the same (checked against the feature extractor in the tests).
-Out: the stages' float32 audio at the deployment's sample rate becomes pcm16 at 24 kHz; Qwen3-Omni's
-code2wav is 24 kHz already, any other rate goes through FFmpeg's resampler, which keeps its state
-across chunks.
+Out: the stages' float32 audio at the deployment's sample rate becomes the session's output format:
+pcm16 at 24 kHz (Qwen3-Omni's code2wav is 24 kHz already), or G.711 at 8 kHz; any other rate goes
+through FFmpeg's resampler, which keeps its state across chunks (gateway/realtime/formats.py).
 """
 
 from __future__ import annotations
@@ -26,16 +26,20 @@ import numpy as np
 
 from gateway.media.parts import EncodedMedia
 from gateway.realtime.events import EventError
+from gateway.realtime.formats import PCM16, AudioFormat, encode_g711, mono_frame, resample, resampler
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.audio.wav import to_pcm16
 from omnistream.request.media import AudioInput
 
 
-def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | None) -> bytes:
-    """Base64 pcm16 -> bytes, refusing more than `max_bytes` before decoding anything."""
+def decode_base64_pcm(
+    data: str, param: str, max_bytes: int, event_id: str | None, fmt: AudioFormat = PCM16
+) -> bytes:
+    """Base64 audio in `fmt` -> bytes, refusing more than `max_bytes` before decoding anything."""
     if len(data) * 3 // 4 > max_bytes:
+        seconds = max_bytes / fmt.sample_bytes / fmt.rate
         raise EventError(
-            f"the audio is over {max_bytes} bytes ({max_bytes / 2 / INPUT_RATE:.1f} s of pcm16 24 kHz)",
+            f"the audio is over {max_bytes} bytes ({seconds:.1f} s of {fmt.beta} at {fmt.rate} Hz)",
             code="audio_too_large",
             param=param,
             event_id=event_id,
@@ -46,7 +50,7 @@ def decode_base64_pcm(data: str, param: str, max_bytes: int, event_id: str | Non
         raise EventError(
             "the audio is not valid base64", code="invalid_value", param=param, event_id=event_id
         ) from None
-    if len(pcm) % 2:
+    if len(pcm) % fmt.sample_bytes:
         raise EventError(
             "pcm16 audio has an even number of bytes", code="invalid_value", param=param, event_id=event_id
         )
@@ -83,22 +87,25 @@ def encoded_turn(pcm: bytes, field: str) -> EncodedMedia:
 
 
 class OutputAudio:
-    """Float chunks at the stage's rate -> pcm16 24 kHz bytes, for one response."""
+    """Float chunks at the stage's rate -> the session's output format (pcm16 24 kHz, or G.711 at
+    8 kHz), for one response: one resampler for all its chunks, so they join without a seam;
+    `flush` at its end gives what the resampler's filter still holds."""
 
-    def __init__(self) -> None:
+    def __init__(self, fmt: AudioFormat = PCM16) -> None:
+        self.format = fmt
         self._resampler: av.AudioResampler | None = None
         self._rate: int | None = None
 
     def convert(self, audio: np.ndarray, rate: int) -> bytes:
-        if rate == INPUT_RATE:
+        if rate == self.format.rate and self.format is PCM16:
             return to_pcm16(audio)
         if self._resampler is None or self._rate != rate:
-            self._resampler = av.AudioResampler(format="s16", layout="mono", rate=INPUT_RATE)
+            self._resampler = resampler(self.format.rate)
             self._rate = rate
-        frame = av.AudioFrame.from_ndarray(
-            np.clip(audio, -1.0, 1.0).astype(np.float32).reshape(1, -1), format="flt", layout="mono"
-        )
-        frame.sample_rate = rate
-        return b"".join(
-            bytes(out.to_ndarray().astype("<i2").tobytes()) for out in self._resampler.resample(frame)
-        )
+        frame = mono_frame(np.clip(audio, -1.0, 1.0).astype(np.float32), "flt", rate)
+        return encode_g711(self.format, resample(self._resampler, frame))
+
+    def flush(self) -> bytes:
+        if self._resampler is None:
+            return b""
+        return encode_g711(self.format, resample(self._resampler, None))

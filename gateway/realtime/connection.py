@@ -17,13 +17,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gateway.api.openai.voices import speaker_for
 from gateway.config import GatewayConfig
 from gateway.realtime import events as ev
 from gateway.realtime.audio import ms_of
 from gateway.realtime.events import EventError
-from gateway.realtime.function_calls import function_item
 from gateway.realtime.input_audio import InputAudio
-from gateway.realtime.items import decode_parts, item_parts
+from gateway.realtime.items import created_item
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.responder import Responder
@@ -70,6 +70,7 @@ class Connection:
             self.cache_scope,
             dropped=self._dropped,
             on_end=self._touch,  # the idle timeout counts from the end of a response
+            make_item=self._made_item,
         )
         self.input_audio = InputAudio(
             core, self.config, self.send, self.conversation, self._add_item, self.responder, on_barge_in
@@ -100,16 +101,15 @@ class Connection:
             self.protocol.error(exc.message, exc.code, exc.param, exc.event_id, exc.error_type)
         )
 
-    def _voice(self) -> str | None:
-        return (
-            self.config.voice
-            or ServingDefaults.of(self.core.config, self.core.deployment.voices).default_voice()
-        )
+    def _session(self) -> dict[str, Any]:
+        """The session object: its voice as asked (or the default), and the model's that speaks."""
+        voices = self.core.deployment.voices
+        voice = self.config.voice or ServingDefaults.of(self.core.config, voices).default_voice()
+        speaker = speaker_for(voice, voices)
+        return self.config.describe(self.protocol, self.id, self.model, voice, speaker)
 
     async def open(self) -> None:
-        await self.send(
-            "session.created", session=self.config.describe(self.protocol, self.id, self.model, self._voice())
-        )
+        await self.send("session.created", session=self._session())
 
     # -- dispatch ------------------------------------------------------------------------------
     async def handle_text(self, text: str) -> None:
@@ -163,6 +163,9 @@ class Connection:
                 case ev.ItemDelete():
                     self.conversation.delete(event.item_id)
                     await self.send("conversation.item.deleted", item_id=event.item_id)
+                case ev.ItemRetrieve():
+                    item = self.conversation.get(event.item_id)
+                    await self.send("conversation.item.retrieved", item=item.wire(self.protocol))
                 case ev.ResponseCreate():
                     await self.responder.create(event)
                 case ev.ResponseCancel():
@@ -173,22 +176,16 @@ class Connection:
 
     # -- session -------------------------------------------------------------------------------
     async def _session_update(self, event: ev.SessionUpdate) -> None:
-        update = event.session
-        voices = self.core.deployment.voices
-        voice = update.voice or (update.audio.output.voice if update.audio and update.audio.output else None)
-        if voice is not None and voices is not None and voice.lower() not in voices:
-            raise EventError(
-                f"unknown voice {voice!r}; choose from {list(voices)}",
-                code="invalid_value",
-                param="session.audio.output.voice",
-            )
+        """Apply what can be served; each setting refused is an `error` of its own, naming it, and
+        session.updated follows with the session as it now is."""
         before = self.config.turn_detection
-        self.config.apply(update)
+        refused = event.refused + self.config.apply(event.session, self.core.deployment.voices)
+        for exc in refused:
+            exc.event_id = event.event_id
+            await self.error(exc)
         if self.config.turn_detection != before:
             self.input_audio.detection_changed()
-        await self.send(
-            "session.updated", session=self.config.describe(self.protocol, self.id, self.model, self._voice())
-        )
+        await self.send("session.updated", session=self._session())
 
     # -- conversation --------------------------------------------------------------------------
     async def _add_item(self, item: Item, previous: str | None = None) -> None:
@@ -225,17 +222,17 @@ class Connection:
         item_id = given.id or new_id("item")
         if item_id in self.conversation.items:
             raise EventError(f"an item with id {item_id!r} exists", code="duplicate_item_id", param="item.id")
-        if given.type != "message":  # a function call or its result
-            await self._add_item(function_item(given.model_copy(update={"id": item_id}), self.conversation))
-            return
+        await self._add_item(await self._made_item(given, item_id, self.conversation, event.event_id))
+
+    async def _made_item(
+        self, given: ev.Item, item_id: str, conversation: Conversation, event_id: str | None
+    ) -> Item:
+        """An item a client gave (conversation.item.create's, or one of a response's `input`)."""
         modalities = self.core.deployment.input_modalities
         max_bytes = self.input_audio.buffer.max_bytes  # an item's audio: as much as the buffer's
-        parts, content, text, seconds = item_parts(given, modalities, max_bytes, event.event_id)
-        await decode_parts(self.core.media, parts, event.event_id)
-        item = Item(item_id, given.role or "user", parts, content, audio_seconds=seconds)
-        if given.role == "assistant":
-            item.text = text
-        await self._add_item(item)
+        return await created_item(
+            given, item_id, conversation, self.core.media, modalities, max_bytes, event_id
+        )
 
     async def _truncate(self, event: ev.ItemTruncate) -> None:
         item = self.conversation.get(event.item_id)

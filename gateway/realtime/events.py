@@ -5,16 +5,27 @@ Both schemes parse here: the GA session shape (`output_modalities`, `audio.input
 `input_audio_format: "pcm16"`, `turn_detection` at the top), whatever the connection's naming, so
 a client mixing them still works. Unknown fields inside a session or response are ignored (OpenAI
 adds fields often: tracing, include, noise_reduction...), but every field we use is strictly typed
-and a wrong one is an `EventError` naming it. Audio must be pcm16 at 24 kHz (`audio/pcm`, rate
-24000, or beta `pcm16`): the only format served.
+and a wrong one is an `EventError` naming it. Audio is pcm16 at 24 kHz (`audio/pcm`, rate 24000,
+or beta `pcm16`) or G.711 at 8 kHz (`audio/pcmu` / `audio/pcma`, beta `g711_ulaw` / `g711_alaw`:
+gateway/realtime/formats.py).
+
+A session.update is checked setting by setting (`partial`): a wrong setting is refused alone (an
+`EventError` naming it, in `SessionUpdate.refused`) and the rest of the update still applies, so an
+agent framework's first update (its instructions and tools beside something this server cannot
+take) is never lost whole. Where OpenAI's schema allows what the model cannot do exactly, the
+nearest is accepted (`semantic_vad`, a tool choice given before its tools, OpenAI's voice names):
+docs/realtime.md "What is served for what is asked" has the table.
 """
 
 from __future__ import annotations
 
+import copy
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+
+from gateway.realtime.vad import SEMANTIC_SILENCE_MS
 
 LENIENT = ConfigDict(extra="ignore", strict=True)
 MAX_TEXT = 100_000  # characters of instructions or of one text part
@@ -40,14 +51,39 @@ class EventError(Exception):
         self.error_type = error_type
 
 
-class ServerVad(BaseModel):
+class TurnDetection(BaseModel):
+    """`turn_detection`: `server_vad` (WebRTC's detector, vad.py), or `semantic_vad`, which this
+    server has no model for: the same detector serves it, with the silence window of its
+    `eagerness` (vad.py's SEMANTIC_SILENCE_MS). Beta may leave `type` out (server_vad)."""
+
     model_config = LENIENT
-    type: Literal["server_vad"]
+    type: Literal["server_vad", "semantic_vad"] = "server_vad"
     threshold: float = Field(0.5, ge=0.0, le=1.0)
     prefix_padding_ms: int = Field(300, ge=0, le=5000)
     silence_duration_ms: int = Field(500, ge=20, le=10000)
     create_response: bool = True
     interrupt_response: bool = True
+    eagerness: Literal["low", "medium", "high", "auto"] = "auto"  # semantic_vad
+
+    def served(self) -> TurnDetection:
+        """The server VAD that serves it (itself for server_vad)."""
+        if self.type == "server_vad":
+            return self
+        silence = SEMANTIC_SILENCE_MS[self.eagerness]
+        return self.model_copy(update={"type": "server_vad", "silence_duration_ms": silence})
+
+    def wire(self) -> dict[str, Any]:
+        """As session.created / session.updated show it: the fields of its type in OpenAI's schema."""
+        common = {"create_response": self.create_response, "interrupt_response": self.interrupt_response}
+        if self.type == "semantic_vad":
+            return {"type": self.type, "eagerness": self.eagerness, **common}
+        return {
+            "type": self.type,
+            "threshold": self.threshold,
+            "prefix_padding_ms": self.prefix_padding_ms,
+            "silence_duration_ms": self.silence_duration_ms,
+            **common,
+        }
 
 
 class PcmFormat(BaseModel):
@@ -56,16 +92,37 @@ class PcmFormat(BaseModel):
     rate: Literal[24000] = 24000
 
 
+class G711Format(BaseModel):
+    """G.711 at 8 kHz (the rate is implied: OpenAI's schema has no `rate` for it)."""
+
+    model_config = LENIENT
+    type: Literal["audio/pcmu", "audio/pcma"]
+
+
+WireFormat = PcmFormat | G711Format
+BetaFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
+
+
 class AudioInputConfig(BaseModel):
     model_config = LENIENT
-    format: PcmFormat | None = None
-    turn_detection: ServerVad | None = None
+    format: WireFormat | None = None
+    turn_detection: TurnDetection | None = None
+
+
+Voice = Annotated[str, Field(max_length=256)]
+
+
+class VoiceRef(BaseModel):
+    """A voice given as `{"id": ...}` (GA's custom voice object): the voice of that name."""
+
+    model_config = LENIENT
+    id: Voice
 
 
 class AudioOutputConfig(BaseModel):
     model_config = LENIENT
-    format: PcmFormat | None = None
-    voice: Annotated[str, Field(max_length=256)] | None = None
+    format: WireFormat | None = None
+    voice: Voice | VoiceRef | None = None
 
 
 class AudioConfig(BaseModel):
@@ -91,7 +148,7 @@ class FunctionTool(BaseModel):
     """A tool of the session (or of one response): the Realtime API's function object."""
 
     model_config = LENIENT
-    type: Literal["function"]
+    type: Literal["function"] = "function"  # optional in OpenAI's schemas
     name: Annotated[str, Field(max_length=256)]
     description: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
     parameters: dict[str, Any] | None = None
@@ -106,7 +163,8 @@ class FunctionChoice(BaseModel):
 
 
 Tools = Annotated[list[FunctionTool], Field(max_length=128)]
-ToolChoice = Literal["auto", "none", "required"] | FunctionChoice
+# `auto`, `none`, `required`, a named function; beta's tool_choice is any string: a function's name.
+ToolChoice = FunctionChoice | Annotated[str, Field(min_length=1, max_length=256)]
 
 
 class SessionFields(BaseModel):
@@ -115,11 +173,11 @@ class SessionFields(BaseModel):
     instructions: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
     output_modalities: Modalities | None = None
     modalities: Modalities | None = None  # beta
-    voice: Annotated[str, Field(max_length=256)] | None = None  # beta
+    voice: Voice | None = None  # beta
     audio: AudioConfig | None = None
-    input_audio_format: Literal["pcm16"] | None = None  # beta
-    output_audio_format: Literal["pcm16"] | None = None  # beta
-    turn_detection: ServerVad | None = None  # beta (null: none)
+    input_audio_format: BetaFormat | None = None  # beta
+    output_audio_format: BetaFormat | None = None  # beta
+    turn_detection: TurnDetection | None = None  # beta (null: none)
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None  # beta
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -127,7 +185,7 @@ class SessionFields(BaseModel):
     tool_choice: ToolChoice | None = None
     omnistream: Extensions | None = None
 
-    def turn_detection_given(self) -> tuple[bool, ServerVad | None]:
+    def turn_detection_given(self) -> tuple[bool, TurnDetection | None]:
         """(whether the update sets turn detection, the new value: None turns it off)."""
         if (
             self.audio is not None
@@ -164,19 +222,38 @@ class Item(BaseModel):
     output: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
 
 
+class ItemReference(BaseModel):
+    """An item of the conversation named in a response's `input` (GA's `item_reference`)."""
+
+    model_config = LENIENT
+    type: Literal["item_reference"]
+    id: Id
+
+
+InputItem = Item | ItemReference
+Metadata = Annotated[
+    dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)
+]
+
+
 class ResponseFields(BaseModel):
     model_config = LENIENT
     instructions: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
     output_modalities: Modalities | None = None
     modalities: Modalities | None = None  # beta
-    voice: Annotated[str, Field(max_length=256)] | None = None  # beta
+    voice: Voice | None = None  # beta
     audio: AudioConfig | None = None
+    output_audio_format: BetaFormat | None = None  # beta
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None  # beta
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     tools: Tools | None = None
     tool_choice: ToolChoice | None = None
     conversation: Literal["auto", "none"] | None = None
+    # The response's own context instead of the conversation's (`[]`: none); out-of-band with
+    # conversation `none` (gateway/realtime/responder.py).
+    input: Annotated[list[InputItem], Field(max_length=1024)] | None = None
+    metadata: Metadata | None = None
 
 
 class _Event(BaseModel):
@@ -187,6 +264,19 @@ class _Event(BaseModel):
 class SessionUpdate(_Event):
     type: Literal["session.update"]
     session: SessionFields
+    # The settings refused alone (`partial`); what `session` holds is the rest.
+    _refused: list[EventError] = PrivateAttr(default_factory=list)
+
+    @property
+    def refused(self) -> list[EventError]:
+        return self._refused
+
+
+class _SessionEnvelope(_Event):
+    """A session.update before its settings are checked one by one."""
+
+    type: Literal["session.update"]
+    session: dict[str, Any]
 
 
 class BufferAppend(_Event):
@@ -220,6 +310,11 @@ class ItemDelete(_Event):
     item_id: Id
 
 
+class ItemRetrieve(_Event):
+    type: Literal["conversation.item.retrieve"]
+    item_id: Id
+
+
 class ResponseCreate(_Event):
     type: Literal["response.create"]
     response: ResponseFields | None = None
@@ -238,6 +333,7 @@ ClientEvent = (
     | ItemCreate
     | ItemTruncate
     | ItemDelete
+    | ItemRetrieve
     | ResponseCreate
     | ResponseCancel
 )
@@ -246,11 +342,62 @@ EVENT_TYPES = {
     for m in ClientEvent.__args__  # type: ignore[attr-defined]
 }
 _ADAPTERS = {name: TypeAdapter(model) for name, model in EVENT_TYPES.items()}
+_ENVELOPE = TypeAdapter(_SessionEnvelope)
+
+
+def _tag(part: Any) -> bool:
+    """A union member's tag in an error's location (`constrained-int`, `literal['inf']`, a model's
+    class name), not a field: field names are lower case and plain."""
+    return isinstance(part, str) and (any(c in part for c in "-['") or part[:1].isupper())
 
 
 def _param(error: dict[str, Any]) -> str:
-    """The field's path; pydantic's union-member tags (`constrained-int`, `literal['inf']`) left out."""
-    return ".".join(str(p) for p in error["loc"] if not (isinstance(p, str) and any(c in p for c in "-['")))
+    """The field's path, the union-member tags left out."""
+    return ".".join(str(p) for p in error["loc"] if not _tag(p))
+
+
+# The settings of a session that stand alone: a top-level field, or one of `audio.input` or
+# `audio.output` (its format, its turn detection, its voice).
+NESTED_SETTINGS = {("audio", "input"), ("audio", "output")}
+Fields = TypeVar("Fields", bound=BaseModel)
+
+
+def _setting(loc: tuple[Any, ...]) -> tuple[Any, ...]:
+    """The setting an error's location is in (what is refused with it)."""
+    depth = 3 if tuple(loc[:2]) in NESTED_SETTINGS else 1
+    return tuple(loc[:depth])
+
+
+def _remove(data: dict[str, Any], path: tuple[Any, ...]) -> bool:
+    *parents, last = path
+    for key in parents:
+        data = data.get(key) if isinstance(data, dict) else None  # type: ignore[assignment]
+    if isinstance(data, dict) and last in data:
+        del data[last]
+        return True
+    return False
+
+
+def partial(model: type[Fields], data: dict[str, Any], where: str) -> tuple[Fields, list[EventError]]:
+    """`data` (the `where` of a `<where>.update`) as `model` less the settings that do not validate:
+    each is refused alone, an EventError naming its field (`session.audio.input.format.rate`)."""
+    data = copy.deepcopy(data)
+    refused: list[EventError] = []
+    while True:
+        try:
+            return model.model_validate(data), refused
+        except ValidationError as exc:
+            settings: set[tuple[Any, ...]] = set()
+            for error in exc.errors():
+                setting = _setting(error["loc"])
+                if setting in settings or not _remove(data, setting):
+                    continue
+                settings.add(setting)
+                param = f"{where}.{_param(error)}"
+                message = f"invalid {where}.update: {param}: {error['msg']} (refused alone: the rest applies)"
+                refused.append(EventError(message, code="invalid_value", param=param))
+            if not settings:  # nothing left to take out: cannot happen for a dict of settings
+                raise
 
 
 def parse(text: str) -> ClientEvent:
@@ -267,7 +414,7 @@ def parse(text: str) -> ClientEvent:
         raise EventError(
             "the event has no string `type`", code="invalid_event", param="type", event_id=event_id
         )
-    adapter = _ADAPTERS.get(kind)
+    adapter = _ENVELOPE if kind == "session.update" else _ADAPTERS.get(kind)
     if adapter is None:
         raise EventError(
             f"unknown or unsupported event type {kind[:64]!r}",
@@ -276,7 +423,7 @@ def parse(text: str) -> ClientEvent:
             event_id=event_id,
         )
     try:
-        return adapter.validate_python(data)
+        event = adapter.validate_python(data)
     except ValidationError as exc:
         first = exc.errors()[0]
         raise EventError(
@@ -285,3 +432,9 @@ def parse(text: str) -> ClientEvent:
             param=_param(first),
             event_id=event_id,
         ) from None
+    if isinstance(event, _SessionEnvelope):
+        fields, refused = partial(SessionFields, event.session, "session")
+        update = SessionUpdate(type=event.type, event_id=event.event_id, session=fields)
+        update.refused.extend(refused)
+        return update
+    return event

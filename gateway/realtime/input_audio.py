@@ -1,5 +1,6 @@
-"""The input audio buffer's events (`input_audio_buffer.*`): appends checked for their rate and
-the buffer's room, the server VAD's turns (speech_started, speech_stopped), and commits, each of
+"""The input audio buffer's events (`input_audio_buffer.*`): appends decoded from the session's
+input format to pcm16 24 kHz (gateway/realtime/formats.py) and checked for their rate and the
+buffer's room, the server VAD's turns (speech_started, speech_stopped), and commits, each of
 which makes a user audio item.
 
 Its own owner because the buffer, the rate bucket, the detector and the item a detected turn will
@@ -16,6 +17,7 @@ from typing import Any
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
 from gateway.realtime.events import EventError
+from gateway.realtime.formats import InputDecoder
 from gateway.realtime.items import check_modality, decode_parts
 from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
@@ -52,10 +54,14 @@ class InputAudio:
         self.rate = AppendRate(c.realtime_append_burst_seconds)
         self.detector = self._detector()
         self.turn_item_id: str | None = None  # the user item a detected turn will become
+        self.decoder = InputDecoder(config.input_format)  # the wire's format -> pcm16 24 kHz
 
     def _detector(self) -> SpeechDetector | None:
         td = self.config.turn_detection
-        return None if td is None else SpeechDetector(td.threshold, td.silence_duration_ms)
+        if td is None:
+            return None
+        served = td.served()  # semantic_vad: the silence window of its eagerness
+        return SpeechDetector(served.threshold, served.silence_duration_ms)
 
     def detection_changed(self) -> None:
         """session.update changed turn_detection: a turn under way is forgotten, and the new
@@ -65,8 +71,20 @@ class InputAudio:
             self.detector.position = self.buffer.end
         self.turn_item_id = None
 
+    def _decoder(self) -> InputDecoder:
+        """The decoder of the session's input format (a new one, with a fresh resampler, when
+        session.update changed it)."""
+        if self.decoder.format is not self.config.input_format:
+            self.decoder = InputDecoder(self.config.input_format)
+        return self.decoder
+
     async def append(self, event: ev.BufferAppend) -> None:
-        pcm = decode_base64_pcm(event.audio, "audio", self.buffer.max_bytes, event.event_id)
+        decoder = self._decoder()
+        fmt = decoder.format
+        wire = decode_base64_pcm(
+            event.audio, "audio", fmt.bytes_for(self.buffer.max_bytes), event.event_id, fmt
+        )
+        pcm = decoder.decode(wire)  # pcm16 24 kHz, what the buffer and the VAD take
         seconds = len(pcm) / 2 / INPUT_RATE
         if not self.rate.take(seconds):
             raise EventError(

@@ -17,6 +17,8 @@ from gateway.media.parts import from_data_url
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, settled
 from gateway.realtime.events import EventError
 from gateway.realtime.events import Item as GivenItem
+from gateway.realtime.function_calls import function_item
+from gateway.realtime.session import Conversation, Item
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.request.errors import OmniError
 from omnistream.request.media import AudioInput
@@ -100,6 +102,27 @@ def item_parts(
                 param=f"{where}.type",
             )
     return parts, content, text, seconds
+
+
+async def created_item(
+    given: GivenItem,
+    item_id: str,
+    conversation: Conversation,
+    media: MediaDecoder,
+    modalities: tuple[str, ...] | None,
+    max_audio_bytes: int,
+    event_id: str | None,
+) -> Item:
+    """The item a client gave (conversation.item.create's, or one in a response's `input`), its
+    media decoded; a function call's result is checked against `conversation`'s calls."""
+    if given.type != "message":  # a function call or its result
+        return function_item(given.model_copy(update={"id": item_id}), conversation)
+    parts, content, text, seconds = item_parts(given, modalities, max_audio_bytes, event_id)
+    await decode_parts(media, parts, event_id)
+    item = Item(item_id, given.role or "user", parts, content, audio_seconds=seconds)
+    if given.role == "assistant":
+        item.text = text
+    return item
 
 
 async def decode_parts(media: MediaDecoder, parts: list[dict[str, Any]], event_id: str | None) -> None:

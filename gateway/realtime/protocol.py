@@ -2,7 +2,11 @@
 that sent `OpenAI-Beta: realtime=v1` (header or `openai-beta.realtime-v1` subprotocol).
 
 Code everywhere else speaks GA names; `Protocol.event` renames, and drops what beta never had
-(`conversation.item.done`). Content part types differ too (GA `output_audio`, beta `audio`).
+(`conversation.item.done`, the `name` of `response.function_call_arguments.done`). Content part
+types differ too: an item's part is GA `output_audio` / `output_text`, beta `audio` / `text`; the
+part of a `response.content_part.*` event is `audio` / `text` in both schemas (the Agents SDK
+fails to parse any other), which `Protocol.event` sees to as well.
+Every server event validates against the official SDKs' schemas (tests/realtime_schemas.py).
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ BETA_NAMES = {
     "conversation.item.done": None,
 }
 BETA_PARTS = {"output_audio": "audio", "output_text": "text"}
+BETA_DROPPED = {"response.function_call_arguments.done": ("name",)}  # fields beta's event lacks
+PART_EVENTS = ("response.content_part.added", "response.content_part.done")
 
 
 def new_id(prefix: str) -> str:
@@ -36,11 +42,17 @@ class Protocol:
 
     def event(self, kind: str, **fields: Any) -> dict[str, Any] | None:
         """A server event named for this connection (None: beta has no such event)."""
+        if kind in PART_EVENTS:
+            part = fields["part"]
+            fields["part"] = {**part, "type": BETA_PARTS.get(part["type"], part["type"])}
+        if self.beta:
+            for name in BETA_DROPPED.get(kind, ()):
+                fields.pop(name, None)
         if self.beta and kind in BETA_NAMES:
-            name = BETA_NAMES[kind]
-            if name is None:
+            renamed = BETA_NAMES[kind]
+            if renamed is None:
                 return None
-            kind = name
+            kind = renamed
         return {"type": kind, "event_id": f"event_{self._prefix}{next(self._ids)}", **fields}
 
     def part_type(self, kind: str) -> str:

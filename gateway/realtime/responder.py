@@ -48,6 +48,15 @@ class TellDropped(typing.Protocol):
     def __call__(self, dropped: list[tuple[str, str]], why: str = "") -> Awaitable[None]: ...
 
 
+class MakeItem(typing.Protocol):
+    """How the connection makes an item a client gave (`Connection._made_item`): its media decoded,
+    a function call's result checked against `conversation`'s calls."""
+
+    def __call__(
+        self, given: ev.Item, item_id: str, conversation: Conversation, event_id: str | None
+    ) -> Awaitable[Item]: ...
+
+
 class Responder:
     def __init__(
         self,
@@ -61,6 +70,7 @@ class Responder:
         *,
         dropped: TellDropped,
         on_end: Callable[[], None],
+        make_item: MakeItem,
     ) -> None:
         self.core = core
         self.protocol = protocol
@@ -71,6 +81,7 @@ class Responder:
         self.cache_scope = cache_scope
         self._dropped = dropped
         self._on_end = on_end  # a response ended: the idle timeout counts from here
+        self._make_item = make_item
         self.response: ResponseRun | None = None
         # The running response's turn: its settings and what its prompt was made of (the
         # thinker's count of it is shared out over its items when it ends).
@@ -96,19 +107,50 @@ class Responder:
                 "a response is in progress; cancel it or wait for response.done",
                 code="conversation_already_has_active_response",
             )
-        if event.response is not None and event.response.conversation == "none":
-            raise EventError(
-                "out-of-band responses (conversation: none) are not supported",
-                code="unsupported",
-                param="response.conversation",
-            )
-        await self.start(event.response)
+        fields = event.response
+        context = None
+        if fields is not None and fields.input is not None:
+            context = await self._input(fields.input, event.event_id)
+        await self.start(fields, context)
 
-    async def start(self, fields: ev.ResponseFields | None) -> None:
-        """Start a response (response.create's `fields`, or None: a detected turn's, the session's)."""
-        if not any(i.role == "user" for i in self.conversation.items.values()):
+    async def _input(self, given: list[ev.InputItem], event_id: str | None) -> Conversation:
+        """A response's own `input` as a conversation of its own, which the response is made from
+        instead of the session's: the items it names (the session's, as they are) and the items it
+        gives (made here, in no conversation of the session's)."""
+        context = Conversation()
+        for i, entry in enumerate(given):
+            if isinstance(entry, ev.ItemReference):
+                item = self.conversation.items.get(entry.id)
+                if item is None:
+                    raise EventError(
+                        f"no item {entry.id!r} in the conversation",
+                        code="item_not_found",
+                        param=f"response.input.{i}.id",
+                    )
+            else:
+                item = await self._make_item(entry, entry.id or new_id("item"), context, event_id)
+            context.add(item)
+        return context
+
+    def _copy(self) -> Conversation:
+        """The session's conversation as it is now, for a response that must leave it untouched."""
+        copy = Conversation()
+        copy.items.update(self.conversation.items)
+        return copy
+
+    async def start(self, fields: ev.ResponseFields | None, context: Conversation | None = None) -> None:
+        """Start a response (response.create's `fields`, or None: a detected turn's, the session's).
+        It is made from `context` (a response's own `input`), or else from the conversation; with
+        `conversation: "none"` (out-of-band) its items join no conversation of the session's: the
+        conversation stays as it was, and no conversation.item.* event tells of them."""
+        out_of_band = fields is not None and fields.conversation == "none"
+        if context is None:
+            context = self._copy() if out_of_band else self.conversation
+        sink = context if out_of_band else self.conversation  # where the answer's items go
+        if not any(i.role == "user" for i in context.items.values()):
             raise EventError("the conversation has no user item to respond to", code="conversation_empty")
-        settings = ResponseSettings.of(self.config, fields)
+        settings = ResponseSettings.of(self.config, fields, self.core.deployment.voices)
+        tool_use = settings.tool_use  # a choice that does not fit the tools: refused before it starts
         limit = self.core.config.max_tokens_limit
         if settings.max_output_tokens is None or settings.max_output_tokens > limit:
             settings.max_output_tokens = min(
@@ -118,20 +160,22 @@ class Responder:
         assert settings.max_output_tokens is not None
         kind = "output_audio" if settings.speaks else "output_text"
         item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
-        previous = self.conversation.last_id()
+        previous = sink.last_id()
         # The answer's item first (the history's caps count it), then the prompt fitted to the context.
-        await self._dropped(self.conversation.add(item))
+        await self._dropped(sink.add(item))
         try:
-            await self._fit(settings.instructions, settings.max_output_tokens)
-            request = build_request(self.conversation, self.config, settings, serving, self.cache_scope)
+            await self._fit(settings.instructions, settings.max_output_tokens, conversation=context)
+            request = build_request(context, self.config, settings, serving, self.cache_scope)
         except ContextFull as exc:
-            self.conversation.remove(item)
+            sink.remove(item)
             raise EventError(exc.message, code=CONTEXT_EXCEEDED) from None
         except OmniError as exc:
-            self.conversation.remove(item)
+            sink.remove(item)
             raise EventError(exc.message, code=exc.kind, param=exc.field) from None
         self.turn = (settings, serving)
-        self.shape = shape_of(self.conversation, settings.instructions)
+        # The thinker's count of the prompt is shared out over the session's items (context.py):
+        # only when the prompt was the session's conversation.
+        self.shape = shape_of(context, settings.instructions) if context is self.conversation else None
         self.response = ResponseRun(
             self.core,
             self.protocol,
@@ -141,9 +185,12 @@ class Responder:
             previous,
             self._ended,
             self._refit,
-            tools=settings.tool_use,
-            conversation=self.conversation,
+            tools=tool_use,
+            conversation=sink,
             on_dropped=self._dropped,
+            output_format=settings.output_format,
+            in_conversation=not out_of_band,
+            metadata=fields.metadata if fields is not None else None,
         )
         self.response.start()
 
@@ -159,14 +206,24 @@ class Responder:
             )
         await response.cancel("client_cancelled")
 
-    async def _fit(self, instructions: str | None, reserve: int, context: int | None = None) -> None:
+    async def _fit(
+        self,
+        instructions: str | None,
+        reserve: int,
+        context: int | None = None,
+        conversation: Conversation | None = None,
+    ) -> None:
         """Drop the oldest items the next turn (its prompt and `reserve` tokens of answer) needs
-        gone to fit the context; ContextFull (nothing dropped) when it cannot fit."""
+        gone to fit the context; ContextFull (nothing dropped) when it cannot fit. `conversation`:
+        a response's own (its `input`, or an out-of-band copy), whose drops tell the client nothing."""
         context = context or self.context_tokens()
-        tokens = prompt_tokens(self.conversation, instructions)
-        drops: list[Drop] = fit(self.conversation, instructions, context, reserve)
+        conversation = conversation or self.conversation
+        tokens = prompt_tokens(conversation, instructions)
+        drops: list[Drop] = fit(conversation, instructions, context, reserve)
         for drop in drops:
-            self.conversation.remove(drop.item)
+            conversation.remove(drop.item)
+        if conversation is not self.conversation:
+            return
         why = (
             f" before a turn of ~{tokens} prompt tokens + max_output_tokens {reserve} "
             f"(context {context} tokens)"

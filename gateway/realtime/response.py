@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from gateway.realtime.audio import OutputAudio
+from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import CallOutputs, Dropped
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
@@ -40,6 +41,7 @@ from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
 STAGES = ("thinker", "talker", "code2wav")
+CONVERSATION_EVENTS = "conversation.item."  # what an out-of-band response does not send
 LISTENER_FIELDS = ("stalls", "stall_ms", "underrun_ms", "longest_stall_ms", "continuity_ok")
 log = logging.getLogger(__name__)
 
@@ -62,9 +64,14 @@ class ResponseRun:
         tools: ToolUse | None = None,
         conversation: Conversation | None = None,
         on_dropped: Dropped | None = None,
+        output_format: AudioFormat = PCM16,
+        in_conversation: bool = True,
+        metadata: dict[str, str] | None = None,
     ) -> None:
         """`tools`: the answer's tool use; when it parses calls, `conversation` (where the calls'
-        items go, and the answer's own item, in it since the response began) is needed."""
+        items go, and the answer's own item, in it since the response began) is needed.
+        `in_conversation` False: an out-of-band response, whose items join none of the session's
+        conversations, so no conversation.item.* event tells of them. `metadata`: echoed."""
         self.core = core
         self.protocol = protocol
         self.outbound = outbound
@@ -75,6 +82,9 @@ class ResponseRun:
         self.refit = refit  # a refused request -> the request to send instead (None: the refusal stands)
         self.id = new_id("resp")
         self.speaks = request.return_audio
+        self.output_format = output_format
+        self.in_conversation = in_conversation
+        self.metadata = metadata
         self.status = "in_progress"
         self.reason: str | None = None
         self.error: OmniError | None = None
@@ -141,6 +151,8 @@ class ResponseRun:
         return stopped
 
     async def _emit(self, kind: str, owner: bool = False, samples: int = 0, **fields: Any) -> None:
+        if not self.in_conversation and kind.startswith(CONVERSATION_EVENTS):
+            return
         await self.outbound.put(self.protocol.event(kind, **fields), self if owner else None, samples)
 
     def _where(self) -> dict[str, Any]:
@@ -233,7 +245,7 @@ class ResponseRun:
 
     async def _deltas(self, session: Session) -> None:
         self.replicas = session.replica_addresses
-        converter = OutputAudio()
+        converter = OutputAudio(self.output_format)
         text_kind = "response.output_audio_transcript.delta" if self.speaks else "response.output_text.delta"
         async with contextlib.aclosing(session.events()) as events:
             async for event in events:
@@ -246,26 +258,30 @@ class ResponseRun:
                         self.item.text += event.delta
                         await self._text(text_kind, event.delta)
                 elif isinstance(event, AudioEvent):
-                    pcm = converter.convert(event.audio, event.sample_rate)
-                    if not pcm:
-                        continue
-                    if not self.message_open:  # audio is of words: their item is open by now
-                        await self._open_message()
-                    samples = len(pcm) // 2
-                    self.item.audio_samples_made += samples
-                    delta = base64.b64encode(pcm).decode()
-                    await self._emit(
-                        "response.output_audio.delta",
-                        owner=True,
-                        samples=samples,
-                        delta=delta,
-                        **self._where(),
-                    )
+                    await self._audio(converter.convert(event.audio, event.sample_rate))
                 elif isinstance(event, DoneEvent):
                     self.done = event
+        await self._audio(converter.flush())
         if self.parser is not None:
             for piece in self.parser.finish():
                 await self._piece(piece, text_kind)
+
+    async def _audio(self, data: bytes) -> None:
+        """A delta of the answer's audio, in the output format; counted in samples of the session's
+        24 kHz stream (`samples`), so `audio_end_ms` is the same whatever the wire's rate."""
+        if not data:
+            return
+        if not self.message_open:  # audio is of words: their item is open by now
+            await self._open_message()
+        samples = self.output_format.samples(len(data))
+        self.item.audio_samples_made += samples
+        await self._emit(
+            "response.output_audio.delta",
+            owner=True,
+            samples=samples,
+            delta=base64.b64encode(data).decode(),
+            **self._where(),
+        )
 
     async def _piece(self, piece: Piece, text_kind: str) -> None:
         """One piece of a parsed answer: words for the answer's item, or a call's piece."""
@@ -406,6 +422,7 @@ class ResponseRun:
             "status_details": details,
             "output": [] if self.status == "in_progress" else [i.wire(self.protocol) for i in self.outputs()],
             "conversation_id": None,
+            "metadata": self.metadata,
             "usage": None if self.status == "in_progress" else self.usage(),
             "omnistream": self.timings(),
         }

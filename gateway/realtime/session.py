@@ -17,33 +17,68 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from gateway.api.openai.voices import known
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
-from gateway.realtime.events import EventError, Extensions, ServerVad, SessionFields
+from gateway.realtime.events import EventError, Extensions, SessionFields, TurnDetection, VoiceRef
+from gateway.realtime.formats import FORMATS, PCM16, AudioFormat
 from gateway.realtime.protocol import Protocol
-from gateway.realtime.tool_config import choice_wire, tools_wire, updated
+from gateway.realtime.tool_config import apply_tools, choice_wire, tools_wire
 from gateway.realtime.vad import INPUT_RATE
 from gateway.tools.spec import Choice, Function, Named
 from omnistream.request.media import AudioInput, ImageInput, VideoInput
-
-PCM_FORMAT = {"type": "audio/pcm", "rate": INPUT_RATE}
 
 
 def _tokens(value: int | str | None) -> int | None:
     return None if value in (None, "inf") else int(value)  # type: ignore[arg-type]
 
 
-def apply_shared_fields(target: Any, fields: Any) -> None:
+def given_voice(fields: Any, where: str) -> tuple[str, str] | None:
+    """(the voice a session.update's or response.create's `fields` ask for, its param), or None."""
+    output = fields.audio.output if fields.audio else None
+    if output is not None and output.voice is not None:
+        voice = output.voice
+        return (voice.id if isinstance(voice, VoiceRef) else voice), f"{where}.audio.output.voice"
+    if fields.voice is not None:
+        return fields.voice, f"{where}.voice"
+    return None
+
+
+def given_format(fields: Any, side: str) -> AudioFormat | None:
+    """The wire format a session.update's or response.create's `fields` ask for on `side` (`input`
+    or `output`), GA (`audio.<side>.format`) or beta (`<side>_audio_format`); None: not given."""
+    config = getattr(fields.audio, side, None) if fields.audio else None
+    if config is not None and config.format is not None:
+        return FORMATS[config.format.type]
+    beta = getattr(fields, f"{side}_audio_format", None)
+    return FORMATS[beta] if beta is not None else None
+
+
+def voice_error(fields: Any, where: str, voices: tuple[str, ...] | None) -> EventError | None:
+    """The refusal of a voice the deployment cannot speak (its own voices and OpenAI's names can
+    be: gateway/api/openai/voices.py), or None."""
+    given = given_voice(fields, where)
+    if given is None or known(given[0], voices):
+        return None
+    voice, param = given
+    return EventError(
+        f"unknown voice {voice!r}; choose from {list(voices or ())} or one of OpenAI's voices",
+        code="invalid_value",
+        param=param,
+    )
+
+
+def apply_shared_fields(target: Any, fields: Any, voice: bool = True) -> None:
     """The fields session.update and response.create share, in either naming scheme (GA or beta),
-    onto a session config or one response's settings: only the fields given change."""
+    onto a session config or one response's settings: only the fields given change (the voice
+    only with `voice`: the caller refused it otherwise)."""
     if fields.instructions is not None:
         target.instructions = fields.instructions
     modalities = fields.output_modalities or fields.modalities
     if modalities is not None:
         target.output_modalities = list(dict.fromkeys(modalities))
-    audio = fields.audio
-    voice = audio.output.voice if audio and audio.output and audio.output.voice else fields.voice
-    if voice is not None:
-        target.voice = voice
+    given = given_voice(fields, "")
+    if given is not None and voice:
+        target.voice = given[0]
     tokens = (
         fields.max_output_tokens
         if fields.max_output_tokens is not None
@@ -53,55 +88,77 @@ def apply_shared_fields(target: Any, fields: Any) -> None:
         target.max_output_tokens = _tokens(tokens)
     if fields.temperature is not None:
         target.temperature = fields.temperature
+    output_format = given_format(fields, "output")
+    if output_format is not None:
+        target.output_format = output_format
 
 
 @dataclass
 class SessionConfig:
     instructions: str | None = None
-    voice: str | None = None  # None: the deployment's default voice
+    voice: str | None = None  # as asked (None: the deployment's default voice)
     output_modalities: list[str] = field(default_factory=lambda: ["audio"])
-    turn_detection: ServerVad | None = field(default_factory=lambda: ServerVad(type="server_vad"))
+    turn_detection: TurnDetection | None = field(default_factory=TurnDetection)
     max_output_tokens: int | None = None
     temperature: float | None = None
     extensions: Extensions = field(default_factory=Extensions)
     tools: tuple[Function, ...] = ()
     tool_choice: Choice | Named = "auto"
+    input_format: AudioFormat = PCM16
+    output_format: AudioFormat = PCM16
 
-    def apply(self, update: SessionFields) -> None:
-        """Apply a session.update (GA or beta fields); only the fields it names change. Its tools
-        are checked first: a bad one (EventError naming it) changes nothing."""
-        tools = updated(self.tools, self.tool_choice, update.tools, update.tool_choice, "session")
-        apply_shared_fields(self, update)
-        self.tools, self.tool_choice = tools
+    def apply(self, update: SessionFields, voices: tuple[str, ...] | None = None) -> list[EventError]:
+        """Apply a session.update (GA or beta fields); only the fields it names change. A setting
+        that cannot be served (a bad tool, a voice the deployment cannot speak) is refused alone:
+        returned, naming it, while the rest applies."""
+        refused: list[EventError] = []
+        try:
+            apply_tools(self, update, "session")
+        except EventError as exc:
+            refused.append(exc)
+        bad_voice = voice_error(update, "session", voices)
+        if bad_voice is not None:
+            refused.append(bad_voice)
+        apply_shared_fields(self, update, voice=bad_voice is None)
         given, detection = update.turn_detection_given()
         if given:
             self.turn_detection = detection
         if update.omnistream is not None:
             self.extensions = update.omnistream
+        self.input_format = given_format(update, "input") or self.input_format
+        return refused
 
     @property
     def speaks(self) -> bool:
         return "audio" in self.output_modalities
 
-    def describe(self, protocol: Protocol, session_id: str, model: str, voice: str | None) -> dict[str, Any]:
-        """The session object of session.created / session.updated, in the connection's scheme."""
-        detection = None if self.turn_detection is None else self.turn_detection.model_dump()
+    def describe(
+        self, protocol: Protocol, session_id: str, model: str, voice: str, speaker: str
+    ) -> dict[str, Any]:
+        """The session object of session.created / session.updated, in the connection's scheme:
+        each setting as the client gave it (`voice`: as asked, or the default), and in `omnistream`
+        what serves it where that differs from what OpenAI would do (`speaker`: the model's voice
+        that speaks; the server VAD that serves the turn detection)."""
+        td = self.turn_detection
+        detection = None if td is None else td.wire()
+        served = {"voice": speaker, "turn_detection": None if td is None else td.served().wire()}
         tokens: int | str = self.max_output_tokens or "inf"
-        if protocol.beta:
+        tool_choice = choice_wire(self.tool_choice, protocol.beta)
+        if protocol.beta:  # no `model`: beta's schema takes only OpenAI's model names there
             return {
                 "id": session_id,
                 "object": "realtime.session",
-                "model": model,
                 "modalities": self.output_modalities,
                 "instructions": self.instructions or "",
                 "voice": voice,
-                "input_audio_format": "pcm16",
-                "output_audio_format": "pcm16",
+                "input_audio_format": self.input_format.beta,
+                "output_audio_format": self.output_format.beta,
                 "turn_detection": detection,
                 "temperature": self.temperature,
                 "max_response_output_tokens": tokens,
                 "tools": tools_wire(self.tools),
-                "tool_choice": choice_wire(self.tool_choice),
+                "tool_choice": tool_choice,
+                "omnistream": served,
             }
         return {
             "type": "realtime",
@@ -111,12 +168,13 @@ class SessionConfig:
             "output_modalities": self.output_modalities,
             "instructions": self.instructions or "",
             "audio": {
-                "input": {"format": PCM_FORMAT, "turn_detection": detection},
-                "output": {"format": PCM_FORMAT, "voice": voice},
+                "input": {"format": self.input_format.wire(), "turn_detection": detection},
+                "output": {"format": self.output_format.wire(), "voice": voice},
             },
             "max_output_tokens": tokens,
             "tools": tools_wire(self.tools),
-            "tool_choice": choice_wire(self.tool_choice),
+            "tool_choice": tool_choice,
+            "omnistream": served,
         }
 
 
@@ -202,7 +260,7 @@ class Item:
     audio_seconds: float = 0.0  # user audio it holds
     # assistant items
     text: str = ""
-    audio_samples_sent: int = 0  # 24 kHz samples handed to the socket
+    audio_samples_sent: int = 0  # samples of the 24 kHz stream handed to the socket, whatever the format
     audio_samples_made: int = 0
     audio_end_ms: int | None = None  # truncated here
     # Token accounting (gateway/realtime/context.py): the prompt tokens its message took as the

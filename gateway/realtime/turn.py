@@ -17,10 +17,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.api.openai.voices import speaker_for
 from gateway.realtime.events import ResponseFields
+from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import joined, prompt_message
-from gateway.realtime.session import Conversation, Item, SessionConfig, apply_shared_fields
-from gateway.realtime.tool_config import checked_use, updated
+from gateway.realtime.session import Conversation, Item, SessionConfig, apply_shared_fields, voice_error
+from gateway.realtime.tool_config import apply_tools, checked_use
 from gateway.tools.spec import Choice, Function, Named, ToolUse
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
 from omnistream.request.generation import GenerationRequest
@@ -37,6 +39,8 @@ class ResponseSettings:
     temperature: float | None
     tools: tuple[Function, ...] = ()
     tool_choice: Choice | Named = "auto"
+    tools_from: str = "session"  # where the tools and choice were set: `session` or `response`
+    output_format: AudioFormat = PCM16
 
     @property
     def speaks(self) -> bool:
@@ -44,12 +48,16 @@ class ResponseSettings:
 
     @property
     def tool_use(self) -> ToolUse:
-        """What the answer does with its tools (checked when they were set)."""
-        return checked_use(self.tools, self.tool_choice, "response")
+        """What the answer does with its tools; an EventError naming `session.tool_choice` (or
+        `response.tool_choice`) when the choice does not fit the tools (tool_config.py)."""
+        return checked_use(self.tools, self.tool_choice, self.tools_from)
 
     @classmethod
-    def of(cls, config: SessionConfig, fields: ResponseFields | None) -> ResponseSettings:
-        """The session's settings with response.create's; its tools are checked (EventError)."""
+    def of(
+        cls, config: SessionConfig, fields: ResponseFields | None, voices: tuple[str, ...] | None = None
+    ) -> ResponseSettings:
+        """The session's settings with response.create's; what it gives is checked (an EventError
+        naming a bad tool or a voice the deployment cannot speak)."""
         settings = cls(
             config.instructions,
             list(config.output_modalities),
@@ -58,12 +66,17 @@ class ResponseSettings:
             config.temperature,
             config.tools,
             config.tool_choice,
+            output_format=config.output_format,
         )
-        if fields is not None:
-            given = (fields.tools, fields.tool_choice)
-            tools = updated(settings.tools, settings.tool_choice, *given, "response")
-            apply_shared_fields(settings, fields)
-            settings.tools, settings.tool_choice = tools
+        if fields is None:
+            return settings
+        bad_voice = voice_error(fields, "response", voices)
+        if bad_voice is not None:
+            raise bad_voice
+        apply_tools(settings, fields, "response")
+        if fields.tools is not None or fields.tool_choice is not None:
+            settings.tools_from = "response"
+        apply_shared_fields(settings, fields)
         return settings
 
 
@@ -119,7 +132,7 @@ def build_request(
             temperature=settings.temperature,
             seed=ext.seed,
             return_audio=settings.speaks,
-            voice=settings.voice,
+            voice=None if settings.voice is None else speaker_for(settings.voice, serving.voices),
             max_audio_frames=ext.max_audio_frames,
             tools=use.prompt_tools(),
             structured_output=use.structured_output,

@@ -12,6 +12,14 @@ OpenAI's `threshold` (0..1, higher = needs louder/clearer speech) maps to the de
 aggressiveness 0..3. A turn starts when 3 of the last 5 frames (100 ms) are voiced, at the first
 voiced frame of those; it ends after `silence_duration_ms` of unvoiced frames, at the end of the
 last voiced one. Positions are in samples of the session's input stream (24 kHz).
+
+OpenAI's `semantic_vad` decides with a model whether the user has finished (no such model can be
+had here), waiting longer for a low `eagerness` (up to 8 s, 4 s, 2 s for low, medium, high). This
+detector serves it with a silence window per eagerness instead (`SEMANTIC_SILENCE_MS`): `high`
+answers soonest (400 ms, shorter than server_vad's default 500 ms), `medium`/`auto` (the default)
+lets a speaker pause for breath (800 ms), `low` lets them pause mid-thought (1.5 s). Longer windows
+than these would make every turn that much slower, since silence alone cannot tell a finished
+sentence from a pause.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ FRAME_SAMPLES = INPUT_RATE * FRAME_MS // 1000  # 480
 FRAME_BYTES = FRAME_SAMPLES * 2
 START_WINDOW = 5  # frames looked at for a start
 START_VOICED = 3  # voiced frames among them that start a turn
+SEMANTIC_SILENCE_MS = {"high": 400, "medium": 800, "auto": 800, "low": 1500}
 
 
 def aggressiveness(threshold: float) -> int:
@@ -44,6 +53,7 @@ class VadEvent:
 class SpeechDetector:
     def __init__(self, threshold: float = 0.5, silence_duration_ms: int = 500) -> None:
         self._vad = webrtcvad.Vad(aggressiveness(threshold))
+        self.silence_duration_ms = silence_duration_ms
         self._silence_frames = max(1, -(-silence_duration_ms // FRAME_MS))
         self._pending = b""
         self.position = 0  # samples consumed (whole frames)

@@ -7,6 +7,7 @@ the app that mounts this router is `gateway/api/app.py`.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Annotated, Any, Literal
 
@@ -20,6 +21,7 @@ from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, unavailab
 from gateway.api.openai.messages import ChatMessage, Name, turn
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
+from gateway.api.openai.voices import speaker_for
 from gateway.serving.core import GatewayCore
 from gateway.serving.tracing import http_entry
 from gateway.tools.history import check_tool_results
@@ -94,8 +96,9 @@ class AudioOptions(BaseModel):
     model_config = STRICT
     voice: Name | None = Field(
         None,
-        description=f"One of the model's speakers (e.g. ethan, chelsie, aiden); default {DEFAULTS.voice!r} "
-        "(or the deployment's first voice when it lacks that one).",
+        description=f"One of the model's speakers (e.g. ethan, chelsie, aiden), or an OpenAI voice name "
+        f"(its nearest speaker); default {DEFAULTS.voice!r} (or the deployment's first voice when it "
+        "lacks that one).",
     )
     format: Literal["wav", "pcm16"] = Field(
         "wav",
@@ -291,6 +294,8 @@ def to_generation_request(
     serving = ServingDefaults.of(core.config, core.deployment.voices)
     tools = to_tool_use(body)
     given = to_request_input(body, tuple(core.config.media_url_prefixes), tools)
+    if given.voice is not None:  # an OpenAI voice name: the model's nearest voice, as /v1/audio/speech
+        given = dataclasses.replace(given, voice=speaker_for(given.voice, core.deployment.voices))
     return resolve(given, serving), audio_format, tools
 
 

@@ -13,7 +13,9 @@ What differs from OpenAI, and why:
 * `instructions` are refused when non-empty: the talker is conditioned only on the user turn and
   the answer, so a style instruction would be silently ignored.
 * `voice` is one of the deployment's voices (`/v1/models` via the talker's Info; e.g. ethan,
-  chelsie, aiden), not OpenAI's names; a string or `{"id": ...}`; left out, the default voice.
+  chelsie, aiden) or one of OpenAI's names, spoken by the model's nearest voice (the table in
+  gateway/api/openai/voices.py, the same as `/v1/realtime`'s); a string or `{"id": ...}`; left
+  out, the default voice.
 * `usage` on `speech.audio.done` counts `input_tokens` as the prompt's tokens and `output_tokens`
   as the 80 ms codec frames spoken.
 * Extensions (not OpenAI's): `seed`, `talker_temperature`, `talker_top_k`, `talker_top_p`,
@@ -44,6 +46,7 @@ from gateway.api.openai.audio_encode import MEDIA_TYPES, AudioEncoder, encoder
 from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, error_body, error_response
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
+from gateway.api.openai.voices import speaker_for
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
 from gateway.serving.tracing import http_entry
@@ -71,7 +74,9 @@ class SpeechRequest(BaseModel):
     model: Name | None = None
     input: Annotated[str, Field(min_length=1, max_length=MAX_INPUT_CHARS)]
     voice: Name | VoiceId | None = Field(
-        None, description=f"One of the model's speakers; default {DEFAULTS.voice!r} (or the first)."
+        None,
+        description="One of the model's speakers, or an OpenAI voice name (its nearest speaker); "
+        f"default {DEFAULTS.voice!r} (or the first).",
     )
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = Field(
         "mp3", description="pcm: raw 16-bit LE 24 kHz mono; wav streams with its header first."
@@ -123,6 +128,8 @@ def to_generation_request(body: SpeechRequest, core: GatewayCore) -> GenerationR
             "instructions: not supported (the voice is conditioned on the text only)", field="instructions"
         )
     voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
+    if voice is not None:
+        voice = speaker_for(voice, core.deployment.voices)
     given = RequestInput(
         messages=[{"role": "user", "content": body.input}],
         assistant_text=body.input,

@@ -116,29 +116,55 @@ def test_session_tools_are_shown_back_and_bad_ones_refused_naming_the_param():
         conn, _, queued = _connection()
         await _send(conn, type="session.update", session={"tools": [WEATHER], "tool_choice": "required"})
         bad = {**WEATHER, "name": "other", "parameters": {"type": "no such type"}}
-        await _send(conn, type="session.update", event_id="e1", session={"tools": [WEATHER, bad]})
         await _send(
-            conn,
-            type="session.update",
-            event_id="e2",
-            session={"tool_choice": {"type": "function", "name": "x"}},
+            conn, type="session.update", event_id="e1", session={"tools": [WEATHER, bad], "instructions": "x"}
         )
-        await _send(conn, type="session.update", event_id="e3", session={"tools": []})  # required, no tools
         return conn, queued
 
     conn, queued = asyncio.run(run())
-    updated, *errors = queued
+    updated, error, again = queued
     assert updated["type"] == "session.updated"
     assert updated["session"]["tools"] == [WEATHER] and updated["session"]["tool_choice"] == "required"
-    assert [e["type"] for e in errors] == ["error"] * 3
-    assert [e["error"]["param"] for e in errors] == [
-        "session.tools.1.parameters",
-        "session.tool_choice",
-        "session.tool_choice",
-    ]
-    assert [e["error"]["event_id"] for e in errors] == ["e1", "e2", "e3"]
-    # A refused update changed nothing.
+    assert error["type"] == "error" and error["error"]["event_id"] == "e1"
+    assert error["error"]["param"] == "session.tools.1.parameters"
+    # The bad tools were refused alone: the tools stay as they were, the instructions applied.
+    assert again["type"] == "session.updated" and again["session"]["tools"] == [WEATHER]
+    assert again["session"]["instructions"] == "x"
     assert [f.name for f in conn.config.tools] == ["get_weather"] and conn.config.tool_choice == "required"
+
+
+def test_a_choice_is_taken_before_its_tools_and_checked_when_a_response_runs():
+    """Issue 58: pipecat sends `tool_choice: "required"` before its tools; it was refused (and
+    pipecat takes any error as fatal). Now it is set, and a response that would run with a choice
+    its tools cannot meet is refused alone, naming where the choice was set."""
+
+    async def run() -> tuple[Connection, FakeCore, list[dict]]:
+        conn, core, queued = _connection()
+        await _send(conn, type="session.update", event_id="e1", session={"tool_choice": "required"})
+        await _ask(conn)
+        await _send(conn, type="response.create", event_id="r1")
+        named = {"tool_choice": {"type": "function", "name": "x"}, "tools": [WEATHER]}
+        await _send(conn, type="response.create", event_id="r2", response=named)
+        await _send(conn, type="session.update", session={"tools": [WEATHER]})
+        core.answers.append(FakeSession([CALL]))
+        await _send(conn, type="response.create")
+        assert conn.response is not None
+        await conn.response.wait()
+        return conn, core, queued
+
+    conn, core, queued = asyncio.run(run())
+    assert queued[0]["type"] == "session.updated" and queued[0]["session"]["tool_choice"] == "required"
+    errors = [e["error"] for e in queued if e["type"] == "error"]
+    assert [(e["event_id"], e["param"]) for e in errors] == [
+        ("r1", "session.tool_choice"),
+        ("r2", "response.tool_choice"),
+    ]
+    assert "needs tools" in errors[0]["message"] and "'x'" in errors[1]["message"]
+    # Neither started: no item was left behind, and the stages saw only the one that ran.
+    assert len(core.requests) == 1 and core.requests[0].structured_output is not None  # enforced
+    done = queued[-1]
+    assert done["type"] == "response.done" and done["response"]["output"][0]["type"] == "function_call"
+    assert [i.role for i in conn.conversation.items.values()] == ["user", "assistant"]
 
 
 def test_a_call_is_an_output_item_of_its_own_and_the_words_are_the_message():

@@ -1,6 +1,7 @@
 """The input audio buffer without a server (input_audio.py): a commit too short to be a turn is
 refused and one long enough becomes a decoded, settled user item; a full buffer and appends that run
-ahead of real time are refused; a turn_detection change starts the new detector at the buffer's end.
+ahead of real time are refused; a turn_detection change starts the new detector at the buffer's end;
+semantic_vad is served by the detector with its eagerness's silence window.
 The server VAD's turns over real audio are tests/integration/test_realtime_vad.py's."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW
-from gateway.realtime.events import BufferAppend, EventError, ServerVad
+from gateway.realtime.events import BufferAppend, EventError, TurnDetection
 from gateway.realtime.input_audio import InputAudio
 from gateway.realtime.session import Conversation, Item, SessionConfig
 from gateway.realtime.vad import INPUT_RATE
@@ -111,10 +112,20 @@ def test_a_turn_detection_change_starts_the_new_detector_at_the_buffers_end():
         h = Harness()
         await h.append(0.3)
         h.audio.turn_item_id = "item_x"
-        h.config.turn_detection = ServerVad(type="server_vad")
+        h.config.turn_detection = TurnDetection()
         h.audio.detection_changed()
         return h
 
     h = asyncio.run(run())
     assert h.audio.detector is not None and h.audio.detector.position == h.audio.buffer.end > 0
     assert h.audio.turn_item_id is None
+
+
+@pytest.mark.parametrize(
+    ("eagerness", "window"), [("high", 400), ("auto", 800), ("medium", 800), ("low", 1500)]
+)
+def test_semantic_vad_is_served_by_the_detector_with_its_eagerness_window(eagerness, window):
+    h = Harness()
+    h.config.turn_detection = TurnDetection(type="semantic_vad", eagerness=eagerness)
+    h.audio.detection_changed()
+    assert h.audio.detector is not None and h.audio.detector.silence_duration_ms == window

@@ -2,7 +2,8 @@
 turns run against a fake thinker that counts prompts its own way and refuses them past its
 max_model_len as the real one; the oldest items go only when needed, a turn that cannot fit is
 refused, and a refusal the estimate did not foresee is corrected by the thinker's count and sent
-once more."""
+once more. A response with its own `input` is made from it alone, and an out-of-band one
+(`conversation: "none"`) leaves the conversation as it was."""
 
 from __future__ import annotations
 
@@ -236,3 +237,74 @@ def test_a_delete_takes_its_tokens_away_and_the_next_estimate_still_bounds_the_p
     assert counted == thinker.prompts[-1] < dones[-2]["response"]["usage"]["input_tokens"]
     # estimated high only for what the thinker had not counted: the last answer and "And now?"
     assert 0 <= estimated - counted <= (MESSAGE_TOKENS + 8) - (MESSAGE_TOKENS + 2) + ANSWER_SLACK
+
+
+def _out_of_band(response: dict[str, Any], beta: bool = False) -> tuple[list[dict], list[Any], list[str]]:
+    """A conversation of one user item and its answer, then response.create with `response`: the
+    events sent for that response, the requests the stages got, and the conversation's ids after."""
+    from tests.unit.gateway.realtime.test_server_event_schemas import FakeSession, connect
+
+    async def run() -> tuple[list[dict], list[Any], list[str]]:
+        conn, core, events, send = connect(beta)
+        requests: list[Any] = []
+        opened = core.open
+
+        async def record(request: Any, trace: Any = None) -> Any:
+            requests.append(request)
+            return await opened(request, trace)
+
+        core.open = record  # type: ignore[method-assign]
+        hello = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello"}]}
+        await send(type="conversation.item.create", item={**hello, "id": "item_hello"})
+        core.answers.append(FakeSession("Hi.", audio=False))
+        await send(type="response.create", response={"output_modalities": ["text"]})
+        before = len(events)
+        core.answers.append(FakeSession("Aside.", audio=False))
+        await send(type="response.create", response={"output_modalities": ["text"], **response})
+        return events[before:], requests[1:], list(conn.conversation.items)
+
+    return asyncio.run(run())
+
+
+SUM_UP = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Sum up"}]}
+
+
+def test_an_out_of_band_response_answers_its_own_input_and_leaves_the_conversation_untouched():
+    events, requests, items = _out_of_band(
+        {
+            "conversation": "none",
+            "metadata": {"k": "v"},
+            "input": [{"type": "item_reference", "id": "item_hello"}, SUM_UP],
+        }
+    )
+    assert not [e["type"] for e in events if e["type"].startswith("conversation.")]
+    assert len(items) == 2  # the user item and its first answer, nothing more
+    prompt = [(m["role"], [p["text"] for p in m["content"]]) for m in requests[0].messages]
+    assert prompt == [("user", ["Hello"]), ("user", ["Sum up"])]  # its input: not the answer "Hi."
+    done = events[-1]["response"]
+    assert (done["conversation_id"], done["metadata"], done["status"]) == (None, {"k": "v"}, "completed")
+    assert done["output"][0]["content"][0]["text"] == "Aside."
+
+
+def test_an_out_of_band_response_without_input_reads_the_conversation_and_adds_nothing():
+    events, requests, items = _out_of_band({"conversation": "none"})
+    assert len(items) == 2 and "Hi." in json.dumps(requests[0].messages, default=str)
+    assert not [e for e in events if e["type"].startswith("conversation.")]
+
+
+def test_a_response_with_input_in_the_conversation_adds_its_answer_but_reads_only_its_input():
+    events, requests, items = _out_of_band({"input": [SUM_UP]})
+    text = json.dumps(requests[0].messages, default=str)
+    assert "Sum up" in text and "Hello" not in text and "Hi." not in text
+    assert len(items) == 3 and any(e["type"] == "conversation.item.added" for e in events)
+
+
+def test_an_input_naming_an_unknown_item_is_refused_naming_it():
+    events, requests, items = _out_of_band(
+        {"conversation": "none", "input": [{"type": "item_reference", "id": "x"}]}
+    )
+    assert requests == [] and len(items) == 2
+    assert (events[-1]["error"]["code"], events[-1]["error"]["param"]) == (
+        "item_not_found",
+        "response.input.0.id",
+    )

@@ -1,5 +1,5 @@
-"""A session's buffer, append rate, history bounds (the stage message, the optional caps) and
-truncation."""
+"""A session's config (what a session.update applies, what is refused alone, how it is shown
+back), buffer, append rate, history bounds (the stage message, the optional caps) and truncation."""
 
 from __future__ import annotations
 
@@ -7,8 +7,16 @@ import numpy as np
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.realtime.events import EventError
-from gateway.realtime.session import AppendRate, Conversation, HistoryLimits, InputBuffer, Item
+from gateway.realtime.events import EventError, SessionFields
+from gateway.realtime.protocol import Protocol
+from gateway.realtime.session import (
+    AppendRate,
+    Conversation,
+    HistoryLimits,
+    InputBuffer,
+    Item,
+    SessionConfig,
+)
 from omnistream.request.media import AudioInput
 
 
@@ -87,3 +95,69 @@ def test_truncation_keeps_the_share_of_text_that_was_heard():
     item.truncate(300)
     assert (item.audio_end_ms, item.text) == (300, "012")
     assert item.tokens is None and item.revision == 1  # what it says changed: estimated again
+
+
+VOICES = ("chelsie", "ethan", "aiden")
+
+
+def test_openai_voices_are_taken_and_shown_as_asked_with_the_voice_that_speaks():
+    config = SessionConfig()
+    fields = SessionFields.model_validate({"audio": {"output": {"voice": "ash"}}})
+    assert config.apply(fields, VOICES) == []
+    assert config.voice == "ash"
+    session = config.describe(Protocol(beta=False), "sess_1", "m", "ash", "ethan")
+    assert session["audio"]["output"]["voice"] == "ash" and session["omnistream"]["voice"] == "ethan"
+    beta = config.describe(Protocol(beta=True), "sess_1", "m", "ash", "ethan")
+    assert beta["voice"] == "ash" and "model" not in beta  # beta's schema takes OpenAI's models only
+
+
+def test_a_voice_the_deployment_cannot_speak_is_refused_alone():
+    config = SessionConfig(voice="chelsie")
+    fields = SessionFields.model_validate({"voice": "nobody", "instructions": "Be brief."})
+    (refused,) = config.apply(fields, VOICES)
+    assert refused.param == "session.voice" and "nobody" in refused.message
+    assert (config.voice, config.instructions) == ("chelsie", "Be brief.")
+    # Before a talker joined (voices unknown) a voice cannot be checked: it is taken.
+    assert config.apply(fields, None) == [] and config.voice == "nobody"
+
+
+def test_semantic_vad_is_shown_as_asked_and_what_serves_it_in_the_extension():
+    config = SessionConfig()
+    fields = SessionFields.model_validate(
+        {"audio": {"input": {"turn_detection": {"type": "semantic_vad", "eagerness": "high"}}}}
+    )
+    assert config.apply(fields) == []
+    session = config.describe(Protocol(beta=False), "sess_1", "m", "ethan", "ethan")
+    assert session["audio"]["input"]["turn_detection"] == {
+        "type": "semantic_vad",
+        "eagerness": "high",
+        "create_response": True,
+        "interrupt_response": True,
+    }
+    served = session["omnistream"]["turn_detection"]
+    assert served["type"] == "server_vad" and served["silence_duration_ms"] == 400
+
+
+def test_a_named_choice_is_a_name_in_beta_and_an_object_in_ga():
+    config = SessionConfig()
+    config.apply(SessionFields.model_validate({"tool_choice": "get_weather"}))  # beta's string
+    ga = config.describe(Protocol(beta=False), "s", "m", "ethan", "ethan")
+    beta = config.describe(Protocol(beta=True), "s", "m", "ethan", "ethan")
+    assert ga["tool_choice"] == {"type": "function", "name": "get_weather"}
+    assert beta["tool_choice"] == "get_weather"
+
+
+def test_the_audio_formats_are_set_apart_in_either_scheme_and_shown_as_asked():
+    config = SessionConfig()
+    assert config.apply(SessionFields(input_audio_format="g711_ulaw", output_audio_format="g711_alaw")) == []
+    beta = config.describe(Protocol(beta=True), "sess_1", "m", "ash", "ethan")
+    assert (beta["input_audio_format"], beta["output_audio_format"]) == ("g711_ulaw", "g711_alaw")
+    ga_update = {
+        "input": {"format": {"type": "audio/pcm", "rate": 24000}},
+        "output": {"format": {"type": "audio/pcmu"}},
+    }
+    assert config.apply(SessionFields.model_validate({"audio": ga_update})) == []
+    audio = config.describe(Protocol(beta=False), "sess_1", "m", "ash", "ethan")["audio"]
+    assert audio["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+    assert audio["output"]["format"] == {"type": "audio/pcmu"}
+    assert config.apply(SessionFields(instructions="x")) == [] and config.output_format.type == "audio/pcmu"

@@ -1,10 +1,12 @@
-"""A turn's request: instructions first, the kept history as chat messages, defaults resolved."""
+"""A turn's request: instructions first, the kept history as chat messages, defaults resolved; an
+OpenAI voice spoken by the model's voice; a choice that its tools cannot meet refused."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
-from gateway.realtime.events import ResponseFields
+from gateway.realtime.events import EventError, ResponseFields
 from gateway.realtime.session import Conversation, Item, SessionConfig
 from gateway.realtime.turn import ResponseSettings, build_request, messages_of
 from omnistream.request.defaults import ServingDefaults
@@ -40,3 +42,32 @@ def test_response_fields_override_the_session_for_one_response():
     assert not request.return_audio and request.max_tokens == 7
     again = ResponseSettings.of(config, None)
     assert (again.instructions, again.max_output_tokens, again.speaks) == ("session", 50, True)
+
+
+VOICES = ("chelsie", "ethan", "aiden")
+
+
+def test_an_openai_voice_is_spoken_by_the_models_voice():
+    config = SessionConfig(voice="ash")
+    serving = ServingDefaults(voices=VOICES)
+    request = build_request(conversation(), config, ResponseSettings.of(config, None), serving)
+    assert request.speaker == "ethan"
+    fields = ResponseFields.model_validate({"audio": {"output": {"voice": "coral"}}})
+    settings = ResponseSettings.of(config, fields, VOICES)
+    assert build_request(conversation(), config, settings, serving).speaker == "chelsie"
+    with pytest.raises(EventError) as refused:
+        ResponseSettings.of(config, ResponseFields(voice="nobody"), VOICES)
+    assert refused.value.param == "response.voice"
+
+
+def test_a_choice_its_tools_cannot_meet_is_refused_naming_where_it_was_set():
+    config = SessionConfig(tool_choice="required")
+    with pytest.raises(EventError) as session:
+        _ = ResponseSettings.of(config, None).tool_use
+    assert session.value.param == "session.tool_choice" and "needs tools" in session.value.message
+    fields = ResponseFields.model_validate({"tool_choice": {"type": "function", "name": "f"}})
+    with pytest.raises(EventError) as response:
+        _ = ResponseSettings.of(config, fields).tool_use
+    assert response.value.param == "response.tool_choice"
+    tools = ResponseFields.model_validate({"tools": [{"type": "function", "name": "f"}]})
+    assert ResponseSettings.of(config, tools).tool_use.enforced_calls

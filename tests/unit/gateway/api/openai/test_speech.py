@@ -59,9 +59,17 @@ async def test_an_sse_stream_that_fails_midway_ends_with_an_error_event():
     assert session.closed
 
 
-def _speech(**fields):
-    core = SimpleNamespace(config=GatewayConfig(), deployment=SimpleNamespace(voices=None))
+def _speech(voices=None, **fields):
+    core = SimpleNamespace(config=GatewayConfig(), deployment=SimpleNamespace(voices=voices))
     return to_generation_request(SpeechRequest.model_validate({"input": "Hello.", **fields}), core)
+
+
+def test_openai_voice_names_are_spoken_by_the_models_voices_as_in_realtime():
+    voices = ("chelsie", "ethan", "aiden")
+    assert _speech(voices, voice="alloy").speaker == "chelsie"
+    assert _speech(voices, voice={"id": "onyx"}).speaker == "aiden"
+    assert _speech(voices, voice="aiden").speaker == "aiden"
+    assert _speech(voices, voice="nobody").speaker == "nobody"  # the core's voice check refuses it
 
 
 def test_the_codec_chunk_schedule_extension_reaches_the_request():
