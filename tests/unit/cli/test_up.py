@@ -177,6 +177,27 @@ def test_the_thinker_alone_runs_at_a_lower_cpu_priority(monkeypatch):
         args.parse_args(["--model", "m", "--thinker-nice", "20"])
 
 
+def _gateway_command(monkeypatch, given: list[str], **stack) -> list[str]:
+    """The `serve gateway` command `up` with `given` starts (after its stages), `stack(parsed)`
+    giving start_stack's keyword arguments."""
+    specs_seen: list[dict[str, list[str]]] = []
+
+    def fake_start(specs, cancel=None, **kw):
+        specs_seen.append(specs)
+        if "gateway" in specs:
+            raise StartCancelled()
+        return {name: ServiceProcess(name, None, port=1000 + i) for i, name in enumerate(specs)}
+
+    monkeypatch.setattr(up, "start_services", fake_start)
+    args = argparse.ArgumentParser()
+    up.add_arguments(args)
+    parsed = args.parse_args(["--model", "m", *given])
+    keywords = {name: value(parsed) for name, value in stack.items()}
+    with pytest.raises(StartCancelled):
+        up.start_stack("m", {}, gateway_flags=up.admission_flags(parsed), **keywords)
+    return specs_seen[-1]["gateway"]
+
+
 @pytest.mark.parametrize(
     ("given", "expected"),
     [
@@ -193,21 +214,7 @@ def test_admission_flags_reach_the_gateway_as_serve_gateway_names_them(monkeypat
     the same names, which `serve gateway` parses to the same settings."""
     from gateway.main_args import add_arguments as gateway_arguments
 
-    specs_seen: list[dict[str, list[str]]] = []
-
-    def fake_start(specs, cancel=None, **kw):
-        specs_seen.append(specs)
-        if "gateway" in specs:
-            raise StartCancelled()
-        return {name: ServiceProcess(name, None, port=1000 + i) for i, name in enumerate(specs)}
-
-    monkeypatch.setattr(up, "start_services", fake_start)
-    args = argparse.ArgumentParser()
-    up.add_arguments(args)
-    parsed = args.parse_args(["--model", "m", *given])
-    with pytest.raises(StartCancelled):
-        up.start_stack("m", {}, audio_hold=parsed.audio_hold, gateway_flags=up.admission_flags(parsed))
-    gateway_spec = specs_seen[-1]["gateway"]
+    gateway_spec = _gateway_command(monkeypatch, given, audio_hold=lambda parsed: parsed.audio_hold)
     flags = [f for f in gateway_spec if ("hold" in f and f.startswith("--")) or f == "--queue-timeout"]
     assert flags == [f for f in expected if f.startswith("--")]
     for flag, value in itertools.pairwise(expected):
@@ -231,24 +238,9 @@ def test_the_gateways_caps_are_passed_only_when_given(monkeypatch, given, expect
     from gateway.main import config_from_args
     from gateway.main_args import add_arguments as gateway_arguments
 
-    specs_seen: list[dict[str, list[str]]] = []
-
-    def fake_start(specs, cancel=None, **kw):
-        specs_seen.append(specs)
-        if "gateway" in specs:
-            raise StartCancelled()
-        return {name: ServiceProcess(name, None, port=1000 + i) for i, name in enumerate(specs)}
-
-    monkeypatch.setattr(up, "start_services", fake_start)
-    args = argparse.ArgumentParser()
-    up.add_arguments(args)
-    parsed = args.parse_args(["--model", "m", *given])
-    with pytest.raises(StartCancelled):
-        up.start_stack(
-            "m", {}, max_concurrency=parsed.max_concurrency, gateway_flags=up.admission_flags(parsed)
-        )
+    gateway_spec = _gateway_command(monkeypatch, given, max_concurrency=lambda parsed: parsed.max_concurrency)
     gateway_parser = argparse.ArgumentParser()
     gateway_arguments(gateway_parser)
-    served = config_from_args(gateway_parser.parse_args(specs_seen[-1]["gateway"][2:]))
+    served = config_from_args(gateway_parser.parse_args(gateway_spec[2:]))
     caps = {"max_concurrency": served.max_concurrency, "max_queue": served.max_queue}
     assert caps == {"max_concurrency": None, "max_queue": None} | expected
