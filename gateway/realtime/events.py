@@ -341,8 +341,10 @@ EVENT_TYPES = {
     m.model_fields["type"].annotation.__args__[0]: m  # type: ignore[union-attr]
     for m in ClientEvent.__args__  # type: ignore[attr-defined]
 }
-_ADAPTERS = {name: TypeAdapter(model) for name, model in EVENT_TYPES.items()}
-_ENVELOPE = TypeAdapter(_SessionEnvelope)
+# A session.update is read as its envelope first, its settings one by one after (`partial`).
+_ADAPTERS = {name: TypeAdapter(model) for name, model in EVENT_TYPES.items()} | {
+    "session.update": TypeAdapter(_SessionEnvelope)
+}
 
 
 def _tag(part: Any) -> bool:
@@ -414,7 +416,7 @@ def parse(text: str) -> ClientEvent:
         raise EventError(
             "the event has no string `type`", code="invalid_event", param="type", event_id=event_id
         )
-    adapter = _ENVELOPE if kind == "session.update" else _ADAPTERS.get(kind)
+    adapter = _ADAPTERS.get(kind)
     if adapter is None:
         raise EventError(
             f"unknown or unsupported event type {kind[:64]!r}",
