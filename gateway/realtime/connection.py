@@ -23,6 +23,7 @@ from gateway.realtime import events as ev
 from gateway.realtime.audio import ms_of
 from gateway.realtime.events import EventError
 from gateway.realtime.input_audio import InputAudio
+from gateway.realtime.input_transcription import InputTranscriber
 from gateway.realtime.items import created_item
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
@@ -72,8 +73,16 @@ class Connection:
             on_end=self._touch,  # the idle timeout counts from the end of a response
             make_item=self._made_item,
         )
+        self.transcriber = InputTranscriber(core, self.send, self.id)
         self.input_audio = InputAudio(
-            core, self.config, self.send, self.conversation, self._add_item, self.responder, on_barge_in
+            core,
+            self.config,
+            self.send,
+            self.conversation,
+            self._add_item,
+            self.responder,
+            self.transcriber,
+            on_barge_in,
         )
 
     @property
@@ -162,6 +171,7 @@ class Connection:
                     await self._truncate(event)
                 case ev.ItemDelete():
                     self.conversation.delete(event.item_id)
+                    await self.transcriber.forget(event.item_id)
                     await self.send("conversation.item.deleted", item_id=event.item_id)
                 case ev.ItemRetrieve():
                     item = self.conversation.get(event.item_id)
@@ -263,5 +273,6 @@ class Connection:
         and release the session's cache scope in the stages that cached its prefixes."""
         if self.response is not None:
             await self.response.cancel("client_cancelled")
+        await self.transcriber.close()
         self.core.replicas.release_cache_soon(self.cache_scope)
         self.core.sent_audio.release(self.cache_scope)

@@ -103,10 +103,47 @@ WireFormat = PcmFormat | G711Format
 BetaFormat = Literal["pcm16", "g711_ulaw", "g711_alaw"]
 
 
+Language = Annotated[str, Field(pattern=r"^[a-z]{2,3}$")]  # ISO-639
+
+
+class InputTranscription(BaseModel):
+    """`audio.input.transcription` (beta `input_audio_transcription`): each committed user audio
+    item is transcribed by the thinker itself, whatever transcription `model` is named
+    (gateway/serving/transcription.py); `language`, `prompt` and `keywords` guide it."""
+
+    model_config = LENIENT
+    model: Annotated[str, Field(max_length=256)] | None = None
+    language: Language | None = None
+    languages: Annotated[list[Language], Field(max_length=16)] | None = None
+    prompt: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    keywords: Annotated[list[Annotated[str, Field(max_length=256)]], Field(max_length=256)] | None = None
+
+    @property
+    def spoken(self) -> str | None:
+        """The language the speech is in, when one is given."""
+        return self.language or (self.languages[0] if self.languages else None)
+
+    @property
+    def context(self) -> str | None:
+        """What guides the transcript: the prompt and the keywords."""
+        words = ", ".join(self.keywords or ())
+        return " ".join(p for p in (self.prompt, words and f"Keywords: {words}.") if p) or None
+
+    def wire(self, beta: bool) -> dict[str, Any]:
+        """As session.created / session.updated show it: what was given."""
+        fields = (
+            ("model", "language", "prompt")
+            if beta
+            else ("model", "language", "languages", "prompt", "keywords")
+        )
+        return {name: getattr(self, name) for name in fields if getattr(self, name) is not None}
+
+
 class AudioInputConfig(BaseModel):
     model_config = LENIENT
     format: WireFormat | None = None
     turn_detection: TurnDetection | None = None
+    transcription: InputTranscription | None = None
 
 
 Voice = Annotated[str, Field(max_length=256)]
@@ -178,6 +215,7 @@ class SessionFields(BaseModel):
     input_audio_format: BetaFormat | None = None  # beta
     output_audio_format: BetaFormat | None = None  # beta
     turn_detection: TurnDetection | None = None  # beta (null: none)
+    input_audio_transcription: InputTranscription | None = None  # beta (null: none)
     max_output_tokens: MaxTokens | None = None
     max_response_output_tokens: MaxTokens | None = None  # beta
     temperature: float | None = Field(None, ge=0.0, le=2.0)
@@ -195,6 +233,18 @@ class SessionFields(BaseModel):
             return True, self.audio.input.turn_detection
         if "turn_detection" in self.model_fields_set:
             return True, self.turn_detection
+        return False, None
+
+    def transcription_given(self) -> tuple[bool, InputTranscription | None]:
+        """(whether the update sets the input transcription, the new value: None turns it off)."""
+        if (
+            self.audio is not None
+            and self.audio.input is not None
+            and "transcription" in self.audio.input.model_fields_set
+        ):
+            return True, self.audio.input.transcription
+        if "input_audio_transcription" in self.model_fields_set:
+            return True, self.input_audio_transcription
         return False, None
 
 

@@ -18,6 +18,7 @@ from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
 from gateway.realtime.events import EventError
 from gateway.realtime.formats import InputDecoder
+from gateway.realtime.input_transcription import InputTranscriber
 from gateway.realtime.items import check_modality, decode_parts
 from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
@@ -40,6 +41,7 @@ class InputAudio:
         conversation: Conversation,
         add_item: AddItem,
         responder: Responder,
+        transcriber: InputTranscriber,
         on_barge_in: Callable[[], None] = lambda: None,
     ) -> None:
         c = core.config
@@ -49,6 +51,7 @@ class InputAudio:
         self.conversation = conversation
         self.add_item = add_item
         self.responder = responder
+        self.transcriber = transcriber  # the committed turns' transcripts, when the session asks
         self.on_barge_in = on_barge_in
         self.buffer = InputBuffer(int(c.realtime_max_buffer_seconds * INPUT_RATE) * 2)
         self.rate = AppendRate(c.realtime_append_burst_seconds)
@@ -189,4 +192,6 @@ class InputAudio:
         previous = self.conversation.last_id()
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)
         await self.add_item(item, previous)
+        if self.config.transcription is not None:
+            self.transcriber.start(item, self.config.transcription)
         return True

@@ -19,7 +19,14 @@ from typing import Any
 
 from gateway.api.openai.voices import known
 from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
-from gateway.realtime.events import EventError, Extensions, SessionFields, TurnDetection, VoiceRef
+from gateway.realtime.events import (
+    EventError,
+    Extensions,
+    InputTranscription,
+    SessionFields,
+    TurnDetection,
+    VoiceRef,
+)
 from gateway.realtime.formats import FORMATS, PCM16, AudioFormat
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.tool_config import apply_tools, choice_wire, tools_wire
@@ -106,6 +113,7 @@ class SessionConfig:
     tool_choice: Choice | Named = "auto"
     input_format: AudioFormat = PCM16
     output_format: AudioFormat = PCM16
+    transcription: InputTranscription | None = None  # None: the user's audio is not transcribed
 
     def apply(self, update: SessionFields, voices: tuple[str, ...] | None = None) -> list[EventError]:
         """Apply a session.update (GA or beta fields); only the fields it names change. A setting
@@ -123,6 +131,9 @@ class SessionConfig:
         given, detection = update.turn_detection_given()
         if given:
             self.turn_detection = detection
+        given, transcription = update.transcription_given()
+        if given:
+            self.transcription = transcription
         if update.omnistream is not None:
             self.extensions = update.omnistream
         self.input_format = given_format(update, "input") or self.input_format
@@ -154,6 +165,7 @@ class SessionConfig:
                 "input_audio_format": self.input_format.beta,
                 "output_audio_format": self.output_format.beta,
                 "turn_detection": detection,
+                "input_audio_transcription": self._transcription(beta=True),
                 "temperature": self.temperature,
                 "max_response_output_tokens": tokens,
                 "tools": tools_wire(self.tools),
@@ -168,7 +180,11 @@ class SessionConfig:
             "output_modalities": self.output_modalities,
             "instructions": self.instructions or "",
             "audio": {
-                "input": {"format": self.input_format.wire(), "turn_detection": detection},
+                "input": {
+                    "format": self.input_format.wire(),
+                    "turn_detection": detection,
+                    "transcription": self._transcription(beta=False),
+                },
                 "output": {"format": self.output_format.wire(), "voice": voice},
             },
             "max_output_tokens": tokens,
@@ -176,6 +192,9 @@ class SessionConfig:
             "tool_choice": tool_choice,
             "omnistream": served,
         }
+
+    def _transcription(self, beta: bool) -> dict[str, Any] | None:
+        return None if self.transcription is None else self.transcription.wire(beta)
 
 
 class AppendRate:

@@ -76,6 +76,11 @@ def realtime_entry(response_id: str) -> Incoming:
     return Incoming("realtime response", None, "websocket", {"omnistream.realtime.response_id": response_id})
 
 
+def transcription_entry(item_id: str) -> Incoming:
+    """A realtime input transcription's span (the user item it transcribes), under the socket's."""
+    return Incoming("realtime transcription", None, "websocket", {"omnistream.realtime.item_id": item_id})
+
+
 class remote_parent:
     """`with remote_parent(headers):` makes the caller's trace context (a WebSocket upgrade's
     `traceparent`) the current one, so every task started inside (the socket's responses) inherits

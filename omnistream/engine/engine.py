@@ -42,6 +42,8 @@ class RequestState:
     slot: int | None = None
     finished: bool = False
     suspicions: int = 0  # batched steps that failed with this request in them
+    # Background work (a transcription): stepped only when no other request can (`_next_work`).
+    background: bool = False
 
     @property
     def held_slot(self) -> int:
@@ -296,7 +298,17 @@ class Engine(Generic[S, W]):
             if work is not None:
                 return work
             # It cannot step right now (waits for input or room): it rejoins the batch later.
-        return self._schedule(list(self._requests.values()))
+        states = list(self._requests.values())
+        foreground = [s for s in states if not s.background]
+        if len(foreground) == len(states):
+            return self._schedule(states)
+        # Background requests never share a step with the others, so they never make one longer:
+        # they step only when nothing else can (what waits for its input, or a slot they hold, lets
+        # them finish and free it).
+        work = self._schedule(foreground) if foreground else None
+        if work is None:
+            work = self._schedule([s for s in states if s.background])
+        return work
 
     def _step_failed(self, work: W, error: Exception) -> None:
         """A step raised. Alone, the request caused it: fail it. In a batch, the culprit is unknown:

@@ -63,6 +63,9 @@ class GenerationRequest:
     # A grammar the thinker's output must follow (tool calls, response_format): see
     # omnistream/request/structured.py. None: free text.
     structured_output: StructuredOutput | None = None
+    # Background work (a transcription of the user's audio): the thinker steps it only when no
+    # other request can, so it never delays an answer (ThinkerOpen.background).
+    background: bool = False
 
     def validate(self) -> None:
         if self.mode not in MODES:

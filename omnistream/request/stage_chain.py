@@ -50,6 +50,7 @@ class ThinkerParams:
     cache_scope: bytes = b""  # the prefix cache's scope (ThinkerOpen.cache_scope): b"" the shared one
     # The grammar the output follows (ThinkerOpen.structured_output); None: free text.
     structured_output: StructuredOutput | None = None
+    background: bool = False  # steps only when no other request can (ThinkerOpen.background)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
             request.assistant_text,
             request.cache_scope,
             request.structured_output,
+            request.background,
         ),
         talker=talker if audio else None,
         plan=plan if audio else None,

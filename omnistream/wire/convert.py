@@ -242,6 +242,7 @@ def thinker_open_proto(
         use_audio_in_video=params.use_audio_in_video,
         assistant_text=params.assistant_text or "",
         cache_scope=params.cache_scope,
+        background=params.background,
     )
     if params.structured_output is not None:
         open_.structured_output.CopyFrom(structured_output_proto(params.structured_output))

@@ -107,6 +107,7 @@ class ThinkerServicer(StageServicer):
                 if open_.HasField("structured_output")
                 else None
             ),
+            background=open_.background,
         )
         prompt_ids, media = await self._prompt(open_)
         spoken = grammar = None

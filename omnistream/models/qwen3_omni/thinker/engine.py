@@ -225,6 +225,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             media=media,
             spoken=spoken,
             matcher=matcher,
+            background=params.background,
         )
         if media is not None:
             merge = self.config.thinker_config.vision_config.spatial_merge_size

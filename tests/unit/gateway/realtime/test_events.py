@@ -8,6 +8,7 @@ import pytest
 
 from gateway.realtime import events as ev
 from gateway.realtime.events import EventError, parse
+from gateway.realtime.protocol import Protocol
 from gateway.realtime.session import SessionConfig
 
 
@@ -207,3 +208,28 @@ def test_semantic_vad_is_served_by_the_server_vad_with_its_eagerness_window():
     }
     server = ev.TurnDetection(silence_duration_ms=300)
     assert server.served() is server and server.wire()["silence_duration_ms"] == 300
+
+
+def test_input_transcription_is_set_in_either_scheme_shown_back_and_turned_off_by_null():
+    config = SessionConfig()
+    asked = {"model": "gpt-4o-mini-transcribe", "language": "en", "prompt": "omnistream"}
+    config.apply(update(audio={"input": {"transcription": asked}}).session)
+    assert config.transcription is not None and config.transcription.spoken == "en"
+    assert config.transcription.context == "omnistream"
+    ga = config.describe(Protocol(False), "s", "m", "ash", "chelsie")
+    assert ga["audio"]["input"]["transcription"] == asked
+    config.apply(update(input_audio_transcription=None).session)  # beta: null turns it off
+    assert config.transcription is None
+    config.apply(update(input_audio_transcription={"model": "whisper-1", "keywords": ["Qwen"]}).session)
+    beta = config.describe(Protocol(True), "s", "m", "ash", "chelsie")
+    assert beta["input_audio_transcription"] == {"model": "whisper-1"}  # beta's schema has no keywords
+    assert config.transcription is not None and config.transcription.context == "Keywords: Qwen."
+    config.apply(update(instructions="x").session)  # not named: kept
+    assert config.transcription is not None
+
+
+def test_a_transcription_language_that_is_no_iso_code_is_refused_alone():
+    parsed = update(instructions="Be kind.", audio={"input": {"transcription": {"language": "English"}}})
+    assert [e.param for e in parsed.refused] == ["session.audio.input.transcription.language"]
+    assert parsed.session.instructions == "Be kind."
+    assert parsed.session.transcription_given() == (False, None)

@@ -16,7 +16,7 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW
-from gateway.realtime.events import BufferAppend, EventError, TurnDetection
+from gateway.realtime.events import BufferAppend, EventError, InputTranscription, TurnDetection
 from gateway.realtime.input_audio import InputAudio
 from gateway.realtime.session import Conversation, Item, SessionConfig
 from gateway.realtime.vad import INPUT_RATE
@@ -36,7 +36,11 @@ class Harness:
         )
         self.config = SessionConfig(turn_detection=None)
         responder = SimpleNamespace(response=None, busy=False)
-        self.audio = InputAudio(core, self.config, self._send, Conversation(), self._add, responder)  # type: ignore[arg-type]
+        self.transcribing: list[tuple[str, Any]] = []  # (item id, the transcription asked)
+        transcriber = SimpleNamespace(start=lambda item, asked: self.transcribing.append((item.id, asked)))
+        self.audio = InputAudio(
+            core, self.config, self._send, Conversation(), self._add, responder, transcriber
+        )  # type: ignore[arg-type]
 
     async def _send(self, kind: str, **fields: Any) -> None:
         self.sent.append((kind, fields))
@@ -129,3 +133,19 @@ def test_semantic_vad_is_served_by_the_detector_with_its_eagerness_window(eagern
     h.config.turn_detection = TurnDetection(type="semantic_vad", eagerness=eagerness)
     h.audio.detection_changed()
     assert h.audio.detector is not None and h.audio.detector.silence_duration_ms == window
+
+
+def test_a_committed_turn_is_transcribed_only_when_the_session_asks():
+    async def run() -> Harness:
+        h = Harness()
+        await h.append(0.5)
+        await h.audio.commit(None, "c1")
+        h.config.transcription = InputTranscription(model="gpt-4o-mini-transcribe", language="en")
+        await h.append(0.5)
+        await h.audio.commit(None, "c2")
+        return h
+
+    h = asyncio.run(run())
+    second = h.added[1][0]
+    assert [item_id for item_id, _ in h.transcribing] == [second.id]
+    assert h.transcribing[0][1].language == "en"

@@ -2,8 +2,9 @@
 (tests/realtime_schemas.py: openai-python's models in strict mode with no unknown field, and the
 Agents SDK's own parsing), here on fake stages so that each kind of event is made: session
 updates (one with the Agents SDK's defaults, one with a refused setting), a spoken answer cut by
-the user's speech and truncated, a text answer, a tool call and its result, a deleted item, a
-failed response, G.711 formats, a retrieved item, an out-of-band answer, and errors.
+the user's speech and truncated, the turn's transcript and one that fails, a text answer, a tool
+call and its result, a deleted item, a failed response, G.711 formats, a retrieved item, an
+out-of-band answer, and errors.
 tests/integration/test_realtime_schemas.py does it on the real stack."""
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from gateway.config import GatewayConfig
 from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
 from gateway.serving.session import Timings
-from omnistream.request.errors import InvalidRequest
+from omnistream.request.errors import InvalidRequest, Overloaded
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.request.media import AudioInput
 from tests.realtime_schemas import check_server_events
@@ -92,6 +93,7 @@ class FakeCore:
         self.replicas = SimpleNamespace(release_cache_soon=lambda scope: None)
         self.sent_audio = SimpleNamespace(release=lambda scope: None)
         self.answers: list[FakeSession | Exception] = []
+        self.transcripts: list[FakeSession | Exception] = []  # the background requests' (default: words)
 
     @staticmethod
     async def _decode(messages: Any, use_audio_in_video: bool) -> None:
@@ -99,7 +101,10 @@ class FakeCore:
             part["audio"] = AudioInput(np.zeros(1600, np.float32), 16000)
 
     async def open(self, request: GenerationRequest, trace: Any = None) -> FakeSession:
-        answer = self.answers.pop(0)
+        if request.background:  # a transcription of the user's audio
+            answer = self.transcripts.pop(0) if self.transcripts else FakeSession("Hello", audio=False)
+        else:
+            answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
@@ -148,6 +153,12 @@ async def session(beta: bool) -> list[dict]:
     assert conn.response is not None and conn.response.status == "cancelled"
     spoken = conn.response.item.id
     await send(type="input_audio_buffer.clear")
+    # The turn's transcript (the session asked for it), and one that fails.
+    await asyncio.gather(*conn.transcriber.running.values())
+    core.transcripts.append(Overloaded("the thinker is full"))
+    await send(type="input_audio_buffer.append", audio="AAAA" * 4000)
+    await send(type="input_audio_buffer.commit")
+    await asyncio.gather(*conn.transcriber.running.values())
     # A text answer cut at max_output_tokens, a tool call and its result, a failed response.
     await send(type="conversation.item.create", item={"type": "message", "role": "user",
                "content": [{"type": "input_text", "text": "Hi"}]})  # fmt: skip
@@ -188,4 +199,6 @@ def test_every_server_event_validates_against_the_sdks_schemas(beta):
     statuses = [e["response"]["status"] for e in events if e["type"] == "response.done"]
     assert statuses == ["cancelled", "incomplete", "completed", "failed", "completed"]
     assert {"conversation.item.retrieved"} <= kinds
+    transcription = "conversation.item.input_audio_transcription"
+    assert {f"{transcription}.{end}" for end in ("delta", "completed", "failed")} <= kinds
     assert check_server_events(events, beta) == []

@@ -332,3 +332,64 @@ def test_the_thinker_hands_off_the_gil_after_a_first_token_a_first_text_and_an_e
         return per_step
 
     assert asyncio.run(steps()) == [1, 1, 0, 0, 1]
+
+
+def test_background_work_steps_only_when_nothing_else_can_and_is_unchanged_by_it(engine):
+    """A transcription (background) beside an answer: while the answer runs, the transcription
+    gets no token, whoever arrived first; once the answer ends it runs to the same tokens it makes
+    alone (greedy), so being paused costs it nothing but time."""
+    answer = ThinkerParams(24, True)
+    background = ThinkerParams(12, True, background=True)
+
+    async def run() -> tuple[list[int], list[int], list[str]]:
+        order: list[str] = []
+
+        async def collect(rid: str, params: ThinkerParams) -> list[int]:
+            out = engine.add_request(rid, _prompt(engine), params)
+            tokens: list[int] = []
+            async for step in out:
+                order.extend(rid for _ in step.token_ids)
+                tokens.extend(step.token_ids)
+            return tokens
+
+        transcribed = asyncio.create_task(collect("bg", background))
+        await asyncio.sleep(0)  # the background request is admitted first
+        answered = await collect("fg", answer)
+        return answered, await transcribed, order
+
+    alone = asyncio.run(_run(engine, "bg-alone", background))
+    answered, transcribed, order = asyncio.run(run())
+    assert transcribed == alone
+    assert len(answered) == 24
+    last_answer = max(i for i, rid in enumerate(order) if rid == "fg")
+    # The background request may have taken its first step (its prefill and first token) before
+    # the answer arrived; after that, not one token until the answer has all of its own.
+    assert order[: last_answer + 1].count("bg") <= 1, order
+
+
+def test_background_work_runs_while_the_others_wait_for_their_reader(tiny_model_dir):
+    """An answer whose reader is slow (its output is full) cannot step: background work takes
+    those steps instead of idling, so it is never starved by an answer that waits."""
+    e = ThinkerEngine(
+        tiny_model_dir,
+        LoadOptions(dtype="float32"),
+        max_batch=4,
+        max_model_len=256,
+        max_requests=4,
+        prefix_cache_bytes=0,
+    )
+    e.output_capacity = 2
+    e.start()
+    try:
+
+        async def run() -> list[int]:
+            stalled = e.add_request("fg", _prompt(e), ThinkerParams(40, True))
+            out = e.add_request("bg", _prompt(e), ThinkerParams(8, True, background=True))
+            tokens = [t for step in [s async for s in out] for t in step.token_ids]
+            assert e.has_request("fg")  # never read: it waits with its output full
+            e.abort("fg", stalled)
+            return tokens
+
+        assert len(asyncio.run(asyncio.wait_for(run(), 60))) == 8
+    finally:
+        e.stop()
