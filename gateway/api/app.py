@@ -1,9 +1,9 @@
 """The gateway's HTTP app, assembled from the endpoints' routers over one `GatewayCore`.
 
 Each endpoint is its own module with its own `APIRouter` (gateway/api/openai/: chat, speech,
-models; gateway/api/probes.py), as vLLM's entrypoints are; this module only puts them together
-with what is the app's rather than any one route's: the API key, the error table's exception
-handlers, the body limit, the realtime WebSocket and the playground page.
+transcriptions, models; gateway/api/probes.py), as vLLM's entrypoints are; this module only puts
+them together with what is the app's rather than any one route's: the API key, the error table's
+exception handlers, the body limit, the realtime WebSocket and the playground page.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from fastapi import FastAPI
 
 from gateway.api import probes
 from gateway.api.auth import require_api_key
-from gateway.api.openai import chat, models, speech
+from gateway.api.openai import chat, models, speech, transcriptions
 from gateway.api.openai.errors import add_error_handlers, error_response
 from gateway.api.openai.request_guards import BodyLimit
 from gateway.playground import routes as playground
@@ -49,6 +49,7 @@ def build_app(core: GatewayCore) -> FastAPI:
     app.include_router(models.router(core))
     app.include_router(chat.router(core))
     app.include_router(speech.router(core))
+    app.include_router(transcriptions.router(core))
     add_realtime_route(app, core)  # /v1/realtime (WebSocket), gateway/realtime/
     playground.register(app)
     # Added last, so it runs first: an oversize body is refused before anything reads it.

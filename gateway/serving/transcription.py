@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,8 +125,9 @@ class Transcription:
         self.trace = trace
         self.transcript: Transcript | None = None
 
-    async def deltas(self) -> AsyncIterator[str]:
-        """The text as the thinker makes it; an OmniError if it is refused or fails."""
+    async def deltas(self) -> AsyncGenerator[str, None]:
+        """The text as the thinker makes it; an OmniError if it is refused or fails. A caller that
+        stops reading closes it (`aclose()`): that ends the thinker request."""
         session = await self.core.open(self.request, trace=self.trace)
         text: list[str] = []
         try:

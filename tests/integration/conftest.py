@@ -187,3 +187,12 @@ def grpc_refusal(gateway: ServiceProcess, request) -> grpc.aio.AioRpcError:
             raise AssertionError("the gateway answered a request it should have refused")
 
     return asyncio.run(call())
+
+
+def shared_thinker_steps(stages) -> float:
+    """Decode steps the thinker has run with more than one request in them, so far."""
+    url = f"http://{stages['thinker'].connect_host}:{stages['thinker'].metrics_port}/metrics"
+    body = urllib.request.urlopen(url, timeout=5).read().decode()
+    alone = re.search(r'^omnistream_stage_batch_size_bucket\{[^}]*le="1\.0"[^}]*\} (\S+)$', body, re.M)
+    assert alone is not None, "the thinker exposes no batch size histogram"
+    return metric(stages["thinker"], "omnistream_stage_batch_size_count") - float(alone.group(1))

@@ -40,6 +40,8 @@ MESSAGES = [{"role": "user", "content": "Hello"}]
 TEXT_PART = {"type": "text", "text": "ok"}
 CHAT = "/v1/chat/completions"
 JSON = {"Content-Type": "application/json"}
+# The streams that end with their done event rather than [DONE] (as OpenAI's do).
+DONE_EVENTS = {"/v1/audio/speech": "speech.audio.done", "/v1/audio/transcriptions": "transcript.text.done"}
 
 
 @pytest.fixture(scope="module")
@@ -87,9 +89,9 @@ def errors_are_json(ctx, response: schemathesis.Response, case: schemathesis.Cas
     elif is_sse(response):
         events = [line[6:] for line in response.text.splitlines() if line.startswith("data: ")]
         assert events, response.text[-300:]
-        if case.path == "/v1/audio/speech":  # OpenAI's speech stream has no [DONE]: its done event ends it
+        if case.path in DONE_EVENTS:  # OpenAI's speech and transcription streams end with a done event
             last = json.loads(events[-1])
-            assert "error" in last or last["type"] == "speech.audio.done", response.text[-300:]
+            assert "error" in last or last["type"] == DONE_EVENTS[case.path], response.text[-300:]
         else:
             assert events[-1] == "[DONE]", response.text[-300:]
             events = events[:-1]

@@ -1,7 +1,7 @@
 """Readiness per need, on real processes: a gateway over a thinker alone serves text chat (REST
 with `modalities: ["text"]`, gRPC Generate without audio, a realtime session with text output)
-and refuses audio with 503 / UNAVAILABLE naming the missing stages; `/ready`, `/v1/models` and
-Gateway/Info say what is served (gateway/cluster/readiness.py)."""
+and transcriptions, and refuses audio with 503 / UNAVAILABLE naming the missing stages; `/ready`,
+`/v1/models` and Gateway/Info say what is served (gateway/cluster/readiness.py)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import websockets
 
 from omnistream.client import Client, TextDelta
 from omnistream.client import Unavailable as ClientUnavailable
+from tests.media_files import audio_file
 
 from .conftest import gateway_process, gateway_url, wait_for
 
@@ -57,6 +58,12 @@ def test_rest_serves_text_and_refuses_audio_naming_the_stages(thinker_only):
         assert audio.status_code == 503, (path, audio.text)
         error = audio.json()["error"]
         assert error["code"] == "unavailable" and "talker" in error["message"], error
+    # A transcription needs the thinker only.
+    files = {"file": ("tone.wav", audio_file("wav", 0.5), "audio/wav")}
+    heard = httpx.post(
+        f"{base}/v1/audio/transcriptions", data={"model": "whisper-1"}, files=files, timeout=60
+    )
+    assert heard.status_code == 200 and isinstance(heard.json()["text"], str), heard.text
     # The model is known from the thinker: listed, speaking nothing.
     (model,) = httpx.get(f"{base}/v1/models", timeout=5).json()["data"]
     assert model["id"] == "qwen3-omni" and model["omnistream"]["output_modalities"] == ["text"]

@@ -1,8 +1,8 @@
 """Input transcription on the real processes: with `audio.input.transcription` set, a spoken turn
 found by the server VAD gets `conversation.item.input_audio_transcription.delta` events and
 `.completed` (the deltas make the transcript; usage counted; the item keeps it for a retrieve),
-made by the thinker as background work that never delays the spoken answer: none of its words
-arrives before the answer's words have all arrived. Without the setting, no transcript.
+made by the thinker as background work that never delays the spoken answer: no thinker step holds
+both. Without the setting, no transcript.
 The tiny model's words are noise; the protocol, the timing and the priority are what is tested."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import asyncio
 
 import pytest
 
-from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.integration.conftest import configured_gateway, gateway_idle, shared_thinker_steps, wait_for
 from tests.integration.test_realtime_protocol import Client, b64, opened
 from tests.integration.test_realtime_schemas import connect
 from tests.realtime_schemas import check_server_events
@@ -54,6 +54,8 @@ def test_a_spoken_turn_is_transcribed_after_its_answer_s_words(gateway, stages, 
     asked = {"model": "gpt-4o-mini-transcribe", "language": "en"}
     text_delta = "response.audio_transcript.delta" if beta else "response.output_audio_transcript.delta"
 
+    shared_before = shared_thinker_steps(stages)
+
     async def run() -> list[dict]:
         async with connect(gateway, beta) as ws:
             c = await opened(ws)
@@ -81,14 +83,13 @@ def test_a_spoken_turn_is_transcribed_after_its_answer_s_words(gateway, stages, 
     assert deltas and "".join(e["delta"] for e in deltas) == completed["transcript"]
     assert {e["content_index"] for e in deltas} == {0} and completed["content_index"] == 0
     assert completed["usage"]["type"] == "duration" and 1.0 < completed["usage"]["seconds"] < 5.0
-    # Background work: the answer's words all came first (one transcript step may have run before
-    # the answer reached the thinker: at most one delta).
-    kinds = [e["type"] for e in seen]
-    last_word = max(i for i, kind in enumerate(kinds) if kind == text_delta)
-    early = kinds[:last_word].count(f"{TRANSCRIBED}.delta")
-    answer_words = kinds.count(text_delta)
-    assert answer_words >= 10, answer_words
-    assert early <= 1, f"{early} transcript deltas arrived among the answer's {answer_words} words"
+    # Background work: the transcription and the answer were at the thinker together (both start
+    # at the commit), yet no thinker step held both: the transcription stepped only when the answer
+    # could not. (The order their words reach the client is not asserted: the gateway hands each of
+    # the answer's words to the talker before it reads the next, so on a loaded machine some reach
+    # the client after transcript words the thinker made later.)
+    assert [e["type"] for e in seen].count(text_delta) >= 10
+    assert shared_thinker_steps(stages) == shared_before, "a thinker step held the answer and the transcript"
     assert check_server_events(seen, beta) == []
     assert asyncio.run(wait_for(lambda: gateway_idle(gateway, stages), 10))
 

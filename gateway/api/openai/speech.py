@@ -188,7 +188,7 @@ async def _chained(first: Item, rest: AsyncGenerator[Item, None]) -> AsyncGenera
         await rest.aclose()
 
 
-async def _until_disconnected(request: Request) -> None:
+async def until_disconnected(request: Request) -> None:
     """Returns once the client has gone (the body is read by now: nothing else can arrive)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -202,7 +202,7 @@ async def primed(
     dropped connection. None when the client left first (`request`): the session is closed then."""
     items = _encoded(session, fmt, sample_rate)
     first = asyncio.ensure_future(anext(items))
-    gone = asyncio.ensure_future(_until_disconnected(request)) if request is not None else None
+    gone = asyncio.ensure_future(until_disconnected(request)) if request is not None else None
     left = True  # until the first piece is there
     try:
         await asyncio.wait([t for t in (first, gone) if t is not None], return_when=asyncio.FIRST_COMPLETED)
