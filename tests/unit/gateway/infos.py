@@ -36,3 +36,12 @@ def deployment(**talker: Any) -> Deployment:
         reason = d.admit(stage, stage_info(stage, **(talker if stage == "talker" else {})))
         assert reason is None, reason
     return d
+
+
+def deployment_taking(modalities: tuple[str, ...]) -> Deployment:
+    """`deployment()` whose thinker takes these input modalities."""
+    d = deployment()
+    thinker = d.accepted["thinker"]
+    del thinker.input_modalities[:]
+    thinker.input_modalities.extend(modalities)
+    return d

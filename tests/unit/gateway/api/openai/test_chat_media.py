@@ -20,7 +20,7 @@ from omnistream.request.errors import TooLarge, Unavailable
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import AudioInput, ImageInput, VideoInput, text_of
 from tests.media_files import audio_file, image_file, video_file
-from tests.unit.gateway.infos import deployment
+from tests.unit.gateway.infos import deployment_taking
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 CHAT = "/v1/chat/completions"
@@ -33,10 +33,7 @@ class MediaCore(GatewayCore):
     def __init__(self, config: GatewayConfig, modalities: tuple[str, ...] = MODALITIES) -> None:
         config.validate()
         self.config = config
-        self.deployment = deployment()
-        thinker = self.deployment.accepted["thinker"]
-        del thinker.input_modalities[:]
-        thinker.input_modalities.extend(modalities)
+        self.deployment = deployment_taking(modalities)
         self.metrics = GatewayMetrics()
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.media = MediaDecoder(config.media_limits)

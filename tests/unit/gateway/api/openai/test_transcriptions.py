@@ -31,7 +31,7 @@ from omnistream.request.errors import Overloaded, Unavailable
 from omnistream.request.generation import DoneEvent, GenerationRequest, TextEvent
 from omnistream.request.media import AudioInput
 from tests.media_files import audio_file
-from tests.unit.gateway.infos import deployment
+from tests.unit.gateway.infos import deployment_taking
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
 ROUTE = "/v1/audio/transcriptions"
@@ -76,10 +76,7 @@ class TranscribingCore(GatewayCore):
 
     def __init__(self, modalities: tuple[str, ...] = ("text", "audio"), ready: bool = True) -> None:
         self.config = GatewayConfig(**STAGES)
-        self.deployment = deployment()
-        thinker = self.deployment.accepted["thinker"]
-        del thinker.input_modalities[:]
-        thinker.input_modalities.extend(modalities)
+        self.deployment = deployment_taking(modalities)
         self.metrics = GatewayMetrics()
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.media = MediaDecoder(self.config.media_limits)

@@ -15,18 +15,22 @@ from omnistream.request.errors import InternalError, InvalidRequest, Overloaded
 from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_chunk
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_model_dir):
+def _engine(model_dir, max_requests: int = 6) -> ThinkerEngine:
     # No prefix cache: these tests run the same prompts again and watch their prefill (the cache's
     # own tests are test_prefix.py).
-    e = ThinkerEngine(
-        tiny_model_dir,
+    return ThinkerEngine(
+        model_dir,
         LoadOptions(dtype="float32"),
         max_batch=4,
         max_model_len=256,
-        max_requests=6,
+        max_requests=max_requests,
         prefix_cache_bytes=0,
     )
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model_dir):
+    e = _engine(tiny_model_dir)
     e.start()
     yield e
     e.stop()
@@ -370,14 +374,7 @@ def test_background_work_steps_only_when_nothing_else_can_and_is_unchanged_by_it
 def test_background_work_runs_while_the_others_wait_for_their_reader(tiny_model_dir):
     """An answer whose reader is slow (its output is full) cannot step: background work takes
     those steps instead of idling, so it is never starved by an answer that waits."""
-    e = ThinkerEngine(
-        tiny_model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=4,
-        max_model_len=256,
-        max_requests=4,
-        prefix_cache_bytes=0,
-    )
+    e = _engine(tiny_model_dir, max_requests=4)
     e.output_capacity = 2
     e.start()
     try:
