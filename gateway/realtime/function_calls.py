@@ -9,9 +9,11 @@ an item of its own, announced as it starts (`conversation.item.added`,
 `response.output_item.added`), its arguments streamed (`response.function_call_arguments.delta`)
 and closed once they are a whole JSON object (`.done`, `response.output_item.done`,
 `conversation.item.done`). A call cut short (barge-in, `response.cancel`, the token limit) is
-ended with `response.output_item.done` (status incomplete) and taken out of the conversation
-(`conversation.item.deleted`): nothing half-made stays for the next turn to build on, and
-`response.done` lists only whole calls.
+ended with `response.output_item.done` (status incomplete, the arguments that were made, no
+`.done` for them) and taken out of the conversation (`conversation.item.deleted`): nothing
+half-made stays for the next turn to build on. It stays in the response's output, so
+`response.done` lists it as it was (incomplete) and says why in its `status_details` (cancelled,
+or incomplete at `max_output_tokens`): a call is never taken back unexplained.
 
 In a prompt, a call is the assistant's `tool_calls` (joined to the assistant message before it,
 as the model wrote them in one turn) and a result is a `tool` turn; a result whose call is no
@@ -146,12 +148,12 @@ class CallOutputs:
         self.next_index = next_index
         self.previous_id = previous_id
         self.dropped = dropped
-        self.calls: list[_Call] = []  # whole ones, and the open one last while it streams
+        self.calls: list[_Call] = []  # in output order, the open one last while it streams
         self._open: _Call | None = None
 
     @property
     def outputs(self) -> list[tuple[int, Item]]:
-        """(output_index, item) of the calls still in the response's output."""
+        """(output_index, item) of the response's calls, a cut one (incomplete) included."""
         return [(c.index, c.item) for c in self.calls]
 
     async def take(self, piece: CallPiece) -> None:
@@ -219,7 +221,8 @@ class CallOutputs:
         await self.emit("conversation.item.done", previous_item_id=call.previous, item=wire)
 
     async def finish(self) -> None:
-        """The response ended: an open call with whole arguments is closed, one cut short goes."""
+        """The response ended: an open call with whole arguments is closed, one cut short leaves the
+        conversation (it stays in the response's output, incomplete)."""
         call = self._open
         if call is None:
             return
@@ -227,7 +230,6 @@ class CallOutputs:
             await self._close(call)
             return
         self._open = None
-        self.calls.remove(call)
         item = call.item
         item.status = "incomplete"
         await self.emit(
@@ -238,4 +240,4 @@ class CallOutputs:
         )
         if self.conversation.items.get(item.id) is item:
             self.conversation.remove(item)
-        await self.emit("conversation.item.deleted", item_id=item.id)
+            await self.emit("conversation.item.deleted", item_id=item.id)

@@ -12,7 +12,10 @@ gets it once more after `refit` dropped the oldest items (gateway/realtime/conte
 
 With tools, the text goes through the tool-call parser: the message item opens at the answer's
 first word (or audio), so an answer that is only calls has no message item; the calls are output
-items of their own (gateway/realtime/function_calls.py).
+items of their own (gateway/realtime/function_calls.py). An answer whose grammar allows calls alone
+(`required`, a named function) never has one, even when it ends before its first call is whole:
+a call cut short is its output (incomplete), and one cut before its name leaves the output empty,
+`response.done`'s `status_details` saying why.
 """
 
 from __future__ import annotations
@@ -104,6 +107,7 @@ class ResponseRun:
         self.conversation = conversation
         self.parser: ToolCallParser | None = None
         self.calls: CallOutputs | None = None
+        self.calls_only = tools is not None and tools.enforced_calls  # no words: no message item
         if tools is not None and tools.parse_calls:
             assert conversation is not None, "a response that parses calls adds them to the conversation"
             self.parser = ToolCallParser(tools.names, enforced=tools.enforced_calls)
@@ -304,7 +308,7 @@ class ResponseRun:
         if self.calls is not None:
             await self.calls.finish()
         if not self.message_open:
-            if self.calls is not None and (self.calls.calls or status == "cancelled"):
+            if self.calls is not None and (self.calls.calls or self.calls_only or status == "cancelled"):
                 self._leave_out_message()
             else:
                 await self._open_message()  # an answer with nothing in it still has its (empty) item
@@ -315,8 +319,9 @@ class ResponseRun:
         await self._emit("response.done", response=self.describe())
 
     def _leave_out_message(self) -> None:
-        """An answer of calls alone (or cut before a word) has no item of its own: it leaves, unseen,
-        the conversation it joined when the response began."""
+        """An answer of calls alone (a cut one too, or one that could only be calls) or cut before a
+        word has no item of its own: it leaves, unseen, the conversation it joined when the
+        response began."""
         if self.conversation is not None and self.conversation.items.get(self.item.id) is self.item:
             self.conversation.remove(self.item)
 

@@ -15,14 +15,16 @@ Two ways to read a call, chosen by the caller (`ToolUse.enforced_calls`):
 
 * enforced (a grammar made the output, `required` or a named function): every call is well formed,
   so its arguments stream as they arrive (held back only by what may still be the call's closing
-  `}` and `</tool_call>`);
+  `}` and `</tool_call>`); the grammar allows no words, so everything outside a call is markup
+  (the separators between calls, or the start of a call the answer was cut in) and never text;
 * not enforced (`auto`): a call is held until its `</tool_call>` and given only if it parses: a JSON
   object with a `name` among the offered functions and object `arguments` (written back as
   `json.dumps` does). Anything else, an unfinished call included, stays text.
 
 An answer cut short (max_tokens) inside an enforced call keeps the arguments that came: whole when
 only the call's closing was missing, else cut (not valid JSON, as OpenAI's may be on
-`finish_reason: "length"`); one cut before the call's name came gives nothing for it.
+`finish_reason: "length"`); one cut before the call's name came (`<tool_ca`, `<tool_call>\n{"na`)
+gives nothing for it, neither a call nor words.
 
 Blanks next to a call (the newline before `<tool_call>`, after `</tool_call>`, between calls) are
 markup, not words: they are dropped, as the talker leaves them unspoken.
@@ -100,14 +102,13 @@ class ToolCallParser:
 
     def finish(self) -> list[Piece]:
         """The pieces held back: the end of the text, an unfinished call (text, unless its
-        arguments were streaming)."""
+        arguments were streaming; enforced, a call cut before its name is markup, not words)."""
         out = self._advance(final=True)
         if self._in_call:
             if self._streaming is not None:
                 out += self._arguments(self._cut_arguments())
-            elif not self.enforced:
+            else:
                 out += self._words(CALL_START + self._call, final=True)
-            # enforced, cut short before its name: markup, not words (the grammar allows no words)
             self._in_call, self._call, self._streaming = False, "", None
         out += self._words("", final=True)
         return out
@@ -135,7 +136,10 @@ class ToolCallParser:
             self._in_call, self._call = True, ""
 
     def _words(self, text: str, final: bool) -> list[Piece]:
-        """Text outside calls; its trailing blanks wait to see whether a call follows."""
+        """Text outside calls; its trailing blanks wait to see whether a call follows. Enforced,
+        none of it is words (see the module doc)."""
+        if self.enforced:
+            return []
         if self._after_call:
             text = text.lstrip(_BLANKS)
             if not text:

@@ -17,14 +17,20 @@ without it (the talker's codes depend only on the tokens it gets):
   the next token shows whether a call follows, those right after it are dropped;
 * an answer with a call and no word says nothing: not even its end-of-turn token, so the talker
   ends at once with no audio;
-* an answer without a call is spoken whole, token for token (held blanks are released in order);
-* a structured answer (JSON, `response_format`) is never spoken.
+* an answer without a call is spoken whole, token for token (held blanks and a held start of an
+  open marker are released in order, at its end too: as the gateway's parser shows them as text);
+* a structured answer (JSON, `response_format`) is never spoken, nor one whose grammar allows calls
+  alone (`calls_only`: `required`, a named function): all of it is markup, even the start of a
+  call the answer was cut in (`<tool_ca`). A grammar that allows free text around its calls (a
+  gRPC client's own structural tag: xgrammar's `triggered_tags`, its older `structures` form) is
+  read by the rules above, its words spoken.
 
 Torch-free and model-neutral: the gateway's tests and the pipeline use it without a model.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -39,8 +45,33 @@ SILENT_KINDS = frozenset({"json_schema", "json_object"})
 
 
 def silent_for(structured: StructuredOutput | None) -> bool:
-    """Is a request with this structured output never spoken (its answer is JSON)?"""
-    return structured is not None and structured.kind in SILENT_KINDS
+    """Is a request with this structured output never spoken (its answer is JSON, or calls alone)?"""
+    return structured is not None and (structured.kind in SILENT_KINDS or calls_only(structured))
+
+
+def calls_only(structured: StructuredOutput | None) -> bool:
+    """Does the grammar allow tool calls alone, no words: a structural tag whose format is one call
+    tag or call tags with blank separators (what gateway/tools/spec.py makes for `required` and a
+    named function)? Any other format may hold free text (False)."""
+    if structured is None or structured.kind != "structural_tag":
+        return False
+    try:
+        spec = json.loads(structured.spec)
+    except ValueError:
+        return False
+    form = spec.get("format") if isinstance(spec, dict) else None
+    if not isinstance(form, dict):
+        return False
+    tags: Any = None
+    if form.get("type") == "tag":
+        tags = [form]
+    elif form.get("type") == "tags_with_separator" and str(form.get("separator", "")).strip() == "":
+        tags = form.get("tags")
+    return (
+        isinstance(tags, list)
+        and bool(tags)
+        and all(isinstance(t, dict) and str(t.get("begin", "")).startswith(CALL_OPEN) for t in tags)
+    )
 
 
 class _Tokenizer(Protocol):
@@ -76,7 +107,7 @@ class TokenPieces:
         return piece
 
     def filter(self, structured: StructuredOutput | None = None) -> SpokenFilter:
-        """A new request's filter (silent for a JSON answer)."""
+        """A new request's filter (silent for a JSON answer or calls alone)."""
         return SpokenFilter(self.text, silent=silent_for(structured))
 
 

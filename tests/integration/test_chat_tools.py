@@ -127,6 +127,38 @@ def test_streamed_pieces_joined_are_the_whole_answer(client, choice):
     assert streamed(client, **request) == (whole.message.content or "", raw, whole.finish_reason)
 
 
+@pytest.mark.parametrize(
+    "choice", ["required", {"type": "function", "function": {"name": "get_time"}}], ids=["required", "named"]
+)
+def test_a_forced_call_cut_by_max_tokens_is_reported_with_what_was_made(client, choice):
+    """Issue 59: a forced call ends the answer with its call (`parallel_tool_calls: false`: one,
+    then the end); cut by `max_tokens` it is `finish_reason: "length"` with the call as made so
+    far (its arguments a beginning of the whole ones), streamed and not alike; cut before its
+    name, no call, no words, nothing spoken."""
+    request = {"model": "m", "messages": ASK, "tools": TOOLS, "tool_choice": choice}
+    request["parallel_tool_calls"] = False
+    whole = client.chat.completions.create(modalities=["text"], **request, **GREEDY)
+    (call,) = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and checked_calls(whole.choices[0].message)
+    # A few tokens short of the end: inside the arguments (the call's closing and the end of turn
+    # are 4 tokens).
+    cut_at = {**GREEDY, "max_tokens": whole.usage.completion_tokens - 8}
+    cut = client.chat.completions.create(modalities=["text"], **request, **cut_at).choices[0]
+    assert cut.finish_reason == "length" and cut.message.content is None
+    (made,) = cut.message.tool_calls
+    assert made.function.name == call.function.name
+    assert call.function.arguments.startswith(made.function.arguments) and made.function.arguments
+    assert made.function.arguments != call.function.arguments
+    raw = [(made.function.name, made.function.arguments)]
+    assert streamed(client, modalities=["text"], **request, **cut_at) == ("", raw, "length")
+    # Cut before the call's name came: a cut answer of nothing, not even spoken.
+    short = {**GREEDY, "max_tokens": 6}
+    before = client.chat.completions.create(modalities=["text", "audio"], **request, **short).choices[0]
+    assert before.finish_reason == "length" and before.message.tool_calls is None
+    assert before.message.content is None and before.message.audio is None
+    assert streamed(client, modalities=["text"], **request, **short) == ("", [], "length")
+
+
 def test_json_schema_output_validates(client):
     schema = {
         "type": "object",

@@ -14,7 +14,10 @@ the calls are the text above; each call is `message.tool_calls[i]` {id, type, fu
 arguments}}, streamed as `delta.tool_calls` with its index, id, type and name first (arguments "")
 and then its arguments in pieces; `finish_reason` "tool_calls" when the answer ended by itself with
 calls. An answer that is only calls has `content: null` and, with audio, no `audio` (nothing was
-spoken).
+spoken); so has one whose grammar allows calls alone (`required`, a named function) when
+`max_tokens` cuts it: `finish_reason` "length", a call cut in its arguments listed with the
+arguments that were made (not valid JSON), one cut before its name not listed (OpenAI's report of
+a cut).
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ class _Reader:
     def __init__(self, tools: ToolUse | None) -> None:
         use = tools or ToolUse()
         self.parser = ToolCallParser(use.names, use.enforced_calls) if use.parse_calls else None
+        self.calls_only = use.enforced_calls  # the grammar allows no words
 
     def feed(self, delta: str) -> list[Piece]:
         if self.parser is None:
@@ -87,6 +91,11 @@ class _Reader:
 
     def finish_reason(self, done: DoneEvent) -> str:
         return "tool_calls" if self.calls and done.finish_reason == "stop" else done.finish_reason
+
+    @property
+    def of_calls(self) -> bool:
+        """An answer of calls (maybe with words), or one that could be nothing else."""
+        return bool(self.calls) or self.calls_only
 
 
 def _call_delta(piece: CallPiece) -> dict[str, Any]:
@@ -171,7 +180,7 @@ async def sse_stream(
             elif isinstance(event, DoneEvent):
                 for delta in deltas(reader.finish()):
                     yield _chunk(cid, created, model, delta)
-                if audio_format is not None and (said or sounded or not reader.calls):
+                if audio_format is not None and (said or sounded or not reader.of_calls):
                     expires = created + AUDIO_EXPIRY_SECONDS
                     yield _chunk(cid, created, model, {"audio": audio(expires_at=expires)})
                 usage = _usage(event) if include_usage else None
@@ -223,10 +232,10 @@ async def complete(
         return error_response(InvalidRequest("the request ended without a result"))
     content = "".join(text)
     calls = reader.calls
-    message: dict[str, Any] = {"role": "assistant", "content": content or (None if calls else "")}
+    message: dict[str, Any] = {"role": "assistant", "content": content or (None if reader.of_calls else "")}
     if calls:
         message["tool_calls"] = [_call_object(c) for c in calls]
-    if want_audio and calls and not content and not audio:
+    if want_audio and reader.of_calls and not content and not audio:
         message["content"] = None
         message["audio"] = None  # only calls: nothing was spoken
     elif want_audio:

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import json
 
 import pytest
 
-from omnistream.request.spoken import CALL_CLOSE, CALL_OPEN, SpokenFilter, TokenPieces, spoken_of
+from omnistream.request.spoken import CALL_CLOSE, CALL_OPEN, SpokenFilter, TokenPieces, calls_only, spoken_of
 from omnistream.request.structured import StructuredOutput
 
 pytestmark = pytest.mark.unit
@@ -145,6 +146,67 @@ def test_a_json_answer_is_never_spoken(whole: PieceTokenizer, kind: str) -> None
 def test_a_tool_grammar_answer_speaks_its_words(whole: PieceTokenizer) -> None:
     ids = whole.ids("some", CALL_OPEN, '{"a": 1}', CALL_CLOSE, END)
     assert spoken_of(whole, ids, StructuredOutput("structural_tag", "{}")) == whole.ids("some", END)
+
+
+def _tag(begin: str = CALL_OPEN + '\n{"name": "f", "arguments": ') -> dict:
+    return {"type": "tag", "begin": begin, "content": {"type": "json_schema", "json_schema": {}}, "end": "}"}
+
+
+def _structural(form: dict) -> StructuredOutput:
+    return StructuredOutput("structural_tag", json.dumps({"type": "structural_tag", "format": form}))
+
+
+# The grammars gateway/tools/spec.py makes for `required` (one call or several) and a named function.
+ONLY_CALLS = {
+    "named": _structural(_tag()),
+    "required": _structural(
+        {"type": "tags_with_separator", "tags": [_tag(), _tag()], "separator": "\n", "at_least_one": True}
+    ),
+}
+# Grammars with free text around the calls (a gRPC client's own): xgrammar's triggered tags, its
+# older `structures` form, or tags that are not calls.
+WITH_WORDS = {
+    "triggered": _structural({"type": "triggered_tags", "triggers": [CALL_OPEN], "tags": [_tag()]}),
+    "structures": StructuredOutput(
+        "structural_tag",
+        json.dumps(
+            {"structures": [{"begin": CALL_OPEN, "schema": {}, "end": CALL_CLOSE}], "triggers": [CALL_OPEN]}
+        ),
+    ),
+    "other tags": _structural(_tag("<speak>")),
+    "word separator": _structural({"type": "tags_with_separator", "tags": [_tag()], "separator": " and "}),
+    "not JSON": StructuredOutput("structural_tag", "{"),
+}
+
+
+def test_which_grammars_allow_calls_alone() -> None:
+    assert all(calls_only(s) for s in ONLY_CALLS.values())
+    assert not any(calls_only(s) for s in WITH_WORDS.values())
+    assert not calls_only(None) and not calls_only(StructuredOutput("json_schema", "{}"))
+
+
+@pytest.mark.parametrize("grammar", sorted(ONLY_CALLS))
+@pytest.mark.parametrize("markers", ["whole", "spelled"])
+def test_an_answer_of_calls_alone_says_nothing_wherever_it_is_cut(
+    grammar: str, markers: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 59: `required` cut by max_tokens in a call's open marker (spelled "<tool_ca") spoke it.
+    Under a grammar that allows calls alone, nothing is words: cut anywhere, nothing is spoken."""
+    tok: PieceTokenizer = request.getfixturevalue(markers)
+    ids = spell(tok, CALL_OPEN, "{", CALL_CLOSE, "\n", CALL_OPEN, '{"a": 1}', CALL_CLOSE, END)
+    for cut in range(len(ids) + 1):
+        f = TokenPieces(tok).filter(ONLY_CALLS[grammar])
+        assert streamed(f, ids[:cut], []) == [], cut
+
+
+def test_a_free_text_grammar_speaks_a_marker_cut_short_as_the_text_it_is(spelled: PieceTokenizer) -> None:
+    """With words allowed, an open marker never completed is text (the gateway's parser shows it
+    as such), so it is spoken like an answer without a grammar; the words around a call are."""
+    cut = spell(spelled, "some", " ", "<tool_ca")
+    call = spell(spelled, "some", " ", CALL_OPEN, "{", CALL_CLOSE, END)
+    for grammar in WITH_WORDS.values():
+        assert spoken_of(spelled, cut, grammar) == spoken_of(spelled, cut) == cut
+        assert spoken_of(spelled, call, grammar) == spelled.ids("some", END)
 
 
 def test_the_tiny_tokenizers_tool_tokens_are_found_by_id(tiny_model_dir):

@@ -19,6 +19,7 @@ from gateway.realtime.session import Item
 from gateway.realtime.turn import messages_of
 from gateway.serving.session import Timings
 from omnistream.request.generation import DoneEvent, GenerationRequest, TextEvent
+from tests.realtime_schemas import check_server_events
 
 pytestmark = pytest.mark.unit
 
@@ -34,9 +35,10 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 class FakeSession:
     """What a response reads of an admitted request: its events, given as text deltas."""
 
-    def __init__(self, deltas: list[str], hold: asyncio.Event | None = None) -> None:
+    def __init__(self, deltas: list[str], hold: asyncio.Event | None = None, finish: str = "stop") -> None:
         self.deltas = deltas
         self.hold = hold  # set: the stream ends; unset, it waits after the deltas (a cancel lands)
+        self.finish = finish  # the thinker's finish reason ("length": max_output_tokens)
         self.replica_addresses: dict[str, str] = {}
         self.timings = Timings(0.0)
         self.closed = False
@@ -46,7 +48,7 @@ class FakeSession:
             yield TextEvent([1], delta)
         if self.hold is not None:
             await self.hold.wait()
-        yield DoneEvent([1, 2], [1] * len(self.deltas), "stop", 0, 0, None, None, 0.0)
+        yield DoneEvent([1, 2], [1] * len(self.deltas), self.finish, 0, 0, None, None, 0.0)
 
     def listening(self) -> Any:
         return SimpleNamespace(heard=False)
@@ -96,8 +98,8 @@ async def _ask(conn: Connection, text: str = "What is the weather in Paris?") ->
     await _send(conn, type="conversation.item.create", item={"role": "user", "content": content})
 
 
-async def _respond(conn: Connection) -> None:
-    await _send(conn, type="response.create", response={"output_modalities": ["text"]})
+async def _respond(conn: Connection, modality: str = "text") -> None:
+    await _send(conn, type="response.create", response={"output_modalities": [modality]})
     assert conn.response is not None
     await conn.response.wait()
 
@@ -272,9 +274,90 @@ def test_a_cancel_during_the_arguments_leaves_no_half_call(how: str):
         e for e in events if e["type"] == "conversation.item.deleted"
     ).items()
     assert "response.function_call_arguments.done" not in kinds
-    assert kinds[-1] == "response.done" and events[-1]["response"]["status"] == "cancelled"
-    assert events[-1]["response"]["output"] == []
+    response = events[-1]["response"]
+    assert kinds[-1] == "response.done" and response["status"] == "cancelled"
+    assert response["status_details"]["type"] == "cancelled"
+    # The cut call is listed as it was made (issue 59: it was taken back with nothing said of it).
+    assert response["output"] == [done["item"]] and done["item"]["arguments"] == '{"ci'
+    assert "response.content_part.added" not in kinds  # no message item for an answer of a call
     assert [i.type for i in conn.conversation.items.values()] == ["message"]  # the user's question alone
+    assert check_server_events(events, beta=False) == []
+
+
+CUT_CALL = ['<tool_call>\n{"name": "get_weather", "arguments": {"ci', 'ty": "Pa']
+
+
+@pytest.mark.parametrize("modality", ["text", "audio"])
+def test_a_call_cut_at_max_output_tokens_is_listed_incomplete_and_leaves_the_conversation(modality: str):
+    """Issue 59: the cut call was taken back unexplained and an empty message item made instead.
+    Now response.done lists it (incomplete, the arguments that were made) and says why; it leaves
+    the conversation (`conversation.item.deleted`), so the next prompt holds no half call."""
+
+    async def run() -> tuple[Connection, FakeCore, list[dict]]:
+        conn, core, queued = _connection()
+        await _send(conn, type="session.update", session={"tools": [WEATHER], "tool_choice": "required"})
+        await _ask(conn)
+        core.answers.append(FakeSession(CUT_CALL, finish="length"))
+        await _respond(conn, modality)
+        await _send(conn, type="session.update", session={"tool_choice": "auto"})
+        await _ask(conn, "Never mind.")
+        core.answers.append(FakeSession(["Fine."]))
+        await _respond(conn, modality)
+        return conn, core, queued
+
+    conn, core, queued = asyncio.run(run())
+    first_done = next(i for i, e in enumerate(queued) if e["type"] == "response.done")
+    events = _since(queued[: first_done + 1], "response.created")
+    kinds = _kinds(events)
+    added = next(e for e in events if e["type"] == "response.output_item.added")["item"]
+    assert kinds == [
+        "response.created",
+        "conversation.item.added",
+        "response.output_item.added",
+        *["response.function_call_arguments.delta"] * kinds.count("response.function_call_arguments.delta"),
+        "response.output_item.done",
+        "conversation.item.deleted",
+        "response.done",
+    ]
+    deltas = "".join(e["delta"] for e in events if e["type"] == "response.function_call_arguments.delta")
+    assert deltas == '{"city": "Pa'
+    closed = next(e for e in events if e["type"] == "response.output_item.done")["item"]
+    assert closed == {**added, "status": "incomplete", "arguments": deltas}
+    assert events[-2]["item_id"] == added["id"]
+    response = events[-1]["response"]
+    assert response["status"] == "incomplete"
+    assert response["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+    assert response["output"] == [closed]
+    # The next turn: its prompt has the two questions and no call.
+    messages = core.requests[1].messages
+    assert messages is not None and [m["role"] for m in messages] == ["user", "user"]
+    assert not any(m.get("tool_calls") for m in messages)
+    assert [i.type for i in conn.conversation.items.values()] == ["message"] * 3
+    assert check_server_events(queued, beta=False) == []
+
+
+@pytest.mark.parametrize("made", [["<tool_ca"], ['<tool_call>\n{"na'], []], ids=["marker", "name", "nothing"])
+@pytest.mark.parametrize("modality", ["text", "audio"])
+def test_a_forced_call_cut_before_its_name_is_an_empty_incomplete_response(made: list[str], modality: str):
+    """Issue 59: cut in its open marker, the answer was a message item with the transcript
+    "<tool_ca" (spoken, too); cut later, an empty message item. It is no words: no item at all."""
+
+    async def run() -> tuple[Connection, list[dict]]:
+        conn, core, queued = _connection()
+        await _send(conn, type="session.update", session={"tools": [WEATHER], "tool_choice": "required"})
+        await _ask(conn)
+        core.answers.append(FakeSession(made, finish="length"))
+        await _respond(conn, modality)
+        return conn, queued
+
+    conn, queued = asyncio.run(run())
+    events = _since(queued, "response.created")
+    assert _kinds(events) == ["response.created", "response.done"]
+    response = events[-1]["response"]
+    assert response["status"] == "incomplete" and response["output"] == []
+    assert response["status_details"] == {"type": "incomplete", "reason": "max_output_tokens"}
+    assert [i.type for i in conn.conversation.items.values()] == ["message"]
+    assert check_server_events(queued, beta=False) == []
 
 
 def test_a_result_goes_into_the_next_prompt_as_a_tool_turn():

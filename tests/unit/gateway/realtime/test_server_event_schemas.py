@@ -169,6 +169,9 @@ async def session(beta: bool) -> list[dict]:
     call = next(e for e in reversed(events) if e["type"] == "response.done")["response"]["output"][0]
     await send(type="conversation.item.create",
                item={"type": "function_call_output", "call_id": call["call_id"], "output": "{}"})  # fmt: skip
+    # A call cut at max_output_tokens: listed incomplete in response.done (issue 59).
+    core.answers.append(FakeSession(CALL[: CALL.index("{}") + 1], audio=False, length=True))
+    await send(type="response.create", response={"tool_choice": "required"})
     core.answers.append(InvalidRequest("unknown voice 'x'", field="voice"))
     await send(type="response.create")
     # Telephone audio (G.711 both ways), an item retrieved, an out-of-band answer with metadata.
@@ -197,7 +200,9 @@ def test_every_server_event_validates_against_the_sdks_schemas(beta):
     assert {audio, added, "response.content_part.added", "response.function_call_arguments.done"} <= kinds
     assert {"input_audio_buffer.speech_started", "conversation.item.truncated", "error"} <= kinds
     statuses = [e["response"]["status"] for e in events if e["type"] == "response.done"]
-    assert statuses == ["cancelled", "incomplete", "completed", "failed", "completed"]
+    assert statuses == ["cancelled", "incomplete", "completed", "incomplete", "failed", "completed"]
+    cut = [e for e in events if e["type"] == "response.done"][3]["response"]["output"]
+    assert [(o["type"], o["status"], o["arguments"]) for o in cut] == [("function_call", "incomplete", "{")]
     assert {"conversation.item.retrieved"} <= kinds
     transcription = "conversation.item.input_audio_transcription"
     assert {f"{transcription}.{end}" for end in ("delta", "completed", "failed")} <= kinds

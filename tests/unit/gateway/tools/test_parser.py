@@ -49,7 +49,9 @@ ANSWER = f"Let me look.\n{WEATHER}\n{TIME}"
 def test_words_and_calls_however_the_text_is_split(enforced, step):
     parser, pieces = parse(ANSWER, enforced, step)
     text, calls = joined(pieces)
-    assert text == parser.text == "Let me look."  # the blanks around calls are markup
+    # The blanks around calls are markup; enforced, all that is outside the calls (the grammar
+    # allows no words there, so it can be nothing but markup).
+    assert text == parser.text == ("" if enforced else "Let me look.")
     assert [(c["name"], json.loads(c["arguments"])) for c in calls] == [
         ("get_weather", {"city": "Paris", "when": {"day": 1}}),
         ("get_time", {}),
@@ -112,3 +114,36 @@ def test_an_enforced_call_cut_in_its_closing_keeps_whole_arguments(cut):
     text = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "UTC"}' + cut
     parser, _ = parse(text, enforced=True)
     assert parser.calls[0].arguments == '{"zone": "UTC"}'
+
+
+ENFORCED = f"{WEATHER}\n{TIME}"
+
+
+@pytest.mark.parametrize("step", [1, 3])
+def test_an_enforced_answer_cut_anywhere_has_no_words_and_keeps_what_was_made(step):
+    """Issue 59: `required` cut by max_tokens in a call's open marker gave the words "<tool_ca" (and
+    they were spoken). Under the grammar everything outside a call is markup: cut anywhere, the
+    answer is the calls whose name came, each with a beginning of its arguments."""
+    whole = [c.arguments for c in parse(ENFORCED, enforced=True)[0].calls]
+    for cut in range(len(ENFORCED) + 1):
+        parser, pieces = parse(ENFORCED[:cut], enforced=True, step=step)
+        text, calls = joined(pieces)
+        assert text == parser.text == "", cut
+        named = ENFORCED[:cut].count('"arguments":')  # the calls whose name (and its end) came
+        assert [c["name"] for c in calls] == ["get_weather", "get_time"][:named], cut
+        for call, made in zip(calls, whole, strict=False):
+            assert made.startswith(call["arguments"]), (cut, call["arguments"])
+
+
+@pytest.mark.parametrize("cut", ["<", "<tool_ca", "<tool_call", "<tool_call>", '<tool_call>\n{"na'])
+def test_an_enforced_answer_cut_in_its_first_call_before_the_name_is_nothing(cut):
+    parser, pieces = parse(cut, enforced=True)
+    assert pieces == [] and parser.text == "" and parser.calls == []
+    # auto reads the same text as words: no grammar said it was markup
+    assert parse(cut, enforced=False)[0].text == cut
+
+
+def test_enforced_text_outside_calls_is_never_words():
+    parser, pieces = parse(f"x\n{TIME}\ny", enforced=True, step=100)
+    assert parser.text == "" and all(isinstance(p, CallPiece) for p in pieces)
+    assert [(c.name, c.arguments) for c in parser.calls] == [("get_time", "{}")]

@@ -173,3 +173,16 @@ def test_the_named_grammar_takes_one_call_of_it():
     assert _accepts(spec, call("get_weather", '{"city": "Rome"}'))
     assert not _accepts(spec, call("get_time", "{}"))
     assert not _accepts(spec, call("get_weather", "{}"))  # city is required
+
+
+def test_the_thinker_reads_a_forced_calls_grammar_as_calls_alone():
+    """What omnistream/request/spoken.py leaves unspoken whole (issue 59: a cut open marker was
+    spoken): the grammars of `required` and a named function, not those with words."""
+    from omnistream.request.spoken import calls_only
+
+    for parallel in (True, False):
+        assert calls_only(tool_use([WEATHER, TIME], "required", parallel).structured_output)
+        assert calls_only(tool_use([WEATHER, TIME], Named("get_time"), parallel).structured_output)
+    assert not calls_only(tool_use([WEATHER], "auto").structured_output)
+    json_answer = tool_use([WEATHER], response_format=response_format_output("json_object"))
+    assert not calls_only(json_answer.structured_output)

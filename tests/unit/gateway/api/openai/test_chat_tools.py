@@ -18,6 +18,7 @@ from gateway.config import GatewayConfig
 from gateway.serving.core import GatewayCore
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
+from omnistream.request.spoken import calls_only
 from tests.unit.gateway.infos import deployment
 
 STAGES = {"thinker": ["a:1"], "talker": ["b:1"], "code2wav": ["c:1"]}
@@ -36,15 +37,15 @@ ASK = [{"role": "user", "content": "Weather in Paris?"}]
 class _Session:
     request_id = "r1"
 
-    def __init__(self, deltas: list[str], audio: bool) -> None:
-        self.deltas, self.audio = deltas, audio
+    def __init__(self, deltas: list[str], audio: bool, finish: str = "stop") -> None:
+        self.deltas, self.audio, self.finish = deltas, audio, finish
 
     async def events(self):
         for delta in self.deltas:
             yield TextEvent([1], delta)
         if self.audio:
             yield AudioEvent(np.zeros(240, np.float32), 0, 24000)
-        yield DoneEvent([1, 2], [3] * len(self.deltas), "stop", 0, 0, None, None, 0.1)
+        yield DoneEvent([1, 2], [3] * len(self.deltas), self.finish, 0, 0, None, None, 0.1)
 
     async def aclose(self) -> None:
         pass
@@ -60,6 +61,7 @@ class ScriptedCore(GatewayCore):
         self.replicas = SimpleNamespace(snapshot=lambda: {})
         self.opened: list[GenerationRequest] = []
         self.deltas: list[str] = []
+        self.finish = "stop"  # "length": the answer was cut at max_tokens
 
     @property
     def readiness(self) -> Readiness:
@@ -68,8 +70,11 @@ class ScriptedCore(GatewayCore):
     async def open(self, request, request_id=None, timeout=None, trace=None):
         self.validate(request)
         self.opened.append(request)
-        words = any(not d.startswith("<tool_call>") for d in self.deltas)
-        return _Session(self.deltas, request.return_audio and words)
+        # Spoken when it has words and its grammar allows them (the thinker's filter, issue 59).
+        words = any(not d.startswith("<tool_call>") for d in self.deltas) and not calls_only(
+            request.structured_output
+        )
+        return _Session(self.deltas, request.return_audio and words, self.finish)
 
 
 @pytest.fixture
@@ -148,6 +153,58 @@ def test_an_answer_that_is_only_a_call_has_no_content_and_no_audio(sdk):
     assert message.content is None and message.audio is None and len(message.tool_calls) == 1
     grammar = core.opened[0].structured_output
     assert grammar.kind == "structural_tag" and "get_weather" in grammar.spec
+
+
+def _answer(client, stream: bool, **request):
+    """(content, [(name, arguments)], audio, finish_reason) of a whole answer, or the same assembled
+    from a stream's chunks as a client does (audio: any `delta.audio`)."""
+    request = {"model": "m", "messages": ASK, **request}
+    if not stream:
+        choice = client.chat.completions.create(**request).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
+        return choice.message.content, calls, choice.message.audio, choice.finish_reason
+    content, calls, audio, finish = None, {}, None, None
+    for chunk in client.chat.completions.create(stream=True, **request):
+        delta = chunk.choices[0].delta
+        if delta.content:
+            content = (content or "") + delta.content
+        audio = audio or getattr(delta, "audio", None)
+        for piece in delta.tool_calls or ():
+            if piece.id is not None:
+                calls[piece.index] = [piece.function.name, ""]
+            calls[piece.index][1] += piece.function.arguments or ""
+        finish = chunk.choices[0].finish_reason or finish
+    return content, [tuple(calls[i]) for i in sorted(calls)], audio, finish
+
+
+CALL_CUT = CALL_TEXT[: CALL_TEXT.index("Paris") + 2]
+CUT = {  # what the grammar made when max_tokens cut it -> the calls reported
+    "arguments": ([CALL_CUT], [("get_weather", '{"city": "Pa')]),
+    "second call": (
+        [CALL_TEXT, "\n", CALL_CUT],
+        [("get_weather", '{"city": "Paris"}'), ("get_weather", '{"city": "Pa')],
+    ),
+    "marker": (["<tool_ca"], []),
+    "name": ([CALL_TEXT[: CALL_TEXT.index("get_")]], []),
+}
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+@pytest.mark.parametrize("modalities", [["text"], ["text", "audio"]], ids=["text", "audio"])
+@pytest.mark.parametrize("cut", sorted(CUT))
+@pytest.mark.parametrize("choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_a_forced_call_cut_by_max_tokens_is_reported_as_a_cut(sdk, cut, modalities, stream, choice):
+    """Issue 59: `finish_reason` "length" with the calls that were made, the cut one with its
+    arguments so far; a call cut before its name is not one. No words, nothing spoken (the cut
+    open marker "<tool_ca" was content and was spoken)."""
+    client, core = sdk
+    deltas, calls = CUT[cut]
+    core.deltas, core.finish = [d[i : i + 5] for d in deltas for i in range(0, len(d), 5)], "length"
+    audio = {"audio": {"voice": "ethan", "format": "pcm16"}} if "audio" in modalities else {}
+    answer = _answer(
+        client, stream, tools=[WEATHER], tool_choice=choice, modalities=modalities, max_tokens=9, **audio
+    )
+    assert answer == (None, calls, None, "length")
 
 
 def test_a_named_function_is_enforced_by_a_grammar(sdk):
