@@ -18,6 +18,11 @@ Decisions, as OpenAI and vLLM make them:
   400 on `response_format`.
 * A function's `parameters` must be a JSON schema (checked with `jsonschema`'s `check_schema`);
   absent, the function takes no arguments (`{"type": "object", "properties": {}}`), as OpenAI says.
+* A schema the grammar enforces (a `json_schema` response format, the functions a forced call may
+  name) may use only what the grammar can enforce (`check_enforceable`): a keyword xgrammar
+  ignores would let an enforced answer fail its schema, so it is refused, as OpenAI's strict
+  structured outputs refuse the keywords they do not support. Under `auto` nothing is enforced
+  and any schema is taken.
 
 Every refusal here is `InvalidValue` (HTTP 400) naming the client's parameter.
 """
@@ -26,7 +31,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -134,6 +139,112 @@ def check_schema(schema: Any, param: str) -> None:
         ) from None
 
 
+# What xgrammar (0.2.8 and 0.2.9, the grammar engine of both thinkers) leaves unenforced, shown by
+# tests/unit/engine/test_json_grammar.py: a grammar with these would let a constrained answer fail
+# its schema. OpenAI's strict structured outputs refuse them too (but multipleOf).
+UNENFORCED = {
+    "not": "not",
+    "if": "if/then/else",
+    "then": "if/then/else",
+    "else": "if/then/else",
+    "dependentRequired": "dependentRequired",
+    "dependentSchemas": "dependentSchemas",
+    "dependencies": "dependencies",
+    "contains": "contains",
+    "minContains": "minContains",
+    "maxContains": "maxContains",
+}
+
+
+def check_enforceable(schema: Any, param: str) -> None:
+    """`schema` (a checked JSON schema) says nothing the thinker's grammar cannot enforce, so every
+    answer made under it validates: refused (InvalidValue naming `param` and where in the schema)
+    are `not`, `if`/`then`/`else`, `dependentRequired`, `dependentSchemas`, `dependencies`,
+    `contains` (`minContains`, `maxContains`), `uniqueItems: true`, `multipleOf` but an unbounded
+    integer's by an integer, `allOf` and `oneOf` of more than one schema (`anyOf` is enforced),
+    a string's `pattern` or `format` with `minLength`/`maxLength`, `propertyNames` beside
+    `properties` or `patternProperties`, and an `enum` or `const` value that fails the rest of its
+    schema (the grammar writes the values as given)."""
+    validator = jsonschema.validators.validator_for(schema)(schema) if isinstance(schema, Mapping) else None
+    for where, sub in _subschemas(schema, ""):
+        reason = _unenforced(sub, validator)
+        if reason is not None:
+            at = f" (at {where.lstrip('/')})" if where else ""
+            raise InvalidValue(
+                f"the output grammar cannot enforce {reason}{at}; an enforced answer must validate, so "
+                "the schema is refused (use anyOf, enum, const, pattern, lengths and bounds)",
+                field=param,
+            )
+
+
+_BOUNDS = ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum")
+
+
+def _unenforced(schema: Mapping[str, Any], validator: Any) -> str | None:
+    for keyword, name in UNENFORCED.items():
+        if keyword in schema:
+            return name
+    if schema.get("uniqueItems") is True:
+        return "uniqueItems"
+    if "multipleOf" in schema and not (
+        schema.get("type") == "integer"
+        and isinstance(schema["multipleOf"], int)
+        and not any(bound in schema for bound in _BOUNDS)
+    ):
+        return "multipleOf (but an unbounded integer's by an integer)"
+    for keyword in ("allOf", "oneOf"):
+        if isinstance(schema.get(keyword), list) and len(schema[keyword]) > 1:
+            return f"{keyword} of more than one schema"
+    if ("pattern" in schema or "format" in schema) and ("minLength" in schema or "maxLength" in schema):
+        return "a string's pattern or format together with minLength/maxLength"
+    if "propertyNames" in schema and ("properties" in schema or "patternProperties" in schema):
+        return "propertyNames beside properties or patternProperties"
+    values = list(schema.get("enum", [])) if isinstance(schema.get("enum"), list) else []
+    if "const" in schema:
+        values.append(schema["const"])
+    if values and validator is not None:
+        own = validator.evolve(schema=dict(schema))
+        for value in values:
+            if not own.is_valid(value):
+                return f"the enum or const value {json.dumps(value)[:40]}, which fails its own schema"
+    return None
+
+
+# Where a schema holds schemas (as json_grammar.py reads them): one, a list, a map of them.
+_ONE = (
+    "additionalProperties",
+    "additionalItems",
+    "items",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
+
+
+def _subschemas(schema: Any, where: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
+    """Every schema object in `schema`, itself first, with its JSON pointer."""
+    if not isinstance(schema, Mapping):
+        return
+    yield where, schema
+    for key in _ONE:
+        yield from _subschemas(schema.get(key), f"{where}/{key}")
+    for key in _LIST:
+        if isinstance(schema.get(key), list):
+            for i, item in enumerate(schema[key]):
+                yield from _subschemas(item, f"{where}/{key}/{i}")
+    for key in _MAP:
+        if isinstance(schema.get(key), Mapping):
+            for name, item in schema[key].items():
+                yield from _subschemas(item, f"{where}/{key}/{name}")
+
+
 def tool_use(
     functions: Sequence[Function],
     choice: Choice | Named = "auto",
@@ -161,6 +272,11 @@ def tool_use(
     offered = tuple(functions)
     if not forced:  # auto: the calls the model writes, unless its output is JSON
         return ToolUse(offered, response_format, parse_calls=response_format is None, names=names)
+    for function in functions:  # the grammar's (a named function's, or every one's)
+        if function.parameters is not None and (
+            not isinstance(choice, Named) or function.name == choice.name
+        ):
+            check_enforceable(function.parameters, f"{function.param}.parameters")
     if isinstance(choice, Named):
         (function,) = (f for f in functions if f.name == choice.name)
         grammar: dict[str, Any] = _tag(function)
@@ -195,6 +311,7 @@ def response_format_output(
         )
     if schema is not None:
         check_schema(schema, f"{param}.json_schema.schema")
+        check_enforceable(schema, f"{param}.json_schema.schema")
     spec = json.dumps({} if schema is None else schema, ensure_ascii=False)
     _check_size(spec, param)
     return StructuredOutput("json_schema", spec)

@@ -1,8 +1,9 @@
 """A thinker service of each backend (transformers; vLLM where .venv-vllm exists) as a real process
 on a loopback port, given output grammars over ThinkerOpen.structured_output: the random tiny
-checkpoint's answers validate against the schema and the named function's parameters, the greedy
-constrained answer is the in-process transformers thinker's, a grammar that does not compile is
-INVALID_ARGUMENT naming the client's param (omni-error-field) and the next request is served."""
+checkpoint's answers validate against the schema and the named function's parameters, are strict
+compact JSON and end within their schema's bound, the greedy constrained answer is the in-process
+transformers thinker's, a grammar that does not compile is INVALID_ARGUMENT naming the client's
+param (omni-error-field) and the next request is served."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from omnistream.request.stage_chain import ThinkerParams
 from omnistream.request.structured import StructuredOutput
 from omnistream.service.server import ERROR_FIELD_METADATA_KEY
 from omnistream.wire.chunk_key import ChunkKey, Stage
+from tests.json_schemas import answer_problems, max_json_bytes
 from tests.vllm_env import VLLM_PYTHON, requires_vllm
 
 from .conftest import metric
@@ -71,12 +73,14 @@ def reference(tiny_model_dir):
     engine.stop()
 
 
-def _open(rid: str, kind: str, spec: str, seed: int | None = None, **kw) -> stage_pb2.ThinkerRequest:
+def _open(
+    rid: str, kind: str, spec: str, seed: int | None = None, max_tokens: int = 200, **kw
+) -> stage_pb2.ThinkerRequest:
     sampling = common_pb2.Sampling(temperature=1.0, top_p=0.95, seed=seed) if seed is not None else None
     open_ = stage_pb2.ThinkerOpen(
         request_id=rid,
         messages=MESSAGES,
-        max_tokens=200,
+        max_tokens=max_tokens,
         sampling=sampling,
         structured_output=common_pb2.StructuredOutput(kind=kind, spec=spec),
         **kw,
@@ -131,6 +135,65 @@ def test_named_calls_batched_together_all_validate(thinker, reference):
         text = _text(reference, tokens)
         assert text.startswith(CALL_BEGIN) and text.endswith(CALL_END)
         jsonschema.validate(json.loads(text[len(CALL_BEGIN) : -len(CALL_END)]), WEATHER)
+
+
+# issue 59: a free-text string of bounded length (xgrammar's own grammar of it took raw control
+# characters), a bounded integer; and a call whose free-text argument the call grammar let a weak
+# model pad with whitespace (tabs, `\r`, blank lines) until max_tokens.
+ANSWER = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "string", "maxLength": 24},
+        "score": {"type": "integer", "minimum": 0, "maximum": 9},
+    },
+    "required": ["answer", "score"],
+}
+FREE_WEATHER = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 30}, "unit": {"enum": ["celsius", "fahrenheit"]}},
+    "required": ["city", "unit"],
+}
+
+
+def test_answers_are_strict_compact_json_that_end_within_their_bound(thinker, reference):
+    """On either backend (the vLLM thinker gives vLLM the grammars the transformers thinker compiles,
+    built with its own xgrammar), greedy and sampled: every answer is strict compact JSON (no raw
+    control character, no whitespace between tokens) that validates, and ends within the tokens its
+    schema allows."""
+    _, service = thinker
+    schema = StructuredOutput("json_schema", json.dumps(ANSWER))
+    schema_bound = max_json_bytes(ANSWER)
+    named = tool_use(
+        [Function("get_weather", parameters=FREE_WEATHER)], Named("get_weather")
+    ).structured_output
+    assert schema_bound is not None and named is not None
+    call_bound = len(CALL_BEGIN.encode()) + (max_json_bytes(FREE_WEATHER) or 0) + len(CALL_END.encode())
+
+    async def run():
+        seeds = [None, *range(6)]
+        answers = [
+            _stream(
+                service, _open(f"answer-{s}", schema.kind, schema.spec, seed=s, max_tokens=schema_bound + 8)
+            )
+            for s in seeds
+        ]
+        calls = [
+            _stream(service, _open(f"call-{s}", named.kind, named.spec, seed=s, max_tokens=call_bound + 8))
+            for s in seeds
+        ]
+        return await asyncio.gather(*answers), await asyncio.gather(*calls)
+
+    answers, calls = asyncio.run(run())
+    for tokens, reason in answers:
+        assert reason == "stop" and len(tokens) <= schema_bound + 1
+        text = _text(reference, tokens)
+        assert not answer_problems(text, True, ANSWER), text
+    for tokens, reason in calls:
+        assert reason == "stop" and len(tokens) <= call_bound + 1
+        text = _text(reference, tokens)
+        assert text.startswith(CALL_BEGIN) and text.endswith(CALL_END)
+        arguments = text[len(CALL_BEGIN) : -len(CALL_END)]
+        assert not answer_problems(arguments, True, FREE_WEATHER), arguments
 
 
 @pytest.mark.parametrize(

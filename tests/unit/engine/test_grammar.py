@@ -212,3 +212,45 @@ def test_rows_filled_together_are_the_rows_filled_one_by_one(grammars):
         alone.fill(matcher, row)
     assert torch.equal(together.bitmask[[0, 2, 3]], alone.bitmask[[0, 2, 3]])
     assert not torch.equal(alone.bitmask[0], alone.bitmask[2])  # different states, different rows
+
+
+def test_a_fill_started_beside_the_forward_is_the_fill_done_at_sampling(grammars):
+    """`start` fills in the mask's own thread (the engine's forward runs meanwhile); once waited
+    for, its rows are those `fill` makes, and a failing matcher's error comes out of `wait`."""
+    compiled = grammars.compile(SCHEMA)
+    matchers = [grammars.matcher(compiled) for _ in range(2)]
+    assert matchers[1].accept_string('{"n":3')
+    started, alone = BatchMask(VOCAB, 4), BatchMask(VOCAB, 4)
+    filling = started.start(matchers, [1, 3])
+    for matcher, row in zip(matchers, [1, 3], strict=True):
+        alone.fill(matcher, row)
+    filling.wait()
+    assert filling.rows == [1, 3]
+    assert torch.equal(started.bitmask[[1, 3]], alone.bitmask[[1, 3]])
+    ended = grammars.matcher(compiled)
+    assert ended.accept_string('{"n":1}') and ended.accept_token(grammars.stop_ids[0])
+    failing = started.start([ended], [0])  # terminated: xgrammar refuses to fill it
+    with pytest.raises(RuntimeError):
+        failing.wait()
+    started.close()
+
+
+@pytest.mark.parametrize("rows", [[0, 1, 2], [1, 3]])
+def test_the_additive_mask_masks_as_xgrammar_does(grammars, rows):
+    """On the CPU a started fill is applied as one add of 0 / -inf per token, built in the fill
+    thread: the logits it leaves are those xgrammar's apply leaves (the same -inf, the rest bit
+    for bit), for the first rows and for rows with gaps, in float32 and float64."""
+    compiled = grammars.compile(SCHEMA)
+    matchers = [grammars.matcher(compiled) for _ in rows]
+    assert matchers[-1].accept_string('{"n":')
+    mask = BatchMask(VOCAB, 4, additive=True)
+    filling = mask.start(matchers, rows)
+    filling.wait()
+    for dtype in (torch.float32, torch.float64):
+        logits = torch.randn(4, VOCAB, dtype=dtype)
+        expected = logits.clone()
+        mask.apply(expected, rows)
+        mask.apply_filled(logits, filling)
+        assert torch.equal(logits, expected)
+        assert torch.isinf(logits[rows[-1]]).any() and not torch.isinf(logits[rows[-1]]).all()
+    mask.close()

@@ -35,9 +35,14 @@ from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.detokenizer import IncrementalDetokenizer
 from omnistream.engine.engine import Engine, present
-from omnistream.engine.grammar import DEFAULT_COMPILE_TIMEOUT_S, BatchMask, Grammars
+from omnistream.engine.grammar import DEFAULT_COMPILE_TIMEOUT_S, BatchMask, Grammars, MaskFill
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
+from omnistream.engine.load_options import (
+    DEFAULT_MAX_BATCH,
+    DEFAULT_PREFILL_CHUNK,
+    LoadOptions,
+    is_accelerator,
+)
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.engine.token_memo import TokenMemo
@@ -138,7 +143,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         self.grammars = Grammars(
             self.tokenizer, self.vocab_size, self.eos_ids, timeout=grammar_timeout, stats=self.stats
         )
-        self.grammar_mask = BatchMask(self.vocab_size, max_batch)
+        self.grammar_mask = BatchMask(self.vocab_size, max_batch, additive=not is_accelerator(self.device))
         self.prefill = PromptPrefill(
             model=self,
             thinker_model=self.thinker.model,
@@ -238,6 +243,7 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
     def stop(self) -> None:
         super().stop()
         self.grammars.close()
+        self.grammar_mask.close()
 
     def _release(self, state: _ThinkerState) -> None:
         state.matcher = None  # finished, failed or aborted: its grammar state goes with it
@@ -390,8 +396,13 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             self.stats.last_batch_size = len(decode)
             self.stats.last_units = len(decode)  # one token each (omnistream/service/speed.py)
             ids = torch.tensor([[s.next_token] for s in decode], dtype=torch.long, device=device)
-            logits, _ = self.forward(decode, ids, commit=False)
-            tokens = self.choose(decode, logits, first=False)
+            filling = self._start_mask(decode)  # the grammar's work beside the forward
+            try:
+                logits, _ = self.forward(decode, ids, commit=False)
+            finally:
+                if filling is not None:  # the next fill must not start under this one
+                    filling.future.exception()
+            tokens = self.choose(decode, logits, first=False, filling=filling)
             self.cache.commit()
             for state, token in zip(decode, tokens, strict=True):
                 with self.row(state):
@@ -404,30 +415,54 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         state.prompt_store_due = False
         self.prefixes.store(state, state.prompt_deep, answer=False)
 
-    def choose(self, states: Sequence[_ThinkerState], logits: torch.Tensor, first: bool) -> list[int]:
+    def _start_mask(self, states: Sequence[_ThinkerState]) -> MaskFill | None:
+        """The grammar rows of a step's batch, filling in the mask's thread while the forward runs
+        (None: no row has a grammar)."""
+        constrained = [(row, s) for row, s in enumerate(states) if s.matcher is not None and not s.finished]
+        if not constrained:
+            return None
+        return self.grammar_mask.start(
+            [present(s.matcher) for _, s in constrained], [r for r, _ in constrained]
+        )
+
+    def choose(
+        self,
+        states: Sequence[_ThinkerState],
+        logits: torch.Tensor,
+        first: bool,
+        filling: MaskFill | None = None,
+    ) -> list[int]:
         """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
         ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
         request's presence mask starts from its prompt on its first token.
 
         Rows with a grammar choose only among the tokens it allows next: one bitmask for the batch,
-        filled for those rows (in parallel) and applied to their logits alone. A grammar that fails
-        here fails its request only (its row's token is then dropped by `_accept`)."""
+        filled for those rows (`filling`: in the mask's thread while the forward ran; else here) and
+        applied to their logits alone. A grammar that fails here fails its request only (its row's
+        token is then dropped by `_accept`)."""
         if first:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
                     self.sampler.reset(state.held_slot, state.prompt_ids)
         constrained = [(row, s) for row, s in enumerate(states) if s.matcher is not None and not s.finished]
+        if filling is not None:  # started before the forward: the rows that had a grammar then
+            constrained = [(row, states[row]) for row in filling.rows]
         if constrained:
             masked = [row for row, _ in constrained]
             try:
-                self.grammar_mask.fill_rows([present(s.matcher) for _, s in constrained], masked)
+                if filling is not None:
+                    filling.wait()
+                    self.grammar_mask.apply_filled(logits, filling)
+                else:
+                    self.grammar_mask.fill_rows([present(s.matcher) for _, s in constrained], masked)
+                    self.grammar_mask.apply(logits, masked)
             except Exception:  # some row's grammar failed: row by row, each failure its request's alone
                 masked = []
                 for row, state in constrained:
                     with self.row(state):
                         self.grammar_mask.fill(present(state.matcher), row)
                         masked.append(row)
-            self.grammar_mask.apply(logits, masked)
+                self.grammar_mask.apply(logits, masked)
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 

@@ -32,6 +32,7 @@ without it.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Iterator
@@ -40,6 +41,7 @@ from typing import Any
 
 from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.chat_encoding import Tools
+from omnistream.engine.json_grammar import strict_grammar
 from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.stats import EngineStats
@@ -164,29 +166,33 @@ class VllmThinkerEngine:
         raise InvalidRequest(TEXT_ONLY, field="messages")
 
     async def compile_grammar(self, structured: StructuredOutput) -> Any:
-        """vLLM's structured outputs for the grammar, checked by vLLM's own validation (which parses
-        it with xgrammar, off the event loop, within `GRAMMAR_CHECK_TIMEOUT_S`): a spec vLLM would
-        refuse is InvalidRequest naming the client's param before the request is admitted. vLLM
-        compiles it itself, in its engine core."""
+        """vLLM's structured outputs for the grammar (`_structured`: the strict grammar built off the
+        event loop), checked by vLLM's own validation (which parses it with xgrammar), both within
+        `GRAMMAR_CHECK_TIMEOUT_S`: a spec vLLM would refuse is InvalidRequest naming the client's
+        param before the request is admitted. vLLM compiles it itself, in its engine core."""
         from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
 
-        outputs = self._structured(structured)
-        check = self._sampling_for(ThinkerParams(structured_output=structured), outputs)
-        try:
-            await asyncio.wait_for(
-                asyncio.to_thread(validate_xgrammar_grammar, check), GRAMMAR_CHECK_TIMEOUT_S
+        def check() -> Any:
+            outputs = self._structured(structured)
+            validate_xgrammar_grammar(
+                self._sampling_for(ThinkerParams(structured_output=structured), outputs)
             )
+            return outputs
+
+        try:
+            return await asyncio.wait_for(asyncio.to_thread(check), GRAMMAR_CHECK_TIMEOUT_S)
         except TimeoutError:
             raise InvalidValue(
                 f"the output grammar was not checked within {GRAMMAR_CHECK_TIMEOUT_S:g} s (too large or "
                 "too complex)",
                 field=structured.param,
             ) from None
+        except OmniError:
+            raise
         except Exception as exc:
             raise InvalidValue(
                 f"the output grammar does not compile: {exc}", field=structured.param
             ) from None
-        return outputs
 
     def add_request(
         self,
@@ -303,16 +309,37 @@ class VllmThinkerEngine:
 
     # --- per request ----------------------------------------------------------------------------------
     def _structured(self, structured: StructuredOutput) -> Any:
-        """Our grammar as vLLM's structured outputs (the same three kinds: grammar.py's)."""
-        from vllm.sampling_params import StructuredOutputsParams
+        """Our grammar as vLLM's structured outputs: the strict grammars the transformers thinker
+        compiles (json_grammar.py), built here with this environment's xgrammar, EBNF for the JSON
+        kinds and the strict structural tag for tool calls. vLLM's own refusals stay: a schema
+        nested too deeply, or with what vLLM knows xgrammar does not enforce. A spec that cannot be
+        built is InvalidValue naming the client's param."""
+        from vllm.sampling_params import StructuredOutputsParams, check_json_nesting
+        from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
 
-        if structured.kind == "json_schema":
-            return StructuredOutputsParams(json=structured.spec)
-        if structured.kind == "json_object":
-            return StructuredOutputsParams(json_object=True)
-        if structured.kind == "structural_tag":
-            return StructuredOutputsParams(structural_tag=structured.spec)
-        raise InvalidRequest(f"unknown structured output kind {structured.kind!r}", field=structured.param)
+        kind, spec = structured.kind, structured.spec
+        if kind not in ("json_schema", "json_object", "structural_tag"):
+            raise InvalidRequest(f"unknown structured output kind {kind!r}", field=structured.param)
+        try:
+            if kind == "json_schema":
+                check_json_nesting(spec)
+                schema = json.loads(spec)
+                if isinstance(schema, dict) and has_xgrammar_unsupported_json_features(schema):
+                    raise InvalidValue(
+                        "the JSON schema has features xgrammar does not enforce", field=structured.param
+                    )
+            if kind == "structural_tag":
+                check_json_nesting(spec, structural_tag=True)
+            built = strict_grammar(kind, spec)
+        except OmniError:
+            raise
+        except Exception as exc:
+            raise InvalidValue(
+                f"the output grammar does not compile: {exc}", field=structured.param
+            ) from None
+        if kind == "structural_tag":
+            return StructuredOutputsParams(structural_tag=built)
+        return StructuredOutputsParams(grammar=built)
 
     def _sampling(self, request: _Request) -> Any:
         return self._sampling_for(request.params, request.structured)
