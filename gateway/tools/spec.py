@@ -39,7 +39,13 @@ import jsonschema
 from jsonschema.exceptions import SchemaError
 
 from omnistream.request.errors import InvalidValue
-from omnistream.request.structured import MAX_SPEC_BYTES, StructuredOutput
+from omnistream.request.structured import (
+    MAX_SPEC_BYTES,
+    SUBSCHEMA_LIST,
+    SUBSCHEMA_MAP,
+    SUBSCHEMA_ONE,
+    StructuredOutput,
+)
 
 NAME_PATTERN = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 NO_ARGUMENTS: dict[str, Any] = {"type": "object", "properties": {}}
@@ -210,36 +216,18 @@ def _unenforced(schema: Mapping[str, Any], validator: Any) -> str | None:
     return None
 
 
-# Where a schema holds schemas (as json_grammar.py reads them): one, a list, a map of them.
-_ONE = (
-    "additionalProperties",
-    "additionalItems",
-    "items",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas", "dependencies")
-
-
 def _subschemas(schema: Any, where: str) -> Iterator[tuple[str, Mapping[str, Any]]]:
     """Every schema object in `schema`, itself first, with its JSON pointer."""
     if not isinstance(schema, Mapping):
         return
     yield where, schema
-    for key in _ONE:
+    for key in SUBSCHEMA_ONE:
         yield from _subschemas(schema.get(key), f"{where}/{key}")
-    for key in _LIST:
+    for key in SUBSCHEMA_LIST:
         if isinstance(schema.get(key), list):
             for i, item in enumerate(schema[key]):
                 yield from _subschemas(item, f"{where}/{key}/{i}")
-    for key in _MAP:
+    for key in SUBSCHEMA_MAP:
         if isinstance(schema.get(key), Mapping):
             for name, item in schema[key].items():
                 yield from _subschemas(item, f"{where}/{key}/{name}")

@@ -43,6 +43,8 @@ from typing import Any
 
 import xgrammar as xgr
 
+from omnistream.request.structured import SUBSCHEMA_LIST, SUBSCHEMA_MAP, SUBSCHEMA_ONE
+
 # JSON's separators with no whitespace around them (vLLM's disable_any_whitespace).
 COMPACT = (",", ":")
 # The rule this module adds: one JSON escape after a backslash, never a lone surrogate (`\ud83d`
@@ -90,32 +92,6 @@ def json_schema_ebnf(schema: str | bool | Mapping[str, Any], any_order: bool = F
     return strict_ebnf(str(grammar), patterns)
 
 
-# The keywords whose value is a schema, a list of schemas, a map of schemas (JSON Schema 2020-12 and
-# the drafts before it): where patterns are looked for (never in const, enum, default, examples).
-_SCHEMA_KEYWORDS = (
-    "additionalProperties",
-    "additionalItems",
-    "items",
-    "not",
-    "if",
-    "then",
-    "else",
-    "contains",
-    "propertyNames",
-    "unevaluatedProperties",
-    "unevaluatedItems",
-)
-_SCHEMA_LIST_KEYWORDS = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
-_SCHEMA_MAP_KEYWORDS = (
-    "properties",
-    "patternProperties",
-    "$defs",
-    "definitions",
-    "dependentSchemas",
-    "dependencies",
-)
-
-
 def _placeholder(index: int) -> str:
     """The pattern xgrammar is given for the schema's pattern `index` (one it writes as a `Regex`)."""
     return f"^(OmnistreamPattern{index}Q)+$"
@@ -134,13 +110,13 @@ def _mask_patterns(schema: Any, patterns: list[str]) -> Any:
     out = dict(schema)
     if isinstance(out.get("pattern"), str):
         out["pattern"] = mask(out["pattern"])
-    for key in _SCHEMA_KEYWORDS:
+    for key in SUBSCHEMA_ONE:
         if isinstance(out.get(key), dict):
             out[key] = _mask_patterns(out[key], patterns)
-    for key in _SCHEMA_LIST_KEYWORDS:
+    for key in SUBSCHEMA_LIST:
         if isinstance(out.get(key), list):
             out[key] = [_mask_patterns(item, patterns) for item in out[key]]
-    for key in _SCHEMA_MAP_KEYWORDS:
+    for key in SUBSCHEMA_MAP:
         if isinstance(out.get(key), dict):
             out[key] = {
                 (mask(name) if key == "patternProperties" else name): _mask_patterns(value, patterns)

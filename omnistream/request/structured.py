@@ -43,3 +43,30 @@ class StructuredOutput:
             )
         if len(self.spec.encode("utf-8", "surrogatepass")) > MAX_SPEC_BYTES:
             raise InvalidValue(f"the output grammar is over {MAX_SPEC_BYTES} bytes", field="response_format")
+
+
+# Where a JSON schema holds schemas (JSON Schema 2020-12 and the drafts before it): the keywords
+# whose value is one schema, a list of schemas, a map of them (the gateway's enforceability check
+# and the engines' grammar rewrite walk a schema by these; never const, enum, default, examples).
+SUBSCHEMA_ONE = (
+    "additionalProperties",
+    "additionalItems",
+    "items",
+    "not",
+    "if",
+    "then",
+    "else",
+    "contains",
+    "propertyNames",
+    "unevaluatedProperties",
+    "unevaluatedItems",
+)
+SUBSCHEMA_LIST = ("allOf", "anyOf", "oneOf", "prefixItems", "items")
+SUBSCHEMA_MAP = (
+    "properties",
+    "patternProperties",
+    "$defs",
+    "definitions",
+    "dependentSchemas",
+    "dependencies",
+)
