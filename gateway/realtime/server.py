@@ -33,6 +33,7 @@ KEY_PROTOCOL = "openai-insecure-api-key."
 BETA_PROTOCOL = "openai-beta.realtime-v1"
 TRY_AGAIN_LATER = 1013
 CLOSE_DRAIN_S = 2.0
+LOOP_STALL_S = 0.25  # a watchdog nap late by more than this: the loop was stalled, not the client idle
 
 
 class RealtimeState:
@@ -181,14 +182,23 @@ async def _receive(websocket: WebSocket, conn: Connection) -> None:
 
 
 async def _idle_watchdog(websocket: WebSocket, conn: Connection, timeout: float) -> None:
-    """End a session with no client event and no response for `timeout` seconds."""
+    """End a session with no client event and no response for `timeout` seconds.
+
+    Time the event loop could not run (a starved process: its nap overslept) is not the client's:
+    what the client sent meanwhile waits unread in the socket, so that time is not counted as
+    idle (CI saw a client appending every 0.5 s closed for idling after a 4 s stall)."""
     while True:
         if not conn.idle:
             conn.last_activity = time.monotonic()
         left = conn.last_activity + timeout - time.monotonic()
         if left <= 0:
             break
-        await asyncio.sleep(min(left, 1.0))
+        nap = min(left, 1.0)
+        due = time.monotonic() + nap
+        await asyncio.sleep(nap)
+        overslept = time.monotonic() - due
+        if overslept > LOOP_STALL_S:
+            conn.last_activity += overslept
     error = conn.protocol.error(
         f"the session was idle for {timeout:g} s", "session_idle_timeout", error_type="invalid_request_error"
     )

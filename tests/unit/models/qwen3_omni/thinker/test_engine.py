@@ -177,10 +177,10 @@ def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny
         solo = asyncio.run(_run(engine, "solo", params))
         choose = engine.choose
 
-        def faulty_choose(states, logits, first):
+        def faulty_choose(states, logits, first, filling=None):
             if not first and any(s.request_id == "poison" for s in states):
                 raise RuntimeError("injected fault in the sampler")
-            return choose(states, logits, first)
+            return choose(states, logits, first, filling=filling)
 
         engine.choose = faulty_choose
 
