@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import random
 import re
+from collections.abc import Iterator
 from typing import Any
 
 try:  # the strategies need hypothesis; the checks run in the vLLM environment too, which has none
@@ -283,27 +284,31 @@ def max_json_bytes(schema: Any) -> int | None:
 WHITESPACE = " \t\n\r"
 
 
+def _scanned(text: str) -> Iterator[tuple[int, str, str]]:
+    """(index, character, where it stands) of JSON text: `outside` a string, in a `string`, or the
+    `escape` after a backslash in one (strings' quotes and backslashes move the state)."""
+    where = "outside"
+    for i, c in enumerate(text):
+        yield i, c, where
+        if where == "escape":
+            where = "string"
+        elif where == "string":
+            where = {"\\": "escape", '"': "outside"}.get(c, "string")
+        elif c == '"':
+            where = "string"
+
+
 def strictness_problems(text: str) -> list[str]:
     """What `text` (a whole JSON value, or the beginning of one) holds that strict compact JSON does
     not: a raw control character (in a string or not), whitespace between tokens, an escape JSON
     does not have. Empty when none."""
     problems = []
-    in_string = escaping = False
-    for i, c in enumerate(text):
-        if ord(c) < 0x20 and (in_string or c not in WHITESPACE):
+    for i, c, where in _scanned(text):
+        if ord(c) < 0x20 and (where != "outside" or c not in WHITESPACE):
             problems.append(f"raw control character {c!r} at {i}")
-        elif in_string:
-            if escaping:
-                if c not in '"\\/bfnrtu':
-                    problems.append(f"escape \\{c} at {i}")
-                escaping = False
-            elif c == "\\":
-                escaping = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in WHITESPACE:
+        elif where == "escape" and c not in '"\\/bfnrtu':
+            problems.append(f"escape \\{c} at {i}")
+        elif where == "outside" and c in WHITESPACE:
             problems.append(f"whitespace {c!r} between tokens at {i}")
     return problems
 
@@ -336,21 +341,7 @@ def answer_problems(answer: bytes | str, ended: bool, schema: Any) -> list[str]:
 
 def separators_at(text: str) -> list[int]:
     """The indexes of the `,` and `:` of `text` (JSON) that are outside its strings."""
-    out = []
-    in_string = escaping = False
-    for i, c in enumerate(text):
-        if in_string:
-            if escaping:
-                escaping = False
-            elif c == "\\":
-                escaping = True
-            elif c == '"':
-                in_string = False
-        elif c == '"':
-            in_string = True
-        elif c in ",:":
-            out.append(i)
-    return out
+    return [i for i, c, where in _scanned(text) if where == "outside" and c in ",:"]
 
 
 # --- what xgrammar does not enforce --------------------------------------------------------------------

@@ -32,6 +32,7 @@ without it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -68,6 +69,18 @@ TEXT_ONLY = (
     "this thinker replica (vLLM backend) takes text prompts only; requests with audio, images or "
     "video are served by a transformers thinker"
 )
+
+
+@contextlib.contextmanager
+def _grammar_refusals(param: str) -> Iterator[None]:
+    """Building or checking a grammar: a failure that is not already an OmniError is the client's
+    grammar refused (InvalidValue naming `param`), never an internal error."""
+    try:
+        yield
+    except OmniError:
+        raise
+    except Exception as exc:
+        raise InvalidValue(f"the output grammar does not compile: {exc}", field=param) from None
 
 
 @dataclass
@@ -174,9 +187,10 @@ class VllmThinkerEngine:
 
         def check() -> Any:
             outputs = self._structured(structured)
-            validate_xgrammar_grammar(
-                self._sampling_for(ThinkerParams(structured_output=structured), outputs)
-            )
+            with _grammar_refusals(structured.param):
+                validate_xgrammar_grammar(
+                    self._sampling_for(ThinkerParams(structured_output=structured), outputs)
+                )
             return outputs
 
         try:
@@ -186,12 +200,6 @@ class VllmThinkerEngine:
                 f"the output grammar was not checked within {GRAMMAR_CHECK_TIMEOUT_S:g} s (too large or "
                 "too complex)",
                 field=structured.param,
-            ) from None
-        except OmniError:
-            raise
-        except Exception as exc:
-            raise InvalidValue(
-                f"the output grammar does not compile: {exc}", field=structured.param
             ) from None
 
     def add_request(
@@ -320,7 +328,7 @@ class VllmThinkerEngine:
         kind, spec = structured.kind, structured.spec
         if kind not in ("json_schema", "json_object", "structural_tag"):
             raise InvalidRequest(f"unknown structured output kind {kind!r}", field=structured.param)
-        try:
+        with _grammar_refusals(structured.param):
             if kind == "json_schema":
                 check_json_nesting(spec)
                 schema = json.loads(spec)
@@ -331,12 +339,6 @@ class VllmThinkerEngine:
             if kind == "structural_tag":
                 check_json_nesting(spec, structural_tag=True)
             built = strict_grammar(kind, spec)
-        except OmniError:
-            raise
-        except Exception as exc:
-            raise InvalidValue(
-                f"the output grammar does not compile: {exc}", field=structured.param
-            ) from None
         if kind == "structural_tag":
             return StructuredOutputsParams(structural_tag=built)
         return StructuredOutputsParams(grammar=built)
