@@ -208,6 +208,10 @@ def test_a_tool_round_trip(gateway, ending_stages, tmp_path):
     created = next((e for e in run.raw[index:] if e["type"] == "response.created"), None)
     assert created is not None, run.context()
     ended = [e for e in run.raw_of("response.done") if e["response"]["id"] == created["response"]["id"]]
-    assert ended and ended[0]["response"]["status"] == "completed", run.context()
+    assert ended, run.context()
+    # `required` may make several calls: a random checkpoint may go on calling to max_output_tokens
+    # (the Python SDK's test takes the same two ends).
+    done = ended[0]["response"]
+    assert done["status"] == "completed" or done["status_details"]["reason"] == "max_output_tokens", done
     assert_all_parsed(run)  # the input transcription's events among them (the SDK's default)
     assert asyncio.run(wait_for(lambda: gateway_idle(gateway, ending_stages), 10))
