@@ -179,7 +179,7 @@ bench-conversation: tiny-model sysdeps
 test-slow: setup sysdeps
 	$(PY) -m pytest -q --durations=25 $(PARALLEL) -m slow
 
-# ruff (lint, format check), then mypy (strict on the engines and the layers below: [tool.mypy]).
+# ruff (lint, format check), then mypy (strict on every package: [tool.mypy]).
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .

@@ -8,6 +8,7 @@ import json
 import logging
 import signal
 import ssl
+from typing import Any
 
 import uvicorn
 
@@ -78,7 +79,7 @@ async def _serve(core: GatewayCore, config: GatewayConfig) -> int:
     await grpc_server.start()
 
     app = build_app(core)
-    tls: dict = {}
+    tls: dict[str, Any] = {}
     if config.tls_cert:
         tls = {"ssl_certfile": config.tls_cert, "ssl_keyfile": config.tls_key}
         if config.tls_client_ca:
@@ -93,7 +94,8 @@ async def _serve(core: GatewayCore, config: GatewayConfig) -> int:
         **tls,
     )
     http = uvicorn.Server(uv_config)
-    http.install_signal_handlers = lambda: None  # we own SIGTERM: drain both faces together
+    # uvicorn catches SIGTERM/SIGINT as it starts serving; the loop's handlers added below replace
+    # its own, so we own SIGTERM: drain both faces together.
     http_task = asyncio.create_task(http.serve(sockets=[http_socket]))
     while not http.started:
         if http_task.done():

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from omnistream.engine.chat_encoding import ChatEncoder
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.family import family_for
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.request.stage_chain import ThinkerParams
@@ -27,7 +27,9 @@ def transformers_greedy(model_dir: str, batch: list[list[int]]) -> list[list[int
     """The project's thinker engine, each prompt alone, greedy, end of turn ignored."""
 
     async def run() -> list[list[int]]:
-        engine = family_for(model_dir).engine("thinker", model_dir, LoadOptions(dtype="float32"), max_batch=4)
+        engine = family_for(model_dir).engine(
+            "thinker", model_dir, ThinkerEngineSettings(dtype="float32", max_batch=4)
+        )
         engine.start()
         try:
             out = []

@@ -61,6 +61,7 @@ from omnistream.service.step_model import StepFit
 
 if TYPE_CHECKING:  # only annotated: the config imports this module's defaults, not the replicas
     from gateway.cluster.replica import Replica
+    from omnistream.proto.omni.v1 import stage_pb2
 
 DEFAULT_FRAME_RATE = 12.5  # Qwen3-Omni's codec frames per second, when no stage said
 DEFAULT_MARGIN = 0.2  # hold while each stream would be produced less than 1.2x faster than real time
@@ -98,7 +99,7 @@ class ReplicaSpeed:
         return max(streams, 1) * self.stream_rate(streams)
 
 
-def replica_speed(load) -> ReplicaSpeed | None:
+def replica_speed(load: stage_pb2.StageLoad | None) -> ReplicaSpeed | None:
     """One replica's StageLoad as a speed (None: nothing measured or seeded yet, or an old stage
     that reports nothing)."""
     if load is None:

@@ -24,7 +24,8 @@ gateway/admission/audio_capacity.py). A new audio request starts beside fragile 
 headroom with it still meets every fragile stream's need, so one more stream never undoes the plan a
 starting one was given; otherwise (or when a fragile stream's need or the speed is unknown) it waits
 in the same queue, and when the last fragile stream settles the waiting ones are let in together,
-each sized (its first chunk, gateway/serving/core.py) knowing all the others that start with it.
+each sized (its first chunk, gateway/admission/audio_planner.py) knowing all the others that
+start with it.
 Without the guard, the first two or three of a wave of simultaneous requests were sized while they
 looked alone (2-frame first chunks) and then ran dry while the rest of the wave's prompts were
 prefilled beside them (docs/benchmarks.md).
@@ -92,8 +93,8 @@ class Admission:
         self.active = 0
         self.audio_active = 0  # permits of requests with audio (their streams are playing)
         self._fragile: set[Permit] = set()  # of those, the fragile ones (the start guard, module docstring)
-        self._waiters: deque[asyncio.Future] = deque()
-        self._audio_waiters: deque[asyncio.Future] = deque()
+        self._waiters: deque[asyncio.Future[None]] = deque()
+        self._audio_waiters: deque[asyncio.Future[None]] = deque()
 
     def limits(self) -> Limits:
         """The limits now: the caps given, the rest from what the stages report now."""
@@ -206,7 +207,7 @@ class Admission:
 
     async def _wait(
         self,
-        queue: deque[asyncio.Future],
+        queue: deque[asyncio.Future[None]],
         deadline: float,
         give_back: Callable[[], None],
         what: str,

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import grpc
 import numpy as np
@@ -57,7 +57,17 @@ RETRY_AFTER_METADATA_KEY = "retry-after"
 Event = gateway_pb2.GenerateEvent
 
 
-def _sampling_given(msg: common_pb2.Sampling) -> dict[str, float | int | None]:
+class _SamplingGiven(TypedDict, total=False):
+    """The knobs of a `Sampling` the client set: all of them, or none when it sent no message."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    seed: int | None
+
+
+def _sampling_given(msg: common_pb2.Sampling) -> _SamplingGiven:
     """A `Sampling` the client set, as given: its zeros keep their documented meaning (temperature 0
     is greedy, top_p/top_k/repetition_penalty 0 are off), since proto3 cannot tell them from unset."""
     # float32 values read back as the decimals sent; bounds are checked by `resolve`, in its order.
@@ -102,8 +112,10 @@ def message_content(message: common_pb2.Message, index: int) -> str | list[dict[
 def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
     """The wire request as given: proto3 zeros and unset fields become None ("not given"), and an
     unset `sampling`/`talker_sampling` message leaves every knob of it to the defaults."""
-    thinker = _sampling_given(request.sampling) if request.HasField("sampling") else {}
-    talker = _sampling_given(request.talker_sampling) if request.HasField("talker_sampling") else {}
+    thinker: _SamplingGiven = _sampling_given(request.sampling) if request.HasField("sampling") else {}
+    talker: _SamplingGiven = (
+        _sampling_given(request.talker_sampling) if request.HasField("talker_sampling") else {}
+    )
     return RequestInput(
         messages=[{"role": m.role, "content": message_content(m, i)} for i, m in enumerate(request.messages)]
         or None,
@@ -135,14 +147,17 @@ def to_request_input(request: gateway_pb2.GenerateRequest) -> RequestInput:
 
 
 def to_generation_request(
-    request: gateway_pb2.GenerateRequest, config: GatewayConfig, voices: tuple[str, ...] | None = None
+    request: gateway_pb2.GenerateRequest,
+    config: GatewayConfig,
+    voices: tuple[str, ...] | None = None,
+    default_voice: str | None = None,
 ) -> GenerationRequest:
     """The request the wire message asks for, defaults from the one table (`omnistream.request.defaults`).
 
     Only what the request alone can get wrong is checked here (prompt shape, roles, sampling);
     limits that depend on the deployment are checked by `GatewayCore.open()`.
     """
-    return resolve(to_request_input(request), ServingDefaults.of(config, voices))
+    return resolve(to_request_input(request), ServingDefaults.of(config, voices, default_voice))
 
 
 def request_timeout(request: gateway_pb2.GenerateRequest, time_remaining: float | None) -> float | None:
@@ -218,7 +233,10 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
     async def Generate(self, request: gateway_pb2.GenerateRequest, context: grpc.aio.ServicerContext) -> None:
         try:
             request = checked(request)  # bytes that did not parse: INVALID_ARGUMENT, not UNKNOWN
-            generation = to_generation_request(request, self.core.config, self.core.deployment.voices)
+            deployment = self.core.deployment
+            generation = to_generation_request(
+                request, self.core.config, deployment.voices, deployment.default_voice
+            )
             timeout = request_timeout(request, context.time_remaining())
             trace = grpc_entry(SERVICE_NAME, "Generate", context.invocation_metadata())
             rid = request.request_id or None

@@ -1,11 +1,11 @@
 """What the deployment serves, as its stages said in their Info, and which replicas may join it.
 
-The gateway has no model of its own: the model name, voices and sample rate it reports and checks
-come from the stages. The first info accepted for a stage becomes the deployment's; a later replica
-of that stage must agree with it on every fact a client or another stage relies on, and every stage
-must agree with the other stages on what they share. A replica that does not is refused (kept out of
-rotation): mixing checkpoints or protocol versions would answer some requests with another model,
-another voice set, or codes the next stage cannot decode.
+The gateway has no model of its own: the model name, voices, default voice and sample rate it
+reports and checks come from the stages. The first info accepted for a stage becomes the
+deployment's; a later replica of that stage must agree with it on every fact a client or another
+stage relies on, and every stage must agree with the other stages on what they share. A replica
+that does not is refused (kept out of rotation): mixing checkpoints or protocol versions would
+answer some requests with another model, another voice set, or codes the next stage cannot decode.
 
 Limits and the software version may differ between replicas: hardware differs, and a rolling
 upgrade runs two releases side by side (the chunk protocol version is what must match); where a
@@ -79,10 +79,13 @@ def refusal(stage: str, info: StageInfo, accepted: Mapping[str, StageInfo]) -> s
     reference = accepted.get(stage)
     if reference is not None and reference is not info:
         problems += differences(info, reference, SAME_STAGE_FIELDS)
+        # The default voice too, unless one of them predates the field ("": the talker picks its own).
+        if info.default_voice and reference.default_voice:
+            problems += differences(info, reference, ("default_voice",))
     for other, other_info in accepted.items():
         if other == stage:
             continue
-        fields = SHARED_FIELDS
+        fields: tuple[str, ...] = SHARED_FIELDS
         if {stage, other} == {"talker", "code2wav"}:
             fields += CODEC_FIELDS
         problems += [f"{d} of the {other}" for d in differences(info, other_info, fields)]
@@ -139,13 +142,21 @@ class Deployment:
 
     @property
     def model_id(self) -> str | None:
-        return self._first("model_id")
+        model_id: str | None = self._first("model_id")
+        return model_id
 
     @property
     def voices(self) -> tuple[str, ...] | None:
         """The talker's voices; None until a talker was accepted (nothing can speak before)."""
         voices = self._first("voices", "talker")
         return None if voices is None else tuple(voices)
+
+    @property
+    def default_voice(self) -> str | None:
+        """The voice the talker speaks when a request names none; None until a talker that reports
+        one was accepted (a request then leaves its speaker empty and the talker picks)."""
+        voice: str | None = self._first("default_voice", "talker") or None
+        return voice
 
     @property
     def input_modalities(self) -> tuple[str, ...] | None:
@@ -169,7 +180,8 @@ class Deployment:
 
     @property
     def sample_rate(self) -> int | None:
-        return self._first("sample_rate", "code2wav")
+        rate: int | None = self._first("sample_rate", "code2wav")
+        return rate
 
     @property
     def frames_per_second(self) -> float | None:

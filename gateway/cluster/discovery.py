@@ -75,8 +75,8 @@ async def resolve_addresses(host: str, port: int) -> list[str]:
         if exc.errno in _NO_SUCH_NAME:
             return []
         raise
-    v4 = {info[4][0] for info in infos if info[0] == socket.AF_INET}
-    v6 = {info[4][0] for info in infos if info[0] == socket.AF_INET6}
+    v4 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET}
+    v6 = {str(info[4][0]) for info in infos if info[0] == socket.AF_INET6}
     return [format_address(ip, port) for ip in sorted(v4 or v6)]
 
 

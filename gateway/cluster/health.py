@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 
 import grpc
-from grpc_health.v1 import health_pb2
+from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]  # grpcio-health-checking ships no stubs
 
 from gateway.cluster.deployment import StageInfo
 from gateway.cluster.replica import Replica

@@ -6,9 +6,10 @@ media. `gateway.cluster.health` keeps the state current; `gateway.cluster.replic
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped]  # grpcio-health-checking ships no stubs
 
 from gateway.cluster.deployment import StageInfo
 from omnistream.proto.omni.v1 import stage_pb2
@@ -20,7 +21,7 @@ class Replica:
     stage: str
     address: str
     channel: grpc.aio.Channel
-    stub: object
+    stub: Any  # the stage's generated stub (replicas.STUBS): grpc's *_pb2_grpc.py are untyped
     health: health_pb2_grpc.HealthStub
     healthy: bool = False
     inflight: int = 0

@@ -25,9 +25,10 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2_grpc
+from grpc_health.v1 import health_pb2_grpc  # type: ignore[import-untyped]  # grpcio-health-checking ships no stubs
 
 from gateway.cluster import health
 from gateway.cluster.deployment import Deployment
@@ -39,7 +40,8 @@ from omnistream.service.server import client_channel_options
 
 log = logging.getLogger(__name__)
 
-STUBS = {
+# Each stage's generated stub class (grpc's *_pb2_grpc.py come untyped, without .pyi).
+STUBS: dict[str, Callable[[grpc.aio.Channel], Any]] = {
     "thinker": stage_pb2_grpc.ThinkerServiceStub,
     "talker": stage_pb2_grpc.TalkerServiceStub,
     "code2wav": stage_pb2_grpc.Code2WavServiceStub,
@@ -82,10 +84,10 @@ class Replicas:
         for target in self.targets:
             if not target.dynamic:
                 self.add(target.stage, target.address)
-        self._task: asyncio.Task | None = None
-        self._discovery: asyncio.Task | None = None
-        self._closing: set[asyncio.Task] = set()
-        self._releasing: set[asyncio.Task] = set()  # cache scopes being released (release_cache_soon)
+        self._task: asyncio.Task[None] | None = None
+        self._discovery: asyncio.Task[None] | None = None
+        self._closing: set[asyncio.Task[None]] = set()
+        self._releasing: set[asyncio.Task[None]] = set()  # cache scopes being released (release_cache_soon)
         # Called after every health round (the loads may have changed): admission re-checks who waits.
         self.on_load: Callable[[], None] | None = None
 
@@ -162,7 +164,7 @@ class Replicas:
         async def release(replica: Replica) -> None:
             try:
                 request = stage_pb2.ReleaseCacheRequest(cache_scope=scope)
-                await replica.stub.ReleaseCache(request, timeout=timeout)  # type: ignore[attr-defined]
+                await replica.stub.ReleaseCache(request, timeout=timeout)
             except (grpc.aio.AioRpcError, TimeoutError) as exc:
                 error = exc.details() if isinstance(exc, grpc.aio.AioRpcError) else "timed out"
                 log.info(
@@ -255,7 +257,7 @@ class Replicas:
             for r in s.replicas:
                 await r.channel.close()
 
-    def snapshot(self) -> dict[str, list[dict]]:
+    def snapshot(self) -> dict[str, list[dict[str, object]]]:
         return {
             stage: [
                 {

@@ -343,7 +343,7 @@ def _sampled_frames(
                     )
                 if index not in keep:
                     continue
-                image = frame.to_image()
+                image: Image.Image = frame.to_image()  # type: ignore[no-untyped-call]  # PyAV's stub: untyped
                 if size is None:
                     _check_pixels(image.width, image.height, limits, field)
                     size = _resized(

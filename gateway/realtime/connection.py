@@ -21,6 +21,8 @@ from gateway.api.openai.voices import speaker_for
 from gateway.config import GatewayConfig
 from gateway.realtime import events as ev
 from gateway.realtime.audio import ms_of
+from gateway.realtime.client_items import Item as GivenItem
+from gateway.realtime.conversation import Conversation, HistoryLimits, Item
 from gateway.realtime.events import EventError
 from gateway.realtime.input_audio import InputAudio
 from gateway.realtime.input_transcription import InputTranscriber
@@ -29,7 +31,7 @@ from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.responder import Responder
 from gateway.realtime.response import ResponseRun
-from gateway.realtime.session import Conversation, HistoryLimits, Item, SessionConfig
+from gateway.realtime.session_config import SessionConfig
 from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import OmniError
@@ -112,9 +114,9 @@ class Connection:
 
     def _session(self) -> dict[str, Any]:
         """The session object: its voice as asked (or the default), and the model's that speaks."""
-        voices = self.core.deployment.voices
-        voice = self.config.voice or ServingDefaults.of(self.core.config, voices).default_voice()
-        speaker = speaker_for(voice, voices)
+        voices, default = self.core.deployment.voices, self.core.deployment.default_voice
+        voice = self.config.voice or ServingDefaults.of(self.core.config, voices, default).default_voice()
+        speaker = speaker_for(voice, voices, default)
         return self.config.describe(self.protocol, self.id, self.model, voice, speaker)
 
     async def open(self) -> None:
@@ -235,7 +237,7 @@ class Connection:
         await self._add_item(await self._made_item(given, item_id, self.conversation, event.event_id))
 
     async def _made_item(
-        self, given: ev.Item, item_id: str, conversation: Conversation, event_id: str | None
+        self, given: GivenItem, item_id: str, conversation: Conversation, event_id: str | None
     ) -> Item:
         """An item a client gave (conversation.item.create's, or one of a response's `input`)."""
         modalities = self.core.deployment.input_modalities

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.media.limits import VISION_FACTOR, MediaLimits
-from gateway.realtime.session import Conversation, Item, utf8_len
+from gateway.realtime.conversation import Conversation, Item, utf8_len
 from gateway.realtime.turn import message_of, system_text
 from omnistream.request.errors import OmniError
 from omnistream.request.media import AudioInput, ImageInput

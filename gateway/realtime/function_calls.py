@@ -27,10 +27,10 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gateway.realtime.client_items import Item as GivenItem
+from gateway.realtime.conversation import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Conversation, Item
 from gateway.realtime.events import EventError
-from gateway.realtime.events import Item as GivenItem
 from gateway.realtime.protocol import Protocol, new_id
-from gateway.realtime.session import FUNCTION_CALL, FUNCTION_CALL_OUTPUT, Conversation, Item
 from gateway.tools.parser import CallPiece, new_call_id
 
 Emit = Callable[..., Awaitable[None]]  # ResponseRun._emit: (kind, owner=False, **fields)

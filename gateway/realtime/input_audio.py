@@ -16,13 +16,15 @@ from typing import Any
 
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.events import EventError
 from gateway.realtime.formats import InputDecoder
+from gateway.realtime.input_buffer import AppendRate, InputBuffer
 from gateway.realtime.input_transcription import InputTranscriber
 from gateway.realtime.items import check_modality, decode_parts
 from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
-from gateway.realtime.session import AppendRate, Conversation, InputBuffer, Item, SessionConfig
+from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from gateway.serving.core import GatewayCore
 

@@ -15,8 +15,8 @@ import asyncio
 import logging
 from collections.abc import Awaitable, Callable
 
-from gateway.realtime.events import InputTranscription
-from gateway.realtime.session import Item
+from gateway.realtime.conversation import Item
+from gateway.realtime.settings import InputTranscription
 from gateway.serving.core import GatewayCore
 from gateway.serving.tracing import transcription_entry
 from gateway.serving.transcription import Transcription, transcription_request
@@ -49,7 +49,8 @@ class InputTranscriber:
         try:
             if len(self.running) > MAX_RUNNING:
                 raise Overloaded(f"{MAX_RUNNING} transcriptions of this session are running already")
-            deployment = ServingDefaults.of(self.core.config, self.core.deployment.voices)
+            known = self.core.deployment
+            deployment = ServingDefaults.of(self.core.config, known.voices, known.default_voice)
             audio = next(p for p in item.parts if p["type"] == "audio")
             request = transcription_request(
                 audio, item.audio_seconds, deployment, asked.spoken, asked.context

@@ -15,10 +15,10 @@ from typing import Any
 from gateway.media.decode_pool import MediaDecoder
 from gateway.media.parts import from_data_url
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, settled
+from gateway.realtime.client_items import Item as GivenItem
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.events import EventError
-from gateway.realtime.events import Item as GivenItem
 from gateway.realtime.function_calls import function_item
-from gateway.realtime.session import Conversation, Item
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.request.errors import OmniError
 from omnistream.request.media import AudioInput

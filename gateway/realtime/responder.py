@@ -15,6 +15,8 @@ import typing
 from collections.abc import Awaitable, Callable
 
 from gateway.realtime import events as ev
+from gateway.realtime.client_items import InputItem, ItemReference
+from gateway.realtime.client_items import Item as GivenItem
 from gateway.realtime.context import (
     CONTEXT_EXCEEDED,
     DEFAULT_CONTEXT_TOKENS,
@@ -27,11 +29,13 @@ from gateway.realtime.context import (
     prompt_tokens,
     shape_of,
 )
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.events import EventError
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.response import ResponseRun
-from gateway.realtime.session import Conversation, Item, SessionConfig
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import ResponseFields
 from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
@@ -53,7 +57,7 @@ class MakeItem(typing.Protocol):
     a function call's result checked against `conversation`'s calls."""
 
     def __call__(
-        self, given: ev.Item, item_id: str, conversation: Conversation, event_id: str | None
+        self, given: GivenItem, item_id: str, conversation: Conversation, event_id: str | None
     ) -> Awaitable[Item]: ...
 
 
@@ -113,13 +117,13 @@ class Responder:
             context = await self._input(fields.input, event.event_id)
         await self.start(fields, context)
 
-    async def _input(self, given: list[ev.InputItem], event_id: str | None) -> Conversation:
+    async def _input(self, given: list[InputItem], event_id: str | None) -> Conversation:
         """A response's own `input` as a conversation of its own, which the response is made from
         instead of the session's: the items it names (the session's, as they are) and the items it
         gives (made here, in no conversation of the session's)."""
         context = Conversation()
         for i, entry in enumerate(given):
-            if isinstance(entry, ev.ItemReference):
+            if isinstance(entry, ItemReference):
                 item = self.conversation.items.get(entry.id)
                 if item is None:
                     raise EventError(
@@ -138,7 +142,7 @@ class Responder:
         copy.items.update(self.conversation.items)
         return copy
 
-    async def start(self, fields: ev.ResponseFields | None, context: Conversation | None = None) -> None:
+    async def start(self, fields: ResponseFields | None, context: Conversation | None = None) -> None:
         """Start a response (response.create's `fields`, or None: a detected turn's, the session's).
         It is made from `context` (a response's own `input`), or else from the conversation; with
         `conversation: "none"` (out-of-band) its items join no conversation of the session's: the
@@ -156,7 +160,8 @@ class Responder:
             settings.max_output_tokens = min(
                 settings.max_output_tokens or self.core.config.default_max_tokens, limit
             )
-        serving = ServingDefaults.of(self.core.config, self.core.deployment.voices)
+        deployment = self.core.deployment
+        serving = ServingDefaults.of(self.core.config, deployment.voices, deployment.default_voice)
         assert settings.max_output_tokens is not None
         kind = "output_audio" if settings.speaks else "output_text"
         item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")

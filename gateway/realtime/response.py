@@ -28,12 +28,13 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from gateway.realtime import response_body
 from gateway.realtime.audio import OutputAudio
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import CallOutputs, Dropped
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
-from gateway.realtime.session import Conversation, Item
 from gateway.realtime.vad import INPUT_RATE
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
@@ -43,14 +44,8 @@ from gateway.tools.spec import ToolUse
 from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
 
-STAGES = ("thinker", "talker", "code2wav")
 CONVERSATION_EVENTS = "conversation.item."  # what an out-of-band response does not send
-LISTENER_FIELDS = ("stalls", "stall_ms", "underrun_ms", "longest_stall_ms", "continuity_ok")
 log = logging.getLogger(__name__)
-
-
-def _ms(start: float, end: float | None) -> float | None:
-    return None if end is None else round((end - start) * 1000, 1)
 
 
 class ResponseRun:
@@ -100,7 +95,7 @@ class ResponseRun:
         self.session: Session | None = None
         self.replicas: dict[str, str] = {}
         self.last_audio_sent: float | None = None
-        self.task: asyncio.Task | None = None
+        self.task: asyncio.Task[None] | None = None
         self._finishing = False
         self._running = False  # `_run` has begun (a task cancelled before that never runs its try)
         self._stop_asked = False  # stopped before `_run` began: it cancels itself once it begins
@@ -361,46 +356,6 @@ class ResponseRun:
         )
         await self._emit("conversation.item.done", previous_item_id=self.previous_item_id, item=wire)
 
-    def usage(self) -> dict[str, Any]:
-        prompt = len(self.done.prompt_ids) if self.done else 0
-        output = len(self.done.output_ids) if self.done else self.output_tokens
-        cached = self.done.cached_tokens if self.done else 0
-        return {
-            "total_tokens": prompt + output,
-            "input_tokens": prompt,
-            "output_tokens": output,
-            "input_token_details": {"cached_tokens": cached, "text_tokens": prompt, "audio_tokens": 0},
-            "output_token_details": {"text_tokens": output, "audio_tokens": 0},
-        }
-
-    def timings(self) -> dict[str, Any]:
-        """omnistream's per-turn numbers (the playground shows them; keep the names). The listener's
-        (omnistream/audio/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
-        longest stall, continuity) are of the audio as the gateway handed it out, None without
-        audio."""
-        out: dict[str, Any] = {
-            "ttft_ms": None,
-            "tokens_at_first_text": self.tokens_at_first_text,  # ttft_ms: to the first token, text or not
-            "ttfa_ms": None,
-            "rtf": None,
-            "replicas": {stage: self.replicas.get(stage) for stage in STAGES},
-            **dict.fromkeys(LISTENER_FIELDS),
-        }
-        if self.session is not None:
-            t = self.session.timings
-            out["ttft_ms"] = _ms(t.started, t.first_text)
-            out["ttfa_ms"] = _ms(t.started, t.first_audio)
-            if t.audio_seconds > 0 and t.last_audio is not None:
-                out["rtf"] = round((t.last_audio - t.started) / t.audio_seconds, 4)
-            heard = self.session.listening()
-            if heard.heard:
-                out["stalls"] = heard.stalls
-                out["stall_ms"] = _ms(0.0, heard.stall_s)
-                out["underrun_ms"] = _ms(0.0, heard.underrun_s)
-                out["longest_stall_ms"] = _ms(0.0, heard.longest_stall_s)
-                out["continuity_ok"] = heard.continuity_ok
-        return out
-
     def outputs(self) -> list[Item]:
         """The response's output items in output order: its own (once announced) and its calls."""
         found = [(self.message_index, self.item)] if self.message_open else []
@@ -408,28 +363,14 @@ class ResponseRun:
             found += self.calls.outputs
         return [item for _, item in sorted(found, key=lambda pair: pair[0])]
 
+    def usage(self) -> dict[str, Any]:
+        """The tokens of the prompt and of the answer (gateway/realtime/response_body.py)."""
+        return response_body.usage(self)
+
+    def timings(self) -> dict[str, Any]:
+        """omnistream's per-turn numbers (gateway/realtime/response_body.py)."""
+        return response_body.timings(self)
+
     def describe(self) -> dict[str, Any]:
-        modalities = ["audio"] if self.speaks else ["text"]
-        details: dict[str, Any] | None = None
-        if self.status == "cancelled":
-            details = {"type": "cancelled", "reason": self.reason or "client_cancelled"}
-        elif self.status == "incomplete":
-            details = {"type": "incomplete", "reason": self.reason}
-        elif self.status == "failed" and self.error is not None:
-            details = {
-                "type": "failed",
-                "error": {"type": self.error.kind, "code": self.error.kind, "message": self.error.message},
-            }
-        body: dict[str, Any] = {
-            "id": self.id,
-            "object": "realtime.response",
-            "status": self.status,
-            "status_details": details,
-            "output": [] if self.status == "in_progress" else [i.wire(self.protocol) for i in self.outputs()],
-            "conversation_id": None,
-            "metadata": self.metadata,
-            "usage": None if self.status == "in_progress" else self.usage(),
-            "omnistream": self.timings(),
-        }
-        body["modalities" if self.protocol.beta else "output_modalities"] = modalities
-        return body
+        """The `realtime.response` object as it stands (gateway/realtime/response_body.py)."""
+        return response_body.describe(self)

@@ -85,7 +85,8 @@ def _subprotocol(offered: list[str]) -> str | None:
     if "realtime" in offered:
         return "realtime"
     plain = [p for p in offered if not p.startswith(KEY_PROTOCOL)]
-    return (plain or offered or [None])[0]
+    candidates = plain or offered
+    return candidates[0] if candidates else None
 
 
 async def _refuse(websocket: WebSocket, protocol: Protocol, message: str, code: str, close: int) -> None:

@@ -19,7 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from gateway.realtime.events import EventError, FunctionChoice, FunctionTool, ToolChoice
+from gateway.realtime.events import EventError
+from gateway.realtime.settings import FunctionChoice, FunctionTool, ToolChoice
 from gateway.tools.spec import Choice, Function, Named, ToolUse, check_functions, tool_use
 from omnistream.request.errors import OmniError
 

@@ -18,10 +18,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from gateway.api.openai.voices import speaker_for
-from gateway.realtime.events import ResponseFields
+from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import joined, prompt_message
-from gateway.realtime.session import Conversation, Item, SessionConfig, apply_shared_fields, voice_error
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import ResponseFields
+from gateway.realtime.shared_fields import apply_shared_fields, voice_error
 from gateway.realtime.tool_config import apply_tools, checked_use
 from gateway.tools.spec import Choice, Function, Named, ToolUse
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
@@ -124,6 +126,7 @@ def build_request(
     ext = config.extensions
     messages = messages_of(conversation, settings.instructions)
     use = settings.tool_use
+    asked = settings.voice
     request = resolve(
         RequestInput(
             messages=messages,
@@ -132,7 +135,7 @@ def build_request(
             temperature=settings.temperature,
             seed=ext.seed,
             return_audio=settings.speaks,
-            voice=None if settings.voice is None else speaker_for(settings.voice, serving.voices),
+            voice=None if asked is None else speaker_for(asked, serving.voices, serving.voice),
             max_audio_frames=ext.max_audio_frames,
             tools=use.prompt_tools(),
             structured_output=use.structured_output,

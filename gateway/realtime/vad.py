@@ -28,7 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
-import webrtcvad
+import webrtcvad  # type: ignore[import-untyped]  # the package ships no stubs nor py.typed
 
 INPUT_RATE = 24000
 FRAME_MS = 20
@@ -64,7 +64,7 @@ class SpeechDetector:
 
     def _voiced(self, frame: bytes) -> bool:
         samples = np.frombuffer(frame, dtype="<i2")
-        return self._vad.is_speech(np.repeat(samples, 2).tobytes(), INPUT_RATE * 2)
+        return bool(self._vad.is_speech(np.repeat(samples, 2).tobytes(), INPUT_RATE * 2))
 
     def process(self, pcm: bytes) -> list[VadEvent]:
         """Feed pcm16 24 kHz bytes; the turn starts and ends found in them, in order."""

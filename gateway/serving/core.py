@@ -3,6 +3,8 @@
 `open()` does everything that can refuse a request (validation, admission, replica choice, the
 first stage answer) before a single byte of the response is sent, so refusals become proper HTTP
 statuses; `Session.events()` (gateway/serving/session.py) then streams text and audio as they come.
+The audio capacity planning it asks (a request's chunk plan and start need, the audio hold's rule)
+is `AudioPlanner`'s (gateway/admission/audio_planner.py); the core opens, retries and relays.
 """
 
 from __future__ import annotations
@@ -11,22 +13,15 @@ import asyncio
 import functools
 import logging
 import uuid
+from dataclasses import dataclass
+from typing import Literal
 
-from gateway.admission.audio_capacity import (
-    AUDIO_STAGES,
-    DEFAULT_FRAME_RATE,
-    AudioCapacity,
-    assumed_capacity,
-    code2wav_pause,
-    headroom_needed,
-    initial_frames_for,
-    measured_capacity,
-    replica_speeds,
-)
+from gateway.admission.audio_planner import AudioPlanner
 from gateway.admission.limits import Room, room_of
 from gateway.admission.permits import Admission, Permit, Rejected
 from gateway.cluster.deployment import Deployment
 from gateway.cluster.readiness import Readiness
+from gateway.cluster.replica import Replica
 from gateway.cluster.replicas import Replicas
 from gateway.config import GatewayConfig
 from gateway.media.decode_pool import MediaDecoder
@@ -36,19 +31,34 @@ from gateway.serving.sent_audio import SentAudio
 from gateway.serving.session import Session
 from gateway.serving.stage_calls import StageStubs, run_stages
 from gateway.serving.tracing import Incoming, RequestSpan
-from omnistream.request.chunk_plan import ChunkPlan, dynamic_initial_frames
+from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.errors import InvalidRequest, MediaExpired, OmniError, Unavailable
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import media_kinds
 from omnistream.request.stage_chain import stages_for
 from omnistream.service.security import channel_credentials
 from omnistream.wire.chunk_key import validate_request_id
+from omnistream.wire.messages import Referrer
 
 log = logging.getLogger(__name__)
 
 
-def _per_second(value: float | None) -> str:
-    return "unknown" if value is None else f"{value:.0f} frames/s"
+# How an attempt that failed before any output goes on (`GatewayCore._retry`).
+Retry = Literal["resend", "move"]
+
+
+@dataclass(frozen=True)
+class _Run:
+    """What every attempt of an admitted request shares (`GatewayCore._admitted`)."""
+
+    request: GenerationRequest
+    rid: str
+    span: RequestSpan
+    plan: ChunkPlan
+    stages: tuple[str, ...]
+    kinds: frozenset[str]  # the media kinds the thinker picked must take
+    timeout: float
+    deadline: float  # the event loop's time
 
 
 class GatewayCore:
@@ -62,7 +72,6 @@ class GatewayCore:
             config.max_queue,
             config.queue_timeout,
             room=self._room,
-            audio_gate=self._audio_gate if config.audio_hold else None,
             max_audio_hold=config.audio_hold_queue,
             on_hold=self._on_hold,
         )
@@ -78,15 +87,20 @@ class GatewayCore:
             deployment=self.deployment,
         )
         self.replicas.on_load = self.admission.reconsider  # new speeds may let a held request in
-        self.audio_arriving = 0  # audio requests inside `open` not yet at admission (`sizing_streams`)
+        # The audio capacity planning (chunk plans, start needs, the hold's rule and log line); it
+        # reads admission's counts, so the hold's rule is plugged into admission once both exist.
+        self.planner = AudioPlanner(self.replicas, self.deployment, self.admission, config)
+        if config.audio_hold:
+            self.admission.audio_gate = self.planner.admits
         self.media = MediaDecoder(config.media_limits)
         self.sent_audio = SentAudio()  # what each thinker replica holds of a scope's audio
+        planner = self.planner
         self.metrics.watch_audio(
             tuple(self.replicas.sets),
-            capacity=self.stage_capacity,
-            output=self.stage_output,
-            assumed=self.assumed_capacity,
-            headroom=lambda streams: self.audio_capacity().headroom(streams),
+            capacity=planner.stage_capacity,
+            output=planner.stage_output,
+            assumed=planner.assumed_capacity,
+            headroom=lambda streams: planner.audio_capacity().headroom(streams),
             audio_streams=lambda: self.admission.audio_active,
             audio_held=lambda: self.admission.audio_held,
         )
@@ -118,8 +132,10 @@ class GatewayCore:
         c = self.config
         check_prompt_size(request, c.max_prompt_chars)
         # The talker's voices; unknown before a talker joined, and then no audio request can run.
+        # An empty speaker is the talker's default voice (its Info did not say which).
         voices = self.deployment.voices
-        if request.return_audio and voices is not None and request.speaker.lower() not in voices:
+        speaker = request.speaker
+        if request.return_audio and voices is not None and speaker and speaker.lower() not in voices:
             raise InvalidRequest(
                 f"unknown voice {request.speaker!r}; choose from {list(voices)}", field="voice"
             )
@@ -146,128 +162,15 @@ class GatewayCore:
             raise unsupported
         check_message_size(request, media_bytes, self.config.max_message_bytes)
 
-    def stage_capacity(self, stage: str) -> float | None:
-        """The stage's measured units per busy second over its replicas in rotation (None: unknown)."""
-        return measured_capacity(self.replicas.sets[stage].replicas)
-
-    def stage_output(self, stage: str) -> float:
-        """The units the stage's replicas in rotation produced per second of wall time lately."""
-        return sum(
-            r.load.output_per_second
-            for r in self.replicas.sets[stage].replicas
-            if r.in_rotation and r.load is not None
-        )
-
-    def audio_capacity(self) -> AudioCapacity:
-        """What the talker and code2wav sustain together, as they last reported (audio_capacity.py)."""
-        return AudioCapacity.of(
-            (replica_speeds(self.replicas.sets[stage].replicas) for stage in AUDIO_STAGES),
-            self.deployment.frames_per_second,
-        )
-
-    def assumed_capacity(self, stage: str, streams: int) -> float | None:
-        """The stage's units per busy second with `streams` audio streams, as its replicas' step-time
-        models say (audio_capacity.py; None: unknown)."""
-        return assumed_capacity(self.replicas.sets[stage].replicas, streams)
-
-    def _code2wav_pause(self, streams: int, chunk: int) -> float:
-        """How long a new stream's later windows may wait behind the others' at Code2Wav
-        (audio_capacity.code2wav_pause), with the frame bound of its replicas' steps."""
-        replicas = [r for r in self.replicas.sets["code2wav"].replicas if r.in_rotation]
-        bounds = [r.info.limits.max_step_frames if r.info is not None else 0 for r in replicas]
-        step_frames = max(bounds) if bounds and all(bounds) else None  # one unbounded: no bound
-        return code2wav_pause(streams, chunk, self.assumed_capacity("code2wav", streams - 1), step_frames)
-
     def _room(self) -> Room:
         """What the stages' replicas in rotation hold now (admission's derived limits, limits.py)."""
         return room_of(self.replicas.sets)
 
-    def _audio_gate(self, running: int, need: float | None) -> bool:
-        return self.audio_capacity().admits(running, self.config.audio_hold_margin, need)
-
     def _on_hold(self, reason: str, request_id: str | None) -> None:
-        """A request starts waiting in the audio hold: counted by reason, and logged with the speeds
-        the decision stood on (assumed at the batch it would make, and measured at today's)."""
+        """A request starts waiting in the audio hold: counted by reason, and logged by the planner
+        with the speeds the decision stood on."""
         self.metrics.audio_held_total.labels(reason=reason).inc()
-        streams = self.admission.audio_active + 1
-        headroom = self.audio_capacity().headroom(streams)
-        speeds = []
-        for stage in AUDIO_STAGES:
-            assumed, measured = self.assumed_capacity(stage, streams), self.stage_capacity(stage)
-            speeds.append(f"{stage} assumed {_per_second(assumed)}, measured {_per_second(measured)}")
-        log.warning(
-            "request %s held for audio (%s): %d streams playing, %d starting, headroom with one more %s "
-            "(needs %.2f); %s",
-            request_id or "?",
-            reason,
-            self.admission.audio_active,
-            self.admission.audio_starting,
-            "unknown" if headroom is None else f"{headroom:.2f}",
-            1.0 + self.config.audio_hold_margin,
-            "; ".join(speeds),
-        )
-
-    def sizing_streams(self, permit: Permit | None = None) -> int:
-        """The audio streams a new stream's first chunk is sized with (and its start need computed
-        with): those playing, itself among them, plus the audio requests on their way in (inside
-        `open` before admission, or held), as many of them as could play at once (the most streams
-        the hold admits, or without it admission's limit of requests with audio). A wave of
-        simultaneous requests starts together: sized only with the streams already playing, its
-        first streams looked alone, got 2-frame first chunks that the rest of the wave would make
-        run dry, and so (the start guard) held the rest of the wave until they had a second of audio
-        in hand (docs/benchmarks.md, issue 33 run 8: TTFT 0.69 s at 16 against 0.16 s without the
-        hold). Without `permit`: as if admitted now."""
-        admitted = permit is not None and permit.audio
-        playing = self.admission.audio_active + (0 if admitted else 1)
-        coming = self.audio_arriving + self.admission.audio_held
-        if not coming:
-            return playing
-        most = min(playing + coming, max(playing, self.admission.limits().with_audio))
-        if not self.config.audio_hold:
-            return most
-        capacity, margin = self.audio_capacity(), self.config.audio_hold_margin
-        fits = playing
-        while fits < most and capacity.admits(fits, margin):  # the hold's own rule, one at a time
-            fits += 1
-        return fits
-
-    def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
-        """The request's codec chunk plan. Its first chunk: the request's own, else the smallest
-        the measured headroom allows for the audio streams it will play beside (`sizing_streams`,
-        audio_capacity.py), else (speed unknown) the load rule on the requests running beside it.
-        Without `permit`: as if it were admitted now (what `open` checks before admission)."""
-        initial = request.initial_codec_chunk_frames
-        if initial is None:
-            admitted = permit is not None
-            streams = self.sizing_streams(permit)
-            headroom = self.audio_capacity().headroom(streams)
-            chunk = request.codec_chunk_frames
-            if headroom is None:
-                others = self.admission.active - (1 if admitted else 0)
-                initial = dynamic_initial_frames(others, self.admission.limits().concurrency, chunk)
-            else:
-                fps, pause, jitter = self._start_allowances(streams, chunk)
-                schedule = request.codec_chunk_schedule
-                initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter)
-        return request.chunk_plan(initial)
-
-    def start_need(self, request: GenerationRequest, plan: ChunkPlan, permit: Permit) -> float | None:
-        """The headroom an admitted audio stream of `plan` needs while it starts (the start guard,
-        gateway/admission/start_guard.py): the smallest at which its listener is predicted never to
-        wait, with the same allowances its first chunk was sized with. None where the gateway did not size it
-        (the request chose its first chunk, or the speed is unknown)."""
-        if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
-            return None
-        return headroom_needed(plan, *self._start_allowances(self.sizing_streams(permit), plan.chunk))
-
-    def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
-        """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio
-        streams is predicted with (audio_capacity.py): its first chunk is sized with them and its
-        need while it starts is computed with them."""
-        c = self.config
-        jitter = c.audio_start_jitter + c.audio_start_jitter_per_stream * max(streams - 1, 0)
-        fps = self.deployment.frames_per_second or DEFAULT_FRAME_RATE
-        return fps, self._code2wav_pause(streams, chunk), jitter
+        self.planner.on_hold(reason, request_id)
 
     async def open(
         self,
@@ -291,99 +194,30 @@ class GatewayCore:
     async def _open(
         self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan
     ) -> Session:
-        arriving = request.return_audio
-        self.audio_arriving += arriving
-        try:
-            # One turn of the loop first: the other requests of a wave that arrived with this one
-            # count themselves in before any of them is sized (`sizing_streams`).
-            await asyncio.sleep(0)
-            self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
-            await self.prepare(request)
-            self.chunk_plan(request)  # a bad plan is refused before admission
-            # From here admission counts it (playing or held), in the same turn of the loop.
-            self.audio_arriving -= arriving
-            arriving = False
-            # Audio may wait here for the listeners already playing (the audio hold, admission/permits.py).
-            permit = await self.admission.acquire(audio=request.return_audio, request_id=rid)
-        except Rejected as exc:
-            self.metrics.rejected.labels(reason=exc.reason).inc()
-            raise
-        except OmniError as exc:
-            self.metrics.rejected.labels(reason=exc.kind).inc()
-            raise
-        finally:
-            self.audio_arriving -= arriving
+        """Admit, then attempt on picked replicas until the stages take the request: an attempt
+        refused before any output is retried (`_retry`) with a new permit."""
+        permit = await self._admit(request, rid)
         self.metrics.in_flight.inc()
-        # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
-        plan = self.chunk_plan(request, permit)
-        if permit.audio:
-            permit.need = self.start_need(request, plan, permit)
-        span.admitted(permit, self.deployment.model_id, plan.initial if request.return_audio else None)
-        stages = stages_for(request)
-        kinds = media_kinds(request.messages)  # the thinker picked must take them all
-        timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
-        deadline = asyncio.get_running_loop().time() + timeout
+        run = self._admitted(request, rid, permit, timeout, span)
         # A replica that is down is found when its stage does not accept the open message; nothing
         # has reached the client then, so the request moves to another replica.
-        attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in stages))
+        attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in run.stages))
         attempt, refer = -1, request.refer_audio
         while attempt + 1 < attempts:
             attempt += 1
-            try:
-                picked = [self.replicas.pick(s, kinds if s == "thinker" else frozenset()) for s in stages]
-            except Unavailable:
-                permit.release()
-                self.metrics.in_flight.dec()
-                self.metrics.rejected.labels(reason="unavailable").inc()
-                raise
-            for replica in picked:
-                replica.inflight += 1
-                replica.served += 1
-            stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
-            # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
-            stage_rid = rid if attempt == 0 else f"{rid[:120]}.r{attempt}"
-            calls = span.stage_calls({r.stage: r.address for r in picked}, stage_rid)  # None: off
+            picked = self._pick(run, permit)
             thinker = picked[0].address
             referrer = self.sent_audio.referrer(request.cache_scope, thinker) if refer else None
-            body = functools.partial(
-                run_stages,
-                stubs,
-                request,
-                stage_rid,
-                plan,
-                timeout=timeout,
-                trace=calls,
-                refer_audio=referrer,
-            )
-            first_chunk_s = plan.initial / (self.deployment.frames_per_second or DEFAULT_FRAME_RATE)
-            audio_s = first_chunk_s if request.return_audio else None
-            guard = self.config.audio_start_guard if self.config.audio_hold else 0.0
-            session = Session(
-                self.metrics,
-                self.replicas.mark_failed,
-                rid,
-                permit,
-                picked,
-                body,
-                deadline,
-                audio_s,
-                guard,
-                span,
-            )
-            session.start()
+            session = self._start_attempt(run, picked, permit, attempt, referrer)
             try:
                 await session.prime()
             except OmniError as exc:
-                expired = exc.kind == MediaExpired.kind and referrer is not None
-                retry = exc.kind == "unavailable" and getattr(exc, "stage", None) and attempt + 1 < attempts
-                if expired:  # the replica lost audio it held: the same request again, with its samples
+                retry = self._retry(exc, rid, referred=referrer is not None, more=attempt + 1 < attempts)
+                if retry is None:
+                    raise
+                if retry == "resend":  # the replica lost audio it held: the same request, with its samples
                     self.sent_audio.forget(request.cache_scope, thinker)
                     refer, attempts = False, attempts + 1
-                    log.info("request %s: %s; sending its audio again", rid, exc.message)
-                elif retry:
-                    log.warning("request %s: %s; retrying on another replica", rid, exc.message)
-                else:
-                    raise
                 span.retried(exc, attempt + 1)
                 permit = await self.admission.acquire_now(audio=request.return_audio)
                 self.metrics.in_flight.inc()
@@ -392,3 +226,115 @@ class GatewayCore:
                 self.sent_audio.confirm(request.cache_scope, thinker, request.messages)
             return session
         raise AssertionError("unreachable")  # pragma: no cover: the last attempt returns or raises
+
+    async def _admit(self, request: GenerationRequest, rid: str) -> Permit:
+        """Every check that can refuse the request, then its permit (counted by reason if refused).
+        Audio requests count themselves in as arriving (`AudioPlanner.sizing_streams`) until
+        admission counts them."""
+        planner = self.planner
+        arriving = request.return_audio
+        planner.audio_arriving += arriving
+        try:
+            # One turn of the loop first: the other requests of a wave that arrived with this one
+            # count themselves in before any of them is sized (`sizing_streams`).
+            await asyncio.sleep(0)
+            self.readiness.require(audio=request.return_audio)  # 503 naming the stage it lacks
+            await self.prepare(request)
+            planner.chunk_plan(request)  # a bad plan is refused before admission
+            # From here admission counts it (playing or held), in the same turn of the loop.
+            planner.audio_arriving -= arriving
+            arriving = False
+            # Audio may wait here for the listeners already playing (the audio hold, admission/permits.py).
+            return await self.admission.acquire(audio=request.return_audio, request_id=rid)
+        except Rejected as exc:
+            self.metrics.rejected.labels(reason=exc.reason).inc()
+            raise
+        except OmniError as exc:
+            self.metrics.rejected.labels(reason=exc.kind).inc()
+            raise
+        finally:
+            planner.audio_arriving -= arriving
+
+    def _admitted(
+        self,
+        request: GenerationRequest,
+        rid: str,
+        permit: Permit,
+        timeout: float | None,
+        span: RequestSpan,
+    ) -> _Run:
+        """What every attempt of the admitted request shares: its plan (and start need), stages,
+        the media kinds its thinker must take, its timeout and deadline."""
+        # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
+        plan = self.planner.chunk_plan(request, permit)
+        if permit.audio:
+            permit.need = self.planner.start_need(request, plan, permit)
+        span.admitted(permit, self.deployment.model_id, plan.initial if request.return_audio else None)
+        stages = stages_for(request)
+        kinds = media_kinds(request.messages)  # the thinker picked must take them all
+        timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
+        deadline = asyncio.get_running_loop().time() + timeout
+        return _Run(request, rid, span, plan, stages, kinds, timeout, deadline)
+
+    def _pick(self, run: _Run, permit: Permit) -> list[Replica]:
+        """A replica of each of the request's stages, counted as serving it; with a stage that has
+        none to give, the request is refused (503) and its permit released."""
+        try:
+            picked = [self.replicas.pick(s, run.kinds if s == "thinker" else frozenset()) for s in run.stages]
+        except Unavailable:
+            permit.release()
+            self.metrics.in_flight.dec()
+            self.metrics.rejected.labels(reason="unavailable").inc()
+            raise
+        for replica in picked:
+            replica.inflight += 1
+            replica.served += 1
+        return picked
+
+    def _start_attempt(
+        self, run: _Run, picked: list[Replica], permit: Permit, attempt: int, referrer: Referrer | None
+    ) -> Session:
+        """The session of one attempt on `picked`, started (`prime` says whether the stages took it)."""
+        stubs = StageStubs(*(r.stub for r in picked), *([None] * (3 - len(picked))))
+        # A retry gets its own id at the stages: the abandoned attempt may still hold the old one.
+        stage_rid = run.rid if attempt == 0 else f"{run.rid[:120]}.r{attempt}"
+        calls = run.span.stage_calls({r.stage: r.address for r in picked}, stage_rid)  # None: off
+        body = functools.partial(
+            run_stages,
+            stubs,
+            run.request,
+            stage_rid,
+            run.plan,
+            timeout=run.timeout,
+            trace=calls,
+            refer_audio=referrer,
+        )
+        first_chunk_s = run.plan.initial / self.planner.frames_per_second
+        session = Session(
+            metrics=self.metrics,
+            mark_failed=self.replicas.mark_failed,
+            request_id=run.rid,
+            permit=permit,
+            replicas=picked,
+            body=body,
+            deadline=run.deadline,
+            first_chunk_s=first_chunk_s if run.request.return_audio else None,
+            start_guard=self.config.audio_start_guard if self.config.audio_hold else 0.0,
+            trace=run.span,
+        )
+        session.start()
+        return session
+
+    @staticmethod
+    def _retry(exc: OmniError, rid: str, *, referred: bool, more: bool) -> Retry | None:
+        """How an attempt that failed before any output goes on: "resend" (it referred to audio the
+        thinker no longer holds: the same request again, with its samples), "move" (a stage's
+        replica is unavailable and an attempt is left: other replicas), None (the error is the
+        request's answer). `referred`: it referred to audio by digest; `more`: an attempt is left."""
+        if exc.kind == MediaExpired.kind and referred:
+            log.info("request %s: %s; sending its audio again", rid, exc.message)
+            return "resend"
+        if exc.kind == Unavailable.kind and exc.stage is not None and more:
+            log.warning("request %s: %s; retrying on another replica", rid, exc.message)
+            return "move"
+        return None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from functools import partial
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, GCCollector, Histogram, ProcessCollector
 
@@ -25,6 +26,13 @@ class GatewayMetrics:
         # one alert and one panel cover all four processes.
         ProcessCollector(registry=r)
         GCCollector(registry=r)
+        self._latency_metrics(r)
+        self._listening_metrics(r)
+        self._admission_metrics(r)
+        self._audio_capacity_metrics(r)
+
+    def _latency_metrics(self, r: CollectorRegistry) -> None:
+        """Client-side latencies, as `vllm bench serve` defines them."""
         self.ttft = Histogram(
             "omnistream_time_to_first_token_seconds",
             "Time to the first text delta",
@@ -55,7 +63,9 @@ class GatewayMetrics:
             buckets=RTF_BUCKETS,
             registry=r,
         )
-        # The listener model (omnistream/audio/listener.py) over each completed request's audio, as sent.
+
+    def _listening_metrics(self, r: CollectorRegistry) -> None:
+        """The listener model (omnistream/audio/listener.py) over each completed request's audio, as sent."""
         self.underrun = Histogram(
             "omnistream_audio_underrun_seconds",
             "Per request with audio: its underrun, the time a real-time player started at the first "
@@ -73,6 +83,9 @@ class GatewayMetrics:
             "Seconds players waited with an empty buffer, over all requests",
             registry=r,
         )
+
+    def _admission_metrics(self, r: CollectorRegistry) -> None:
+        """Admission: requests in flight, queued, refused and ended, and its limits."""
         self.in_flight = Gauge("omnistream_requests_in_flight", "Admitted requests not yet ended", registry=r)
         self.queued = Gauge("omnistream_requests_queued", "Requests waiting for admission", registry=r)
         self.limit = Gauge(
@@ -89,7 +102,10 @@ class GatewayMetrics:
         self.finished = Counter(
             "omnistream_requests_finished_total", "Requests ended, by status", ["status"], registry=r
         )
-        # Audio admission by measured speed (gateway/admission/audio_capacity.py); read when scraped.
+
+    def _audio_capacity_metrics(self, r: CollectorRegistry) -> None:
+        """Audio admission by measured speed (gateway/admission/audio_capacity.py), and the replicas
+        in rotation; read when scraped."""
         self.stage_capacity = Gauge(
             "omnistream_stage_capacity_per_second",
             "Units a stage sustains per second of engine busy time, as its replicas in rotation measure "
@@ -147,16 +163,14 @@ class GatewayMetrics:
             "audio_hold": lambda now: now.audio_hold,
         }
         for kind, read in readings.items():
-            self.limit.labels(kind=kind).set_function(lambda read=read: read(limits()))
+            self.limit.labels(kind=kind).set_function(partial(_read_limit, read, limits))
 
     def watch_replicas(self, stages: Iterable[str], count: Callable[[str, bool], int]) -> None:
         """`count(stage, in_rotation)`: the replicas of a stage the gateway knows that are in
         rotation (healthy, serving) or not; read at each scrape."""
         for stage in stages:
             for state, rotating in (("in_rotation", True), ("out_of_rotation", False)):
-                self.replicas.labels(stage=stage, state=state).set_function(
-                    lambda stage=stage, rotating=rotating: count(stage, rotating)
-                )
+                self.replicas.labels(stage=stage, state=state).set_function(partial(count, stage, rotating))
 
     def watch_audio(
         self,
@@ -178,12 +192,12 @@ class GatewayMetrics:
         the metrics know nothing of it (the core owns them)."""
         stages = tuple(stages)
         for stage in stages:
-            self.stage_capacity.labels(stage=stage).set_function(lambda stage=stage: capacity(stage) or 0.0)
-            self.stage_output.labels(stage=stage).set_function(lambda stage=stage: output(stage))
+            self.stage_capacity.labels(stage=stage).set_function(partial(_or_zero, capacity, stage))
+            self.stage_output.labels(stage=stage).set_function(partial(output, stage))
         for stage in AUDIO_STAGES:
             if stage in stages:
                 self.assumed_capacity.labels(stage=stage).set_function(
-                    lambda stage=stage: assumed(stage, audio_streams() + 1) or 0.0
+                    partial(_assumed_with_one_more, assumed, stage, audio_streams)
                 )
         self.audio_streams.set_function(audio_streams)
         self.audio_headroom.set_function(lambda: headroom(audio_streams() + 1) or 0.0)
@@ -195,3 +209,17 @@ class GatewayMetrics:
         self.stall_seconds.inc(heard.stall_s)
         if heard.stalls:
             self.stalled.inc()
+
+
+def _read_limit(read: Callable[[Limits], int], limits: Callable[[], Limits]) -> int:
+    return read(limits())
+
+
+def _or_zero(reading: Callable[[str], float | None], stage: str) -> float:
+    return reading(stage) or 0.0
+
+
+def _assumed_with_one_more(
+    assumed: Callable[[str, int], float | None], stage: str, audio_streams: Callable[[], int]
+) -> float:
+    return assumed(stage, audio_streams() + 1) or 0.0

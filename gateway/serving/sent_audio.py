@@ -23,7 +23,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from omnistream.request.media import AudioInput, audio_digest, media_of
-from omnistream.wire.convert import Referrer
+from omnistream.wire.messages import Referrer
 
 MAX_ENTRIES = 4096
 

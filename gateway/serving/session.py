@@ -10,21 +10,21 @@ import asyncio
 import contextlib
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from gateway.admission.permits import Permit
 from gateway.admission.start_guard import StartGuard
 from gateway.cluster.replica import Replica
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.audio.listener import AudioArrival, Listening, listen
-from omnistream.request.errors import DeadlineExceeded, OmniError
+from omnistream.request.errors import DeadlineExceeded, OmniError, Unavailable
 from omnistream.request.generation import AudioEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
 
 if TYPE_CHECKING:
-    from gateway.serving.tracing import RequestSpan
+    from gateway.serving.tracing import Ended, RequestSpan
 
 AUDIO_BUFFER = 64  # audio chunks held for a slow reader before the stages feel backpressure
 
@@ -114,7 +114,7 @@ class Session:
         self._body = body  # runs the request, emitting into the collector: its one buffer
         self._deadline = deadline
         self._collector = _Collector()
-        self._pump: asyncio.Task | None = None
+        self._pump: asyncio.Task[None] | None = None
         self.timings = Timings(time.perf_counter())
         self.done: DoneEvent | None = None
         self._closed = False
@@ -128,6 +128,7 @@ class Session:
     def _audio_in_hand(self, now: float) -> float:
         """Seconds of audio the listener has received but not yet played (listener model)."""
         t = self.timings
+        assert t.first_audio is not None  # called once audio came
         played = now - t.first_audio - self.listening().stall_s
         return t.audio_seconds - played
 
@@ -207,7 +208,7 @@ class Session:
             raise
         self._owns_trace = True
 
-    async def events(self) -> AsyncIterator[Event]:
+    async def events(self) -> AsyncGenerator[Event, None]:
         try:
             while True:
                 if self._first is not None:
@@ -224,10 +225,9 @@ class Session:
             await self.aclose()
 
     def _note_failure(self, error: OmniError) -> None:
-        stage = getattr(error, "stage", None)
-        if error.kind == "unavailable" and stage is not None:
+        if error.kind == Unavailable.kind and error.stage is not None:
             for replica in self._replicas:
-                if replica.stage == stage:
+                if replica.stage == error.stage:
                     self._mark_failed(replica)
 
     async def aclose(self) -> None:
@@ -245,4 +245,5 @@ class Session:
         self._metrics.in_flight.dec()
         self._metrics.finished.labels(status=self._status).inc()
         if self._owns_trace and self._trace is not None:
-            self._trace.finish(self)
+            # What the span reads of the session (tracing.Ended), whose `timings` it only reads.
+            self._trace.finish(cast("Ended", self))

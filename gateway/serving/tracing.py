@@ -283,7 +283,7 @@ class StageCalls:
         """End every call's span: ok, cancelled (the client left, or another stage failed first:
         this call was cancelled with the request) or failed (the stage the error names, or all of
         them for an error that names none). `results`: each stage's own attributes."""
-        failed = getattr(error, "stage", None)
+        failed = error.stage if isinstance(error, OmniError) else None
         for stage, span in self.spans.items():
             if span.is_recording():
                 span.set_attributes(results.get(stage, {}))

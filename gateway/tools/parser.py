@@ -163,10 +163,10 @@ class ToolCallParser:
             match = _NAME_PREFIX.match(self._call)
             if match and match.group(1) in self.names:
                 self._blank = ""  # the margin before an enforced call: it is a call
-                call = ToolCall(self.new_id(), match.group(1))
-                self.calls.append(call)
-                self._streaming, self._sent = call, match.end()
-                out.append(CallPiece(len(self.calls) - 1, id=call.id, name=call.name))
+                started = ToolCall(self.new_id(), match.group(1))
+                self.calls.append(started)
+                self._streaming, self._sent = started, match.end()
+                out.append(CallPiece(len(self.calls) - 1, id=started.id, name=started.name))
         if self._streaming is not None:
             region = self._call[self._sent : end if end >= 0 else len(self._call)]
             keep = _closing_suffix(region, whole=end >= 0)

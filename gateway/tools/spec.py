@@ -35,8 +35,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-import jsonschema
-from jsonschema.exceptions import SchemaError
+import jsonschema  # type: ignore[import-untyped]  # no stubs installed (types-jsonschema)
+from jsonschema.exceptions import SchemaError  # type: ignore[import-untyped]
 
 from omnistream.request.errors import InvalidValue
 from omnistream.request.structured import (

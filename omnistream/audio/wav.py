@@ -25,7 +25,8 @@ def write_float32_wav(path: str | Path, audio: np.ndarray, sample_rate: int) -> 
 
 
 def to_pcm16(audio: np.ndarray) -> bytes:
-    return (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2").tobytes()
+    pcm: np.ndarray = (np.clip(audio, -1.0, 1.0) * 32767.0).round().astype("<i2")
+    return pcm.tobytes()
 
 
 def pcm16_wav_bytes(audio: np.ndarray, sample_rate: int) -> bytes:

@@ -8,6 +8,19 @@ from omnistream.cli.common import DEFAULT_TINY_DIR
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
+    """The flags of `omnistream bench`, in the order --help lists them."""
+    _add_target_arguments(p)
+    _add_workload_arguments(p)
+    _add_extra_measurement_arguments(p)
+    _add_stack_arguments(p)
+    _add_conversation_arguments(p)
+    p.add_argument("--output-dir", default="bench-results")
+    p.add_argument("--no-plots", action="store_true")
+    p.add_argument("--seed", type=int, default=0)
+
+
+def _add_target_arguments(p: argparse.ArgumentParser) -> None:
+    """The model and what is measured: in process, the services (started here or a running gateway)."""
     p.add_argument("--model", default=str(DEFAULT_TINY_DIR))
     p.add_argument(
         "--targets",
@@ -20,6 +33,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gateway", default=None, help="host:port of a running gateway (gRPC) instead of starting one"
     )
+
+
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The requests, the cells they run in (modes, concurrency, schedules) and how they are judged."""
     p.add_argument("--modes", default="async,sequential")
     p.add_argument("--max-concurrency", default="1,4,10", help="comma list: a sweep")
     p.add_argument("--num-prompts", type=int, default=None, help="per run (default: max(3, concurrency))")
@@ -51,6 +68,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--warmup", type=int, default=2, help="warm-up requests per target (not measured)")
     p.add_argument("--repeats", type=int, default=2, help="runs per target and cell, in A B B A order")
+
+
+def _add_extra_measurement_arguments(p: argparse.ArgumentParser) -> None:
+    """Measurements beside the latency table: chunk cost, stage timings, huge and long prompts."""
     p.add_argument("--chunk-cost", action="store_true", help="also measure CPU time per inter-stage chunk")
     p.add_argument("--chunk-cost-prompts", default="16,2508")
     p.add_argument(
@@ -76,6 +97,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="a checkout to run the --long-prompt-tokens measurement with as well (e.g. /work/main): "
         "before vs after, same run",
     )
+
+
+def _add_stack_arguments(p: argparse.ArgumentParser) -> None:
+    """Settings of the engines and of the services target's stack (the stages and gateways)."""
     p.add_argument(
         "--prefill-chunk",
         type=int,
@@ -101,6 +126,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="more `serve gateway` flags for the services target's gateways, one string "
         '(e.g. "--audio-start-jitter 0.2")',
     )
+
+
+def _add_conversation_arguments(p: argparse.ArgumentParser) -> None:
+    """--conversation (instead of the latency table) and its settings."""
     p.add_argument(
         "--conversation",
         action="store_true",
@@ -147,6 +176,3 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=0.05,
         help="the concurrency target passes when the cache's audio s/s is at least (1 - this) x without it",
     )
-    p.add_argument("--output-dir", default="bench-results")
-    p.add_argument("--no-plots", action="store_true")
-    p.add_argument("--seed", type=int, default=0)

@@ -8,6 +8,8 @@ matters (the audio encoder's work and the prompt's length follow it), not what i
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
 from omnistream.audio.wav import pcm16_wav_bytes
@@ -26,10 +28,11 @@ def speech_like(seconds: float, rate: int = AUDIO_SAMPLE_RATE, seed: int = 0) ->
     return np.clip(0.3 * voiced * syllables + noise, -1.0, 1.0).astype(np.float32)
 
 
-def audio_message(seconds: float, encoded: bool) -> dict:
+def audio_message(seconds: float, encoded: bool) -> dict[str, Any]:
     """The workload's user turn: decoded (the in-process pipeline takes arrays) or as a WAV file (the
     gateway decodes what clients send)."""
     samples = speech_like(seconds)
+    part: dict[str, Any]
     if encoded:
         part = {
             "type": "audio",

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import statistics
 import time
+from typing import Any
 
 import httpx
 
@@ -36,7 +37,7 @@ async def _small_latencies(client: httpx.AsyncClient, count: int) -> list[float]
 
 
 async def _big_prompts(
-    client: httpx.AsyncClient, sizes: list[int], stop: asyncio.Event, statuses: dict
+    client: httpx.AsyncClient, sizes: list[int], stop: asyncio.Event, statuses: dict[str, int]
 ) -> None:
     """Send huge prompts back to back until `stop`; count the statuses they get."""
     bodies = [{**SMALL, "messages": [{"role": "user", "content": "x " * (size // 2)}]} for size in sizes]
@@ -47,7 +48,7 @@ async def _big_prompts(
             statuses[key] = statuses.get(key, 0) + 1
 
 
-async def _watch_ready(client: httpx.AsyncClient, stop: asyncio.Event, seen: dict) -> None:
+async def _watch_ready(client: httpx.AsyncClient, stop: asyncio.Event, seen: dict[str, float]) -> None:
     while not stop.is_set():
         started = time.perf_counter()
         try:
@@ -61,7 +62,7 @@ async def _watch_ready(client: httpx.AsyncClient, stop: asyncio.Event, seen: dic
         await asyncio.sleep(0.05)
 
 
-async def big_prompt_effect(base_url: str, sizes: list[int], count: int = 8) -> dict:
+async def big_prompt_effect(base_url: str, sizes: list[int], count: int = 8) -> dict[str, Any]:
     """Median latency of small requests alone and next to huge prompts, /ready while it happens."""
     async with httpx.AsyncClient(base_url=base_url, timeout=300) as client:
         await _small_latencies(client, 2)  # warm-up

@@ -3,6 +3,10 @@ B A), and the ratios between the rows they produce (`omnistream bench` prints an
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
 
 def chunk_schedules(given: str) -> list[str | None]:
     """`--codec-chunk-schedules` as the schedules to run, each its own target; [None] (the request table's
@@ -27,10 +31,10 @@ def audio_holds(given: str) -> list[bool]:
     return [n == "on" for n in names]
 
 
-def interleave(units: list, repeats: int) -> list:
+def interleave(units: list[T], repeats: int) -> list[T]:
     """`repeats` passes over `units`, every other one reversed (A B B A ...): slow drift of the
     machine then weighs on each unit alike."""
-    sequence = []
+    sequence: list[T] = []
     for i in range(repeats):
         sequence += units if i % 2 == 0 else units[::-1]
     return sequence
@@ -41,14 +45,14 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return a / b if a is not None and b else None
 
 
-def _mean(row: dict, key: str) -> float | None:
+def _mean(row: dict[str, Any], key: str) -> float | None:
     """A row's value of `key`: the mean of a described metric, or the number itself."""
     value = row.get(key)
     return value.get("mean") if isinstance(value, dict) else value
 
 
-def ratios(rows: list[dict]) -> dict[str, float | None]:
-    def get(target: str, async_chunk: bool, conc: int) -> dict | None:
+def ratios(rows: list[dict[str, Any]]) -> dict[str, float | None]:
+    def get(target: str, async_chunk: bool, conc: int) -> dict[str, Any] | None:
         for row in rows:
             if row["target"] == target and row["async"] == async_chunk and row["concurrency"] == conc:
                 return row

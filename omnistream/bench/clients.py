@@ -9,11 +9,14 @@ import dataclasses
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from omnistream.bench.stats import RequestResult
 from omnistream.pipeline import AudioEvent, DoneEvent, GenerationRequest, Pipeline, TextEvent
 from omnistream.request.defaults import DEFAULTS, RequestInput, resolve
+
+if TYPE_CHECKING:
+    from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
 
 REQUEST_TIMEOUT = 300.0  # a stuck request counts as a failure instead of stalling the run
 
@@ -44,13 +47,14 @@ class Workload:
         audio), so their latencies compare like for like.
         """
         messages = None
+        ids: list[int] | None = prompt_ids
         if self.audio_input_seconds:  # the random prompt only sets the count; the turn is spoken
             from omnistream.bench.audio_input import audio_message
 
-            messages, prompt_ids = [audio_message(self.audio_input_seconds, encoded)], None
+            messages, ids = [audio_message(self.audio_input_seconds, encoded)], None
         return RequestInput(
             messages=messages,
-            prompt_ids=prompt_ids,
+            prompt_ids=ids,
             max_tokens=self.output_len,
             ignore_eos=self.ignore_eos,
             temperature=0.0,
@@ -63,7 +67,7 @@ class Workload:
         )
 
 
-def _sampling_proto(given: RequestInput, prefix: str):
+def _sampling_proto(given: RequestInput, prefix: str) -> common_pb2.Sampling | None:
     """The `Sampling` message for the knobs given, None when none is: a set message is read as sent,
     so the knobs not given are filled from the same table the gateway would use."""
     from omnistream.proto.omni.v1 import common_pb2
@@ -81,7 +85,7 @@ def _sampling_proto(given: RequestInput, prefix: str):
     return msg
 
 
-def grpc_request(given: RequestInput, timeout: float | None = None):
+def grpc_request(given: RequestInput, timeout: float | None = None) -> gateway_pb2.GenerateRequest:
     """`given` as an omni.v1.Gateway request (the inverse of `gateway.api.grpc.to_request_input`)."""
     from omnistream.client.request import gateway_message
     from omnistream.proto.omni.v1 import gateway_pb2
@@ -176,7 +180,7 @@ class GrpcGatewayClient:
         from omnistream.proto.omni.v1 import gateway_pb2_grpc
 
         self.channel = grpc.aio.insecure_channel(address)
-        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)
+        self.stub = gateway_pb2_grpc.GatewayStub(self.channel)  # type: ignore[no-untyped-call]  # grpc's stubs are untyped
 
     async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult:
         import grpc
@@ -210,7 +214,7 @@ class GrpcGatewayClient:
 class RestGatewayClient:
     name = "services-rest"
 
-    def __init__(self, base_url: str, tokenizer, sample_rate: int) -> None:
+    def __init__(self, base_url: str, tokenizer: Any, sample_rate: int) -> None:
         import httpx
 
         self.client = httpx.AsyncClient(base_url=base_url, timeout=600)
@@ -304,14 +308,29 @@ class RestGatewayClient:
         await self.client.aclose()
 
 
+class BenchClient(Protocol):
+    """What the benchmark drives: `InProcessClient`, `GrpcGatewayClient` or `RestGatewayClient` (the
+    gateway clients also have `close()`)."""
+
+    name: str
+
+    async def run(self, prompt_ids: list[int], workload: Workload, async_chunk: bool) -> RequestResult: ...
+
+
+class Progress(Protocol):
+    """A progress bar (tqdm's) that `run_cell` advances once a request."""
+
+    def update(self, n: int = 1) -> object: ...
+
+
 async def run_cell(
-    client,
+    client: BenchClient,
     prompts: list[list[int]],
     workload: Workload,
     async_chunk: bool,
     concurrency: int,
     request_rate: float,
-    progress=None,
+    progress: Progress | None = None,
     seed: int = 0,
 ) -> tuple[list[RequestResult], float]:
     """Send every prompt with at most `concurrency` in flight, arrivals Poisson at `request_rate`/s."""

@@ -21,18 +21,24 @@ import statistics
 import time
 import traceback
 from collections import Counter
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import torch
 
 from omnistream.engine.load_options import LoadOptions, is_accelerator
+from omnistream.engine.settings import STAGE_SETTINGS, EngineSettings, derive
+
+if TYPE_CHECKING:
+    from omnistream.engine.api import Code2WavStageEngine, StageEngine, TalkerStageEngine
+    from omnistream.engine.engine import Engine
+    from omnistream.engine.output_stream import OutputStream
 
 SYNC_METHODS = ("item", "tolist", "__int__", "__bool__", "__float__", "__index__", "cpu", "numpy")
 STAGE_ORDER = ("thinker", "talker", "code2wav")
 
 
-def record(results: dict, name: str, body: Callable[[], dict | None]) -> None:
+def record(results: dict[str, Any], name: str, body: Callable[[], dict[str, Any] | None]) -> None:
     """Run one check; a failure is a finding: record its error and trace, print a line, go on."""
     started = time.perf_counter()
     try:
@@ -48,6 +54,12 @@ def record(results: dict, name: str, body: Callable[[], dict | None]) -> None:
     print(f"[{name}] {status} ({results[name]['seconds']} s)", flush=True)
 
 
+class SyncCounting(Protocol):
+    """A host-sync counter: `counting()` counts the sync calls made inside it, by method name."""
+
+    def counting(self) -> contextlib.AbstractContextManager[Mapping[str, int]]: ...
+
+
 class _OwnSyncCounter:
     """Counts calls of SYNC_METHODS on any tensor while `counting()` is active."""
 
@@ -59,8 +71,8 @@ class _OwnSyncCounter:
         self.counts.clear()
         saved = [(name, getattr(torch.Tensor, name)) for name in SYNC_METHODS]
 
-        def wrap(name: str, fn):
-            def counted(*args, **kwargs):
+        def wrap(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+            def counted(*args: Any, **kwargs: Any) -> Any:
                 self.counts[name] += 1
                 return fn(*args, **kwargs)
 
@@ -79,7 +91,8 @@ def sync_counter() -> Any:
     """tests/unit/models/qwen3_omni/test_host_syncs.py's counter when it is there (one definition of a
     sync), else ours."""
     try:
-        from tests.unit.models.qwen3_omni.test_host_syncs import SyncCounter  # type: ignore[import-not-found]
+        # Found in a checkout (mypy reads it there), absent from an installed package.
+        from tests.unit.models.qwen3_omni.test_host_syncs import SyncCounter  # type: ignore[import-not-found,unused-ignore]
     except ImportError:
         return _OwnSyncCounter()
     return SyncCounter()
@@ -90,9 +103,9 @@ def _synchronize(device: str) -> None:
         torch.cuda.synchronize(torch.device(device))
 
 
-def step_until_done(engine, device: str, counter) -> list[dict]:
+def step_until_done(engine: Engine[Any, Any], device: str, counter: SyncCounting) -> list[dict[str, Any]]:
     """Step the (not started) engine on this thread until it has no work; per step: ms and syncs."""
-    steps = []
+    steps: list[dict[str, Any]] = []
     while True:
         work = engine.plan_step()  # what ended is released first, as on the engine thread
         if work is None:
@@ -107,28 +120,33 @@ def step_until_done(engine, device: str, counter) -> list[dict]:
         steps.append({"ms": 1000 * (time.perf_counter() - started), "syncs": syncs, "calls": by_name})
 
 
-async def _submit(stage: str, engine, max_tokens: int, max_frames: int, prompt: list[int]):
+async def _submit(
+    stage: str, engine: StageEngine, max_tokens: int, max_frames: int, prompt: list[int]
+) -> OutputStream[Any]:
+    """One request into `stage`'s engine (each stage takes its own inputs); its output stream."""
     from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
     from omnistream.request.stage_chain import TalkerParams, ThinkerParams
 
     if stage == "thinker":
         return engine.add_request("smoke", prompt, ThinkerParams(max_tokens=max_tokens, ignore_eos=True))
     if stage == "talker":
-        out = engine.add_request("smoke", TalkerParams(max_frames=max_frames, ignore_eos=True))
-        engine.feed("smoke", list(range(5, 5 + max_frames + 4)), True, prompt_ids=prompt)
+        talker = cast("TalkerStageEngine", engine)
+        out = talker.add_request("smoke", TalkerParams(max_frames=max_frames, ignore_eos=True))
+        talker.feed("smoke", list(range(5, 5 + max_frames + 4)), True, prompt_ids=prompt)
         return out
-    out = engine.add_request("smoke", ChunkPlan(4, 8, 8))
+    code2wav = cast("Code2WavStageEngine", engine)
+    out = code2wav.add_request("smoke", ChunkPlan(4, 8, 8))
     codes = torch.randint(
         0,
-        engine.codebook_size,
-        (engine.num_quantizers, max_frames),
+        code2wav.codebook_size,
+        (code2wav.num_quantizers, max_frames),
         generator=torch.Generator().manual_seed(0),
     )
-    engine.feed("smoke", codes, True)
+    code2wav.feed("smoke", codes, True)
     return out
 
 
-def _summary(steps: list[dict]) -> dict:
+def _summary(steps: list[dict[str, Any]]) -> dict[str, Any]:
     ms = [s["ms"] for s in steps]
     syncs = [s["syncs"] for s in steps]
     calls: Counter[str] = Counter()
@@ -157,7 +175,7 @@ def smoke(
     max_batch: int = 4,
     max_model_len: int = 512,
     op_counts: bool = True,
-) -> dict:
+) -> dict[str, Any]:
     """Load each stage on its device, one request through it, step stats; a dict for JSON. With
     `op_counts`, also the ops of one steady step per stage (`results["op_counts"]`)."""
     from omnistream.models.family import family_for
@@ -165,7 +183,7 @@ def smoke(
 
     family = family_for(model)
     devices = devices or {}
-    results: dict = {
+    results: dict[str, Any] = {
         "torch": torch.__version__,
         "cuda": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
         "model": model,
@@ -175,18 +193,18 @@ def smoke(
     results["sync_counter"] = type(counter).__module__ + "." + type(counter).__name__
 
     for stage in stages:
-        stage_options = options.on(devices.get(stage))
+        stage_options = derive(
+            STAGE_SETTINGS[stage], options, max_batch=max_batch, max_model_len=max_model_len
+        ).on(devices.get(stage))
 
-        def run(stage: str = stage, stage_options: LoadOptions = stage_options) -> dict:
+        def run(stage: str = stage, stage_options: EngineSettings = stage_options) -> dict[str, Any]:
             nonlocal prompt
             device = stage_options.device
             on_cuda = is_accelerator(device) and torch.cuda.is_available()
             if on_cuda:
                 torch.cuda.reset_peak_memory_stats(torch.device(device))
             started = time.perf_counter()
-            engine = family.engine(
-                stage, model, stage_options, max_batch=max_batch, max_model_len=max_model_len
-            )
+            engine = family.engine(stage, model, stage_options)
             _synchronize(device)
             load_s = time.perf_counter() - started
             if not prompt and hasattr(engine, "encode_chat"):
@@ -198,9 +216,9 @@ def smoke(
                 )
                 prompt = list(ids if isinstance(ids, list) else ids["input_ids"])
 
-            async def one_request() -> tuple[list[dict], int]:
+            async def one_request() -> tuple[list[dict[str, Any]], int]:
                 out = await _submit(stage, engine, max_tokens, max_frames, prompt)
-                steps = step_until_done(engine, device, counter)
+                steps = step_until_done(cast("Engine[Any, Any]", engine), device, counter)
                 items = 0  # all there already: a request that did not finish times out here
                 while await asyncio.wait_for(out.get(), 5) is not None:
                     items += 1
@@ -230,7 +248,7 @@ def smoke(
 
 def _op_counts(
     model: str, options: LoadOptions, devices: dict[str, str], stages: tuple[str, ...], max_batch: int
-) -> dict:
+) -> dict[str, Any]:
     """Aten ops of one steady step per stage (sampled requests), at batch 1 and `max_batch`; the
     talker's frame also with static frames (`talker-static`, captured with --cuda-graphs)."""
     from omnistream.bench.op_counts import measure

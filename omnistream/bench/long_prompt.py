@@ -22,8 +22,16 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterable, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    from omnistream.engine.engine import Engine
+    from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
+    from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+
+E = TypeVar("E", bound="Engine[Any, Any]")
 
 # Run as a file under another tree: `python -c RUNNER this_file args...` with cwd = that tree.
 RUNNER = "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
@@ -45,7 +53,13 @@ def _stats(samples: list[float]) -> dict[str, float | int | None]:
 class _StepClock:
     """Step listener: per running request, the step times at which its output count grew."""
 
-    def __init__(self, running: list[Any], count, long_started, clock=time.perf_counter) -> None:
+    def __init__(
+        self,
+        running: list[Any],
+        count: Callable[[Any], int],
+        long_started: Callable[[], bool],
+        clock: Callable[[], float] = time.perf_counter,
+    ) -> None:
         self.clock = clock
         self.running = running
         self.count = count  # state -> tokens or frames so far
@@ -55,7 +69,7 @@ class _StepClock:
         self.added: float | None = None
         self.first_output: float | None = None
 
-    def __call__(self, _engine, _seconds: float) -> None:
+    def __call__(self, _engine: object, _seconds: float) -> None:
         now = self.clock()
         for state in self.running:
             n = self.count(state)
@@ -78,12 +92,12 @@ class _StepClock:
         }
 
 
-async def _drain(out) -> None:
+async def _drain(out: AsyncIterable[Any]) -> None:
     async for _ in out:
         pass
 
 
-async def _wait(condition, engine, running: list[Any]) -> None:
+async def _wait(condition: Callable[[], bool], engine: Engine[Any, Any], running: list[Any]) -> None:
     """Until `condition()` holds; polls (the engine thread mutates the states it reads)."""
     while not condition():
         if any(s.finished for s in running):
@@ -93,13 +107,15 @@ async def _wait(condition, engine, running: list[Any]) -> None:
         await asyncio.sleep(0.005)
 
 
-def _state(engine, request_id: str):
+def _state(engine: Engine[Any, Any], request_id: str) -> Any:
     with engine._cond:
         return engine._requests[request_id]
 
 
-async def _thinker(engine, short: list[int], long: list[int], running: int, warm: int) -> dict[str, Any]:
-    from omnistream.models.qwen3_omni.thinker.engine import ThinkerParams
+async def _thinker(
+    engine: ThinkerEngine, short: list[int], long: list[int], running: int, warm: int
+) -> dict[str, Any]:
+    from omnistream.request.stage_chain import ThinkerParams
 
     budget = engine.max_model_len - len(short)
     outs = [engine.add_request(f"run-{i}", short, ThinkerParams(budget, True)) for i in range(running)]
@@ -126,8 +142,10 @@ async def _thinker(engine, short: list[int], long: list[int], running: int, warm
     return clock.summary()
 
 
-async def _talker(engine, short: list[int], long: list[int], running: int, warm: int) -> dict[str, Any]:
-    from omnistream.models.qwen3_omni.talker.engine import TalkerParams
+async def _talker(
+    engine: TalkerEngine, short: list[int], long: list[int], running: int, warm: int
+) -> dict[str, Any]:
+    from omnistream.request.stage_chain import TalkerParams
 
     stream = list(range(5, 5 + 64))  # the thinker's tokens after the prompt (any text ids)
     frames = engine.max_model_len - len(short) - 16
@@ -171,7 +189,7 @@ async def measure(
     torch thread, as the services run). `prefill_chunk` None: the engines' default."""
     import torch
 
-    from omnistream.engine.load_options import LoadOptions
+    from omnistream.engine.settings import EngineSettings, TalkerEngineSettings, ThinkerEngineSettings, derive
     from omnistream.models.family import family_for
     from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
     from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
@@ -182,44 +200,33 @@ async def measure(
     short, long = (
         family.random_prompts(config, tokenizer, 1, n, seed)[0] for n, seed in ((32, 1), (tokens, 2))
     )
-    chunk = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
+    chunk: dict[str, Any] = {} if prefill_chunk is None else {"prefill_chunk": prefill_chunk}
     length = tokens + 512  # room for the long prompt and the running requests' output
     result: dict[str, Any] = {"tokens": tokens, "running": running, "prefill_chunk": prefill_chunk}
-    for name, make, run in (
-        (
-            "thinker",
-            # No prefix cache: the same long prompt's prefill is what is measured, each repeat.
-            lambda: ThinkerEngine(
-                model,
-                LoadOptions(),
-                max_batch=running + 1,
-                max_model_len=length,
-                prefix_cache_bytes=0,
-                **chunk,
-            ),
-            _thinker,
-        ),
-        (
-            "talker",
-            lambda: TalkerEngine(
-                model,
-                LoadOptions(),
-                max_batch=running + 1,
-                max_model_len=length,
-                prefix_cache_bytes=0,
-                **chunk,
-            ),
-            _talker,
-        ),
-    ):
-        engine = make()
-        engine.start()
-        try:
-            await run(engine, short, long, running, warm)  # warm-up: first-call costs out of the way
-            result[name] = await run(engine, short, long, running, warm)
-        finally:
-            engine.stop()
+    # No prefix cache: the same long prompt's prefill is what is measured, each repeat.
+    shared = EngineSettings(max_batch=running + 1, max_model_len=length, **chunk)
+    thinker = ThinkerEngine(model, derive(ThinkerEngineSettings, shared, prefix_cache_gib=0))
+    result["thinker"] = await _measured(thinker, _thinker, short, long, running, warm)
+    talker = TalkerEngine(model, derive(TalkerEngineSettings, shared, prefix_cache_gib=0))
+    result["talker"] = await _measured(talker, _talker, short, long, running, warm)
     return result
+
+
+async def _measured(
+    engine: E,
+    run: Callable[[E, list[int], list[int], int, int], Awaitable[dict[str, Any]]],
+    short: list[int],
+    long: list[int],
+    running: int,
+    warm: int,
+) -> dict[str, Any]:
+    """`run` twice on the started `engine` (the first a warm-up); the second's numbers."""
+    engine.start()
+    try:
+        await run(engine, short, long, running, warm)  # warm-up: first-call costs out of the way
+        return await run(engine, short, long, running, warm)
+    finally:
+        engine.stop()
 
 
 def measure_in(
@@ -243,7 +250,8 @@ def measure_in(
     done = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"long-prompt measurement in {tree} failed:\n{done.stderr[-4000:]}")
-    return json.loads(done.stdout.strip().splitlines()[-1])
+    result: dict[str, Any] = json.loads(done.stdout.strip().splitlines()[-1])
+    return result
 
 
 def describe(label: str, result: dict[str, Any]) -> str:

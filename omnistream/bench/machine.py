@@ -8,9 +8,10 @@ import platform
 import subprocess
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 
-def machine_info() -> dict:
+def machine_info() -> dict[str, Any]:
     import torch
 
     cpu = ""

@@ -21,13 +21,22 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
+from omnistream.engine.engine import Engine
 from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.op_count import OpCounter, OpCounts
+from omnistream.engine.settings import (
+    Code2WavEngineSettings,
+    TalkerEngineSettings,
+    ThinkerEngineSettings,
+    derive,
+)
 from omnistream.request.sampling_params import SamplingParams
 
 STAGES = ("thinker", "talker", "talker-static", "code2wav")
@@ -41,7 +50,7 @@ class StepOps:
     batch: int
     counts: OpCounts
 
-    def as_dict(self) -> dict:
+    def as_dict(self) -> dict[str, Any]:
         return {"stage": self.stage, "batch": self.batch, **self.counts.as_dict()}
 
 
@@ -58,7 +67,7 @@ def _sampling(row: int, greedy: bool) -> SamplingParams:
     return SamplingParams(temperature=0.8, top_k=20, top_p=0.9, repetition_penalty=1.1, seed=row)
 
 
-def _step(engine, counted: bool = False) -> OpCounts | None:
+def _step(engine: Engine[Any, Any], counted: bool = False) -> OpCounts | None:
     """One engine step on this thread; its ops when `counted`."""
     with engine._cond:
         work = engine._next_work()
@@ -68,12 +77,13 @@ def _step(engine, counted: bool = False) -> OpCounts | None:
         if not counted:
             engine._run(work)
             return None
-        with OpCounter() as counter:
+        counter = OpCounter()
+        with counter:
             engine._run(work)
     return counter.counts
 
 
-def _prefill(engine, started, limit: int = 1000) -> None:
+def _prefill(engine: Engine[Any, Any], started: Callable[[Any], bool], limit: int = 1000) -> None:
     for _ in range(limit):
         if all(started(s) for s in engine._requests.values()):
             return
@@ -85,7 +95,9 @@ def thinker_token(model_dir: str, batch: int, options: LoadOptions, greedy: bool
     from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
     from omnistream.request.stage_chain import ThinkerParams
 
-    engine = ThinkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
+    engine = ThinkerEngine(
+        model_dir, derive(ThinkerEngineSettings, options, max_batch=batch, max_model_len=256)
+    )
 
     async def run() -> OpCounts:
         prompt = engine.encode_chat([{"role": "user", "content": "hello there"}])
@@ -106,8 +118,10 @@ def talker_frame(model_dir: str, batch: int, options: LoadOptions, greedy: bool 
     from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
     from omnistream.request.stage_chain import TalkerParams
 
-    engine = TalkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
-    chat = ThinkerEngine(model_dir, options, max_batch=1, max_model_len=256)
+    engine = TalkerEngine(
+        model_dir, derive(TalkerEngineSettings, options, max_batch=batch, max_model_len=256)
+    )
+    chat = ThinkerEngine(model_dir, derive(ThinkerEngineSettings, options, max_batch=1, max_model_len=256))
 
     async def run() -> OpCounts:
         prompt = chat.encode_chat([{"role": "user", "content": "hello"}])
@@ -131,7 +145,7 @@ def code2wav_window(model_dir: str, batch: int, options: LoadOptions, greedy: bo
     from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
     from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 
-    engine = Code2WavEngine(model_dir, options, max_batch=batch)
+    engine = Code2WavEngine(model_dir, derive(Code2WavEngineSettings, options, max_batch=batch))
     gen = torch.Generator().manual_seed(0)
 
     async def run() -> OpCounts:

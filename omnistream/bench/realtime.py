@@ -31,9 +31,13 @@ import sys
 import time
 import urllib.request
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from omnistream.bench.speech import pieces, silence_pcm16, speech_pcm16
 from omnistream.bench.stats import _describe
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
 
 IDLE_METRICS = (
     "omnistream_stage_engine_requests",
@@ -64,7 +68,7 @@ def stages_idle(urls: list[str]) -> bool:
     return all(_metric_sum(url, name) == 0 for url in urls for name in IDLE_METRICS)
 
 
-async def _speak(ws, pcm: bytes) -> None:
+async def _speak(ws: ClientConnection, pcm: bytes) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
     for i, piece in enumerate(pieces(silence_pcm16(0.2) + pcm + silence_pcm16(0.8))):
@@ -98,7 +102,7 @@ async def one_turn(
         turn.rtt_ms = (time.perf_counter() - sent) * 1000
         speaker = asyncio.create_task(_speak(ws, question))
         first_audio = last_audio = started = None
-        interrupter: asyncio.Task | None = None
+        interrupter: asyncio.Task[None] | None = None
         async with asyncio.timeout(args.timeout):
             async for raw in ws:
                 now = time.perf_counter()
@@ -139,7 +143,7 @@ async def one_turn(
     return turn
 
 
-def summarize(turns: list[Turn]) -> dict:
+def summarize(turns: list[Turn]) -> dict[str, Any]:
     return {
         "turns": len(turns),
         "cancelled": sum(t.status == "cancelled" for t in turns),
@@ -153,7 +157,7 @@ def summarize(turns: list[Turn]) -> dict:
     }
 
 
-async def run(args: argparse.Namespace, gateway: str, stage_metrics: list[str]) -> dict:
+async def run(args: argparse.Namespace, gateway: str, stage_metrics: list[str]) -> dict[str, Any]:
     url = gateway.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
     headers = {"Authorization": f"Bearer {args.api_key}"} if args.api_key else {}
     turns = [await one_turn(url, headers, stage_metrics, args, seed) for seed in range(args.turns)]

@@ -6,6 +6,7 @@ import csv
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from omnistream.bench.stats import METRIC_KEYS, STATS
 
@@ -28,7 +29,7 @@ COLUMNS = [
 ]
 
 
-def _cell(row: dict, key: str) -> str:
+def _cell(row: dict[str, Any], key: str) -> str:
     if key == "ttfp_p90":  # the tail a burst's last listeners wait (the worse run's)
         return _number(row["ttfp_ms"].get("p90"))
     value = row[key]
@@ -58,7 +59,7 @@ def _number(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1f}"
 
 
-def listener_cells(row: dict) -> list[str]:
+def listener_cells(row: dict[str, Any]) -> list[str]:
     """Stalled share and continuity rate (pooled over the runs), the underrun's p50 and p99 (mean
     of the runs' medians, worst run's p99) and the mean total stall per request."""
     return [
@@ -70,7 +71,7 @@ def listener_cells(row: dict) -> list[str]:
     ]
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict[str, Any]]) -> str:
     """Markdown table in the seed's shape (means; ± half the spread between repeated runs), then
     the listener's columns."""
     titles = [title for _, title in COLUMNS] + ["req/s", "tok/s", "audio s/s", *LISTENER_COLUMNS]
@@ -89,12 +90,12 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_json(path: Path, payload: dict) -> None:
+def write_json(path: Path, payload: dict[str, Any]) -> None:
     # allow_nan=False: a NaN reaching the results is a bug to surface, not a number to print.
     path.write_text(json.dumps(payload, indent=2, default=str, allow_nan=False))
 
 
-def write_csv(path: Path, rows: list[dict]) -> None:
+def write_csv(path: Path, rows: list[dict[str, Any]]) -> None:
     fields = [
         "target",
         "async",
@@ -126,12 +127,12 @@ def write_csv(path: Path, rows: list[dict]) -> None:
             writer.writerow(out)
 
 
-def _percent_of(key: str) -> Callable[[dict], float | None]:
+def _percent_of(key: str) -> Callable[[dict[str, Any]], float | None]:
     return lambda row: None if row[key] is None else 100 * row[key]
 
 
 # (file suffix, y label, the value of a row; None: no sample, no point)
-PLOTS: tuple[tuple[str, str, Callable[[dict], float | None]], ...] = (
+PLOTS: tuple[tuple[str, str, Callable[[dict[str, Any]], float | None]], ...] = (
     ("ttfp", "mean TTFP (ms)", lambda row: row["ttfp_ms"]["mean"]),
     ("rtf", "mean RTF", lambda row: row["rtf"]["mean"]),
     ("e2e", "mean E2E (ms)", lambda row: row["e2e_ms"]["mean"]),
@@ -141,7 +142,7 @@ PLOTS: tuple[tuple[str, str, Callable[[dict], float | None]], ...] = (
 )
 
 
-def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
+def plot(path_prefix: Path, rows: list[dict[str, Any]]) -> list[Path]:
     """TTFP, RTF and E2E against concurrency, one line per target and async setting (as the seed),
     and the listener's stalled share, continuity rate and underrun p99 the same way."""
     import matplotlib
@@ -154,8 +155,9 @@ def plot(path_prefix: Path, rows: list[dict]) -> list[Path]:
         fig, ax = plt.subplots(figsize=(6, 4))
         series: dict[tuple[str, bool], list[tuple[int, float]]] = {}
         for row in rows:
-            if value(row) is not None:
-                series.setdefault((row["target"], row["async"]), []).append((row["concurrency"], value(row)))
+            y = value(row)
+            if y is not None:
+                series.setdefault((row["target"], row["async"]), []).append((row["concurrency"], y))
         for (target, async_chunk), points in sorted(series.items()):
             points.sort()
             ax.plot(

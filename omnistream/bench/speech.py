@@ -10,7 +10,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
-import soundfile
+import soundfile  # type: ignore[import-untyped]  # no stubs
 
 RATE = 24000
 CACHE = Path(".cache") / "speech"
@@ -30,7 +30,7 @@ def speech_pcm16(text: str, voice: str = "en", cache: Path = CACHE) -> bytes:
         samples = samples.mean(axis=1)
     n = round(samples.size * RATE / rate)
     resampled = np.interp(np.arange(n) * rate / RATE, np.arange(samples.size), samples)
-    pcm = (np.clip(resampled, -1.0, 1.0) * 32767).round().astype("<i2").tobytes()
+    pcm: bytes = (np.clip(resampled, -1.0, 1.0) * 32767).round().astype("<i2").tobytes()
     cache.mkdir(parents=True, exist_ok=True)
     staging = path.with_name(f".{path.name}.{os.getpid()}")  # whole or absent to a parallel reader
     staging.write_bytes(pcm)

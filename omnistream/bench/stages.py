@@ -7,27 +7,32 @@ from __future__ import annotations
 
 import asyncio
 import statistics
+from collections.abc import AsyncIterable, Awaitable, Callable, Iterable
+from typing import Any, cast
 
 import torch
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.engine import Engine
+from omnistream.engine.load_options import DeviceSettings, LoadOptions
+from omnistream.engine.settings import STAGE_SETTINGS, derive
 from omnistream.models.family import STAGES, family_for
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
-from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
-from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
+from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
+from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
+from omnistream.request.stage_chain import TalkerParams, ThinkerParams
 
 
-async def _drain(outs) -> None:
-    async def one(out) -> None:
+async def _drain(outs: Iterable[AsyncIterable[Any]]) -> None:
+    async def one(out: AsyncIterable[Any]) -> None:
         async for _ in out:
             pass
 
     await asyncio.gather(*(one(out) for out in outs))
 
 
-def _recorder(engine, batch: int, times: list[float]):
-    def listener(eng, seconds: float) -> None:
+def _recorder(engine: Engine[Any, Any], batch: int, times: list[float]) -> None:
+    def listener(eng: Engine[Any, Any], seconds: float) -> None:
         if eng.stats.last_batch_size == batch:
             times.append(seconds)
 
@@ -63,15 +68,22 @@ async def _code2wav(engine: Code2WavEngine, batch: int, decode: str = "stream") 
 
 
 async def stage_timings(
-    model: str, batches: tuple[int, ...] = (1, 8), options: LoadOptions = LoadOptions()
-) -> dict[str, dict[int, float]]:
+    model: str, batches: tuple[int, ...] = (1, 8), options: DeviceSettings = LoadOptions()
+) -> dict[str, dict[int, float | None]]:
     """Median milliseconds per step of each engine at each batch size (one CPU thread: comparable
-    between runs on a shared machine; on an accelerator the thread only queues work)."""
+    between runs on a shared machine; on an accelerator the thread only queues work); None: no step
+    of that batch size was timed."""
     torch.set_num_threads(1)
     family = family_for(model)
-    thinker, talker, code2wav = (
-        family.engine(stage, model, options, max_batch=max(batches)) for stage in STAGES
-    )
+    batch = max(batches)
+    engines = [
+        family.engine(stage, model, derive(STAGE_SETTINGS[stage], options, max_batch=batch))
+        for stage in STAGES
+    ]
+    # The transformers engines (the default backend): their step listeners are cleared below.
+    thinker = cast(ThinkerEngine, engines[0])
+    talker = cast(TalkerEngine, engines[1])
+    code2wav = cast(Code2WavEngine, engines[2])
     prompt = thinker.encode_chat([{"role": "user", "content": "x " * 60}])
     result: dict[str, dict[int, float | None]] = {
         "thinker_ms_per_token": {},
@@ -79,21 +91,22 @@ async def stage_timings(
         "code2wav_ms_per_chunk": {},
         "code2wav_recompute_ms_per_chunk": {},
     }
+    runs: list[tuple[str, Engine[Any, Any], Callable[[int], Awaitable[None]]]] = [
+        ("thinker_ms_per_token", thinker, lambda b: _thinker(thinker, b)),
+        ("talker_ms_per_frame", talker, lambda b: _talker(talker, prompt, b)),
+        ("code2wav_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b)),
+        ("code2wav_recompute_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b, "recompute")),
+    ]
     for engine in (thinker, talker, code2wav):
         engine.start()
     try:
         await _thinker(thinker, 1)  # warm-up
         for batch in batches:
-            for key, engine, run in (
-                ("thinker_ms_per_token", thinker, lambda b: _thinker(thinker, b)),
-                ("talker_ms_per_frame", talker, lambda b: _talker(talker, prompt, b)),
-                ("code2wav_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b)),
-                ("code2wav_recompute_ms_per_chunk", code2wav, lambda b: _code2wav(code2wav, b, "recompute")),
-            ):
+            for key, timed, run in runs:
                 times: list[float] = []
-                _recorder(engine, batch, times)
+                _recorder(timed, batch, times)
                 await run(batch)
-                engine._step_listeners.clear()
+                timed._step_listeners.clear()
                 result[key][batch] = 1000 * statistics.median(times) if times else None
     finally:
         for engine in (thinker, talker, code2wav):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -101,7 +102,7 @@ def _share(part: int, whole: int) -> float | None:
     return part / whole if whole else None
 
 
-def listener_summary(heard: list[Listening]) -> dict:
+def listener_summary(heard: list[Listening]) -> dict[str, Any]:
     """The cell's listener numbers over the requests that had audio: how many stalled at least once,
     how many kept continuity (vLLM-Omni's "streaming continuity OK rate"), and the per-request
     underrun, total and longest stall distributions (ms). Counts are kept so runs pool exactly."""
@@ -129,7 +130,7 @@ def refused(error: str) -> bool:
 
 def summarize(
     results: list[RequestResult], duration: float, threshold_s: float = CONTINUITY_THRESHOLD_S
-) -> dict:
+) -> dict[str, Any]:
     ok = [r for r in results if r.ok]
     ms = 1000.0
     heard = [h for h in (r.listening(threshold_s) for r in ok) if h.heard]
@@ -155,7 +156,7 @@ def summarize(
     return summary
 
 
-def merge_runs(runs: list[dict]) -> dict:
+def merge_runs(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """Combine repeated runs of one cell: means of the per-run means, plus their spread."""
     merged = dict(runs[0])
     for key in METRIC_KEYS:

@@ -25,14 +25,16 @@ import asyncio
 import json
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
 from omnistream.cli.launcher import ServiceProcess, start_services, stop_services
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.wire.chunk_key import ChunkKey, Stage
-from omnistream.wire.convert import message_proto
+from omnistream.wire.messages import message_proto
 
 BACKENDS = ("transformers", "vllm")
 
@@ -58,13 +60,20 @@ def percentile(values: list[float], q: float) -> float:
 
 
 async def one(
-    stub, rid: str, max_tokens: int, *, ids=None, messages=None, ignore_eos=True
+    stub: stage_pb2_grpc.ThinkerServiceStub,
+    rid: str,
+    max_tokens: int,
+    *,
+    ids: Sequence[int] | None = None,
+    messages: Sequence[Mapping[str, Any]] | None = None,
+    ignore_eos: bool = True,
 ) -> tuple[Timing, str]:
     """One thinker stream; its timing and its text."""
     open_ = stage_pb2.ThinkerOpen(request_id=rid, max_tokens=max_tokens, ignore_eos=ignore_eos)
     if ids is not None:
         open_.prompt_ids.extend(ids)
     else:
+        assert messages is not None, f"{rid}: ids or messages"
         open_.messages.extend(message_proto(m) for m in messages)
     call = stub.Stream(timeout=600)
     started = time.perf_counter()
@@ -88,9 +97,11 @@ async def one(
     return timing, "".join(text)
 
 
-async def wave(address: str, prompts: list[list[int]], concurrency: int, max_tokens: int, tag: str) -> dict:
+async def wave(
+    address: str, prompts: list[list[int]], concurrency: int, max_tokens: int, tag: str
+) -> dict[str, Any]:
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+        stub = stage_pb2_grpc.ThinkerServiceStub(channel)  # type: ignore[no-untyped-call]  # grpc's stubs are untyped
         gate = asyncio.Semaphore(concurrency)
 
         async def run(i: int, ids: list[int]) -> Timing:
@@ -118,10 +129,10 @@ async def conversation(
     address: str, turns: int, user_words: int, answer_tokens: int, tag: str, seed: int = 0
 ) -> list[float]:
     """TTFT per turn of one conversation whose every turn re-sends the whole history."""
-    history: list[dict] = [{"role": "system", "content": "You are a helpful voice assistant."}]
+    history: list[dict[str, Any]] = [{"role": "system", "content": "You are a helpful voice assistant."}]
     ttfts = []
     async with grpc.aio.insecure_channel(address) as channel:
-        stub = stage_pb2_grpc.ThinkerServiceStub(channel)
+        stub = stage_pb2_grpc.ThinkerServiceStub(channel)  # type: ignore[no-untyped-call]  # grpc's stubs are untyped
         for turn in range(1, turns + 1):
             words = " ".join(f"w{(turn * 7919 + k * 104729 + seed * 31) % 997}" for k in range(user_words))
             history.append({"role": "user", "content": f"Turn {turn}: {words}"})
@@ -159,7 +170,7 @@ def measure(
     conversations: int = 3,
     dtype: str = "float32",
     vllm_python: str | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Every backend's waves and conversation, A B B A; both thinkers run for the whole measure."""
     from omnistream.models.family import family_for
 
@@ -169,7 +180,7 @@ def measure(
     max_batch = max(concurrencies)
     services = {b: start_thinker(b, model, dtype, max_batch, vllm_python) for b in backends}
     order = [b for r in range(repeats) for b in (backends if r % 2 == 0 else backends[::-1])]
-    results: dict[str, dict] = {b: {"waves": [], "turn_ttft_ms": []} for b in backends}
+    results: dict[str, dict[str, Any]] = {b: {"waves": [], "turn_ttft_ms": []} for b in backends}
     try:
         for run, backend in enumerate(order):
             address = services[backend].address
@@ -191,7 +202,7 @@ def measure(
     return results
 
 
-def table(results: dict, turns_shown: tuple[int, ...] = (1, 5, 10)) -> str:
+def table(results: dict[str, Any], turns_shown: tuple[int, ...] = (1, 5, 10)) -> str:
     lines = [
         "backend       conc  reqs  TTFT p50/p99 ms    ITL p50/p99 ms   TPOT p50 ms  out tok/s",
     ]

@@ -12,15 +12,21 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omnistream.cli.media import add_media_args, media_parts, user_content
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from omnistream.client import Result
 
 DEFAULT_GATEWAY = "127.0.0.1:50051"
 
 
-def add_chat_command(sub: argparse._SubParsersAction) -> None:
+def add_chat_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("chat", help="chat with a running gateway (text streams, speech to a WAV)")
     p.add_argument("prompt", nargs="?", help="one prompt; without it, read turns from stdin")
     p.add_argument("--gateway", default=DEFAULT_GATEWAY, help="the gateway's gRPC host:port")
@@ -51,10 +57,10 @@ class _Player:
     def __init__(self) -> None:
         self._stream: Any = None
 
-    def play(self, samples, sample_rate: int) -> None:
+    def play(self, samples: np.ndarray, sample_rate: int) -> None:
         try:
             if self._stream is None:
-                import sounddevice  # optional: not a dependency of omnistream
+                import sounddevice  # type: ignore[import-not-found]  # optional: not a dependency of omnistream
 
                 self._stream = sounddevice.OutputStream(samplerate=sample_rate, channels=1, dtype="float32")
                 self._stream.start()
@@ -139,7 +145,7 @@ def run_chat(args: argparse.Namespace) -> int:
     return 0
 
 
-def _lines():
+def _lines() -> Iterator[str]:
     while True:
         if sys.stdin.isatty():
             sys.stderr.write("you> ")
@@ -150,8 +156,10 @@ def _lines():
         yield line.rstrip("\n")
 
 
-def _report(result, started: float, first_text, first_audio, wav: Path | None) -> None:
-    def ms(mark) -> str:
+def _report(
+    result: Result, started: float, first_text: float | None, first_audio: float | None, wav: Path | None
+) -> None:
+    def ms(mark: float | None) -> str:
         return f"{(mark - started) * 1000:.0f} ms" if mark is not None else "n/a"
 
     where = ""

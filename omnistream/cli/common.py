@@ -10,7 +10,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from omnistream.engine.load_options import add_dtype_arguments, add_stage_device_arguments
+from omnistream.engine.load_options import DeviceSettings
+from omnistream.service.device_flags import add_dtype_arguments, add_stage_device_arguments
 
 DEFAULT_TINY_DIR = Path(".cache/tiny-model")
 
@@ -22,7 +23,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         help="Hugging Face checkpoint directory of a known model family (default: the tiny one)",
     )
     p.add_argument(
-        "--device", default="cpu", help="cpu, cuda or cuda:N: every stage's, unless its own flag says"
+        "--device",
+        default=DeviceSettings.device,
+        help="cpu, cuda or cuda:N: every stage's, unless its own flag says",
     )
     add_stage_device_arguments(p)
     add_dtype_arguments(p)

@@ -11,20 +11,24 @@ import numpy as np
 
 from omnistream.audio.wav import write_float32_wav
 from omnistream.cli.media import MEDIA_FLAGS, decode_media, encoded_parts, media_parts, user_content
-from omnistream.engine.load_options import LoadOptions, stage_devices
+from omnistream.engine.settings import EngineSettings
+from omnistream.models.family import model_info
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.errors import InvalidRequest
+from omnistream.service.device_flags import stage_devices
+from omnistream.service.settings import build
 
 
-def checkpoint_voices(model_dir: str | Path) -> tuple[str, ...]:
-    """The checkpoint's speakers (as the gateway reads them from `--model`), so a checkpoint without
-    the default voice gets the same fallback here as through the gateway; () when not readable."""
+def checkpoint_serving(model_dir: str | Path) -> ServingDefaults:
+    """The built-in serving values with the checkpoint's voices and default voice (what its talker
+    reports to a gateway in its Info), so a request gets the same voice here as through the gateway;
+    neither known when config.json is not readable (the talker then speaks its default)."""
     try:
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
-        return ()
-    speakers = config.get("talker_config", {}).get("speaker_id") or {}
-    return tuple(sorted(k.lower() for k in speakers))
+        info = model_info(model_dir)
+    except InvalidRequest:
+        return ServingDefaults()
+    return ServingDefaults(voices=info.voices, voice=info.default_voice)
 
 
 def request_input_from_args(args: argparse.Namespace) -> RequestInput:
@@ -60,7 +64,7 @@ def request_from_args(
 ) -> GenerationRequest:
     """The request the flags ask for, defaults from the one table the gateway also uses."""
     if deployment is None:
-        deployment = ServingDefaults(voices=checkpoint_voices(args.model))
+        deployment = checkpoint_serving(args.model)
     return resolve(request_input_from_args(args), deployment)
 
 
@@ -74,8 +78,8 @@ async def run_generate(args: argparse.Namespace) -> int:
         sys.stdout.write(delta)
         sys.stdout.flush()
 
-    options = LoadOptions(args.device, args.dtype, args.allow_float64)
-    with Pipeline(args.model, options, devices=stage_devices(args)) as pipeline:
+    settings = build(EngineSettings, args)  # --device, --dtype, --allow-float64; the rest: serve's defaults
+    with Pipeline(args.model, settings, devices=stage_devices(args)) as pipeline:
         result = await collect(pipeline, request, on_text=stream)
     done, wav = result.done, result.audio
     sys.stdout.write("\n")

@@ -19,9 +19,10 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # ships no stubs
 
 from omnistream.cli.lifeline import spawn
 
@@ -44,7 +45,7 @@ def check_cancel(cancel: threading.Event | None) -> None:
 @dataclass
 class ServiceProcess:
     name: str
-    proc: subprocess.Popen
+    proc: subprocess.Popen[str]  # text mode: its stdout is read as lines
     port: int = 0
     metrics_port: int = 0
     http_port: int = 0
@@ -128,13 +129,14 @@ def check_health(address: str, tls: ClientTLS | None = None, timeout: float = 5.
         reply = health_pb2_grpc.HealthStub(channel).Check(
             health_pb2.HealthCheckRequest(service=""), timeout=timeout
         )
-        return reply.status
+        status: int = reply.status
+        return status
 
 
 def wait_serving(
     address: str,
     timeout: float,
-    proc: subprocess.Popen | None = None,
+    proc: subprocess.Popen[Any] | None = None,
     tls: ClientTLS | None = None,
     cancel: threading.Event | None = None,
 ) -> None:
@@ -157,7 +159,11 @@ def wait_serving(
 
 
 def start_service(
-    name: str, args: list[str], timeout: float = 180.0, env: dict | None = None, tls: ClientTLS | None = None
+    name: str,
+    args: list[str],
+    timeout: float = 180.0,
+    env: dict[str, str] | None = None,
+    tls: ClientTLS | None = None,
 ) -> ServiceProcess:
     """Run `omnistream <args>` and return once it is SERVING; on failure nothing is left running."""
     return start_services({name: args}, timeout, env, tls=tls)[name]
@@ -166,7 +172,7 @@ def start_service(
 def start_services(
     specs: dict[str, list[str]],
     timeout: float = 180.0,
-    env: dict | None = None,
+    env: dict[str, str] | None = None,
     *,
     tls: ClientTLS | None = None,
     wrappers: dict[str, list[str]] | None = None,
@@ -215,7 +221,7 @@ def _wait_listening(
 
 
 def _spawn(
-    name: str, args: list[str], env: dict | None, wrapper: list[str], python: str | None = None
+    name: str, args: list[str], env: dict[str, str] | None, wrapper: list[str], python: str | None = None
 ) -> tuple[ServiceProcess, threading.Event]:
     """Start one service in its own session (a terminal's Ctrl-C reaches only the supervisor, which
     stops the services in order), tied to this process by `lifeline.spawn`. Another interpreter

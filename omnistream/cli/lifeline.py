@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from typing import Any
 
 PARENT_PID_ENV = "OMNISTREAM_PARENT_PID"
 PARENT_DEATH_SIGNAL = signal.SIGTERM
@@ -51,14 +52,16 @@ ORPHAN_GRACE_S = 5.0  # after its parent died, a service that has not drained by
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 POLL_INTERVAL_S = 0.5  # where no pidfd is available
 
-_spawn_queue: queue.SimpleQueue | None = None
+# A fork for the spawner thread to run, and where its child (or its exception) goes.
+_Fork = tuple[Callable[[], "subprocess.Popen[Any]"], "Future[subprocess.Popen[Any]]"]
+_spawn_queue: queue.SimpleQueue[_Fork] | None = None
 _spawn_lock = threading.Lock()
 
 
 # --- the parent's side ------------------------------------------------------------------------------
 
 
-def spawn(cmd: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> subprocess.Popen:
+def spawn(cmd: list[str], env: dict[str, str] | None = None, **popen_kwargs: Any) -> subprocess.Popen[Any]:
     """`subprocess.Popen(cmd, ...)` for a child that must not outlive this process.
 
     The child must call `bind_to_parent()` (every `omnistream` command does). `env` defaults to this
@@ -68,16 +71,16 @@ def spawn(cmd: list[str], env: dict[str, str] | None = None, **popen_kwargs) -> 
     return _on_lasting_thread(lambda: subprocess.Popen(cmd, env=child_env, **popen_kwargs))
 
 
-def _on_lasting_thread(fork: Callable[[], subprocess.Popen]) -> subprocess.Popen:
+def _on_lasting_thread(fork: Callable[[], subprocess.Popen[Any]]) -> subprocess.Popen[Any]:
     """Run `fork` on a thread that lives as long as this process (see the module docstring)."""
     if threading.current_thread() is threading.main_thread():
         return fork()
-    done: Future[subprocess.Popen] = Future()
+    done: Future[subprocess.Popen[Any]] = Future()
     _spawner().put((fork, done))
     return done.result()
 
 
-def _spawner() -> queue.SimpleQueue:
+def _spawner() -> queue.SimpleQueue[_Fork]:
     global _spawn_queue
     with _spawn_lock:
         if _spawn_queue is None:
@@ -88,7 +91,7 @@ def _spawner() -> queue.SimpleQueue:
         return _spawn_queue
 
 
-def _serve_forks(requests: queue.SimpleQueue) -> None:
+def _serve_forks(requests: queue.SimpleQueue[_Fork]) -> None:
     while True:
         fork, done = requests.get()
         try:
@@ -126,7 +129,8 @@ def _set_parent_death_signal(sig: signal.Signals) -> bool:
         return False
     try:
         libc = ctypes.CDLL(None, use_errno=True)  # this process's own symbols: libc is among them
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
+        status: int = libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
+        return status == 0
     except (OSError, AttributeError):
         return False
 

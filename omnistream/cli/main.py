@@ -62,9 +62,7 @@ def _add_request_args(p: argparse.ArgumentParser) -> None:
         help=f"default: {D.talker_repetition_penalty}",
     )
     p.add_argument("--talker-seed", type=int, default=None, help="default: --seed")
-    p.add_argument(
-        "--speaker", default=None, help=f"default: {D.voice} (or the checkpoint's first voice without it)"
-    )
+    p.add_argument("--speaker", default=None, help="default: the model's default voice (ethan on Qwen3-Omni)")
     p.add_argument("--ignore-eos", action="store_true", default=None)
     p.add_argument("--no-audio", action="store_true", default=None)
     p.add_argument("--initial-codec-chunk-frames", type=int, default=None, help="default: chosen from load")

@@ -26,7 +26,7 @@ def _serve_gateway(args: argparse.Namespace) -> int:
     return main.main(args)
 
 
-def add_commands(sub: argparse._SubParsersAction) -> None:
+def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from services import serve_args
 
     p = sub.add_parser("serve", help="run one stage service (gRPC) or the gateway")
@@ -63,7 +63,7 @@ def _up(args: argparse.Namespace) -> int:
     return run_up(args)
 
 
-def add_up_command(sub: argparse._SubParsersAction) -> None:
+def add_up_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from omnistream.cli import up
 
     p = sub.add_parser("up", help="start the three stages and the gateway locally; Ctrl-C stops them")
@@ -87,14 +87,14 @@ def _health(args: argparse.Namespace) -> int:
     except grpc.RpcError as exc:
         print(f"{args.address}: {exc.code().name} {exc.details()}")
         return 1
-    from grpc_health.v1 import health_pb2
+    from grpc_health.v1 import health_pb2  # type: ignore[import-untyped]  # ships no stubs
 
     name = health_pb2.HealthCheckResponse.ServingStatus.Name(status)
     print(f"{args.address}: {name}")
     return 0 if status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def add_health_command(sub: argparse._SubParsersAction) -> None:
+def add_health_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     import os
 
     p = sub.add_parser(
@@ -126,7 +126,7 @@ def _bench(args: argparse.Namespace) -> int:
     return asyncio.run(run_bench(args))
 
 
-def add_bench_command(sub: argparse._SubParsersAction) -> None:
+def add_bench_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     from omnistream.bench import args as bench_args
 
     p = sub.add_parser("bench", help="benchmark: TTFT, TPOT, ITL, TTFP, RTF, E2E; services vs in-process")

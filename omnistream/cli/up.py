@@ -19,6 +19,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import TextIO
 
 from gateway.config import GatewayConfig
 from omnistream.cli.launcher import (
@@ -31,19 +32,18 @@ from omnistream.cli.launcher import (
     stop_services,
 )
 from omnistream.cli.usage import usage_text
-from omnistream.engine.load_options import (
-    AUTO_DTYPE,
-    DEFAULT_PREFILL_CHUNK,
-    LoadOptions,
-    add_dtype_arguments,
-    add_stage_device_arguments,
-    is_accelerator,
-    stage_devices,
+from omnistream.engine.load_options import is_accelerator
+from omnistream.engine.settings import (
+    STAGE_SETTINGS,
+    ThinkerEngineSettings,
+    non_negative_gib,
+    positive_int,
 )
+from omnistream.service.device_flags import add_dtype_arguments, add_stage_device_arguments, stage_devices
 from omnistream.service.ports import in_use_message, port_in_use
-from omnistream.service.settings import add_flags, as_flags, table
+from omnistream.service.settings import add_flags, as_flags, build, table
 from omnistream.service.tracing import add_endpoint_argument
-from services.serve_args import ThinkerSettings, nice_value, non_negative_gib, positive_int
+from services.serve_args import nice_value
 
 STOP_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM)
 DRAIN_TIMEOUT_S = 40.0  # per group (gateway, then stages): their drain is 30 s, plus the server stop
@@ -55,7 +55,11 @@ DEFAULT_THINKER_NICE = 5
 # `serve gateway` when given.
 UP_GATEWAY_SETTINGS = ("host", "http_port", "grpc_port", "max_concurrency")
 ADMISSION_SETTINGS = ("max_queue", "audio_hold_margin", "queue_timeout")
-THINKER_BACKEND = table(ThinkerSettings)["backend"]  # `serve thinker --backend`: its choices and default
+THINKER_BACKEND = table(ThinkerEngineSettings)[
+    "backend"
+]  # `serve thinker --backend`: its choices and default
+# The stages' own defaults (omnistream/engine/settings.py), where `up`'s flags and keywords pass theirs on.
+STAGE_DEFAULTS = ThinkerEngineSettings()
 
 
 def vllm_python(given: str | None = None) -> str:
@@ -76,7 +80,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True)
     add_dtype_arguments(p)
     p.add_argument(
-        "--device", default="cpu", help="every stage's device unless its own flag says (cpu, cuda:N)"
+        "--device",
+        default=STAGE_DEFAULTS.device,
+        help="every stage's device unless its own flag says (cpu, cuda:N)",
     )
     add_stage_device_arguments(p)
     # The gateway's own settings `up` passes on, with the gateway's defaults and help (one table).
@@ -86,13 +92,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--prefill-chunk",
         type=positive_int,
-        default=DEFAULT_PREFILL_CHUNK,
+        default=STAGE_DEFAULTS.prefill_chunk,
         help="the thinker's and talkers' prompt positions prefilled per step (see serve --prefill-chunk)",
     )
     p.add_argument(
         "--prefix-cache-gib",
         type=non_negative_gib,
-        default=None,
+        default=STAGE_DEFAULTS.prefix_cache_gib,
         help="the thinker's and each talker's prefix cache, in GiB (see serve thinker "
         "--prefix-cache-gib; default: half of each one's KV cache; 0: off)",
     )
@@ -153,24 +159,24 @@ def start_stack(
     model: str,
     services: dict[str, ServiceProcess],
     *,
-    dtype: str = AUTO_DTYPE,
-    device: str = "cpu",
+    dtype: str = STAGE_DEFAULTS.dtype,
+    device: str = STAGE_DEFAULTS.device,
     devices: dict[str, str] | None = None,
-    allow_float64: bool = False,
+    allow_float64: bool = STAGE_DEFAULTS.allow_float64,
     host: str = GatewayConfig.host,
     http_port: int = 0,
     grpc_port: int = 0,
     max_concurrency: int | None = GatewayConfig.max_concurrency,
     talker_replicas: int = 1,
     code2wav_replicas: int = 1,
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+    prefill_chunk: int = STAGE_DEFAULTS.prefill_chunk,
     audio_hold: bool = GatewayConfig.audio_hold,
     gateway_flags: Sequence[str] = (),
     cancel: threading.Event | None = None,
     thinker_backend: str = THINKER_BACKEND.default,
     vllm_python_path: str | None = None,
     thinker_nice: int = DEFAULT_THINKER_NICE,
-    prefix_cache_gib: float | None = None,
+    prefix_cache_gib: float | None = STAGE_DEFAULTS.prefix_cache_gib,
     otlp_traces_endpoint: str | None = None,
 ) -> ServiceProcess:
     """Start the stages, then the gateway, into `services` (so a caller can stop whatever started).
@@ -277,20 +283,15 @@ def check_memory(args: argparse.Namespace) -> None:
     if not any(is_accelerator(d) for d in devices.values()):
         return  # the CPU path stays free of torch and transformers imports here
     from omnistream.models.qwen3_omni.checkpoint import load_config
-    from omnistream.models.qwen3_omni.memory import (
-        DEFAULT_MAX_BATCH,
-        DEFAULT_MAX_MODEL_LEN,
-        check_placement_fits,
-    )
+    from omnistream.models.qwen3_omni.memory import check_placement_fits
 
     counts = {"thinker": 1, "talker": args.talker_replicas, "code2wav": args.code2wav_replicas}
-    placement = [
-        (stage, LoadOptions(devices[stage], args.dtype, args.allow_float64))
-        for stage, count in counts.items()
-        for _ in range(count)
-    ]
+    # Each stage's settings as its `serve` builds them from the flags `up` gives it.
+    settings = {stage: build(STAGE_SETTINGS[stage], args, device=devices[stage]) for stage in counts}
+    placement = [(stage, settings[stage]) for stage, count in counts.items() for _ in range(count)]
     # `up` starts its stages with the serving defaults of --max-batch and --max-model-len.
-    check_placement_fits(load_config(args.model), placement, DEFAULT_MAX_BATCH, DEFAULT_MAX_MODEL_LEN)
+    thinker = settings["thinker"]
+    check_placement_fits(load_config(args.model), placement, thinker.max_batch, thinker.max_model_len)
 
 
 def busy_port(host: str, http_port: int, grpc_port: int) -> str | None:
@@ -308,7 +309,7 @@ def stop_stack(services: dict[str, ServiceProcess]) -> None:
     stop_services([s for name, s in services.items() if name != "gateway"], DRAIN_TIMEOUT_S)
 
 
-def _say(text: str, file=None) -> None:
+def _say(text: str, file: TextIO | None = None) -> None:
     """Print, unless the terminal is gone (SIGHUP): stopping must not fail on a closed tty."""
     with contextlib.suppress(OSError):
         print(text, file=file or sys.stdout, flush=True)

@@ -33,7 +33,7 @@ class AsyncClient:
             self._channel = grpc.aio.insecure_channel(c.target, options=c.options())
         else:
             self._channel = grpc.aio.secure_channel(c.target, credentials, options=c.options())
-        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)  # type: ignore[no-untyped-call]  # grpc's stubs are untyped
 
     async def __aenter__(self) -> AsyncClient:
         return self
@@ -47,9 +47,10 @@ class AsyncClient:
     async def info(self, deadline: float | None = 10.0) -> gateway_pb2.GatewayInfo:
         """What the deployment serves (model, voices, sample rate), as its stages said."""
         try:
-            return await self._stub.Info(
+            info: gateway_pb2.GatewayInfo = await self._stub.Info(
                 gateway_pb2.GatewayInfoRequest(), timeout=deadline, metadata=self.connection.metadata()
             )
+            return info
         except grpc.aio.AioRpcError as exc:
             raise to_error(exc.code(), exc.details(), exc.trailing_metadata()) from None
 

@@ -38,7 +38,10 @@ class Connection:
             return None
         if bool(self.cert) != bool(self.key):
             raise ValueError("cert and key go together")
-        read = lambda p: Path(p).read_bytes() if p else None  # noqa: E731
+
+        def read(p: str | None) -> bytes | None:
+            return Path(p).read_bytes() if p else None
+
         return grpc.ssl_channel_credentials(read(self.ca), read(self.key), read(self.cert))
 
     def options(self) -> list[tuple[str, int | str]]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from omnistream.proto.omni.v1 import common_pb2, gateway_pb2
+from omnistream.proto.omni.v1 import common_pb2, gateway_pb2, stage_pb2
 from omnistream.request.defaults import DEFAULTS
 from omnistream.wire.convert import SCHEDULE_TO_PROTO
 
@@ -59,7 +59,7 @@ def gateway_message(turn: Mapping[str, Any]) -> common_pb2.Message:
     return common_pb2.Message(role=turn["role"], parts=parts)
 
 
-def _schedule(name: str) -> int:
+def _schedule(name: str) -> stage_pb2.ChunkSchedule:
     """A chunk schedule's name ("grow", "fixed") as the wire enum; the gateway cannot be sent a
     name it would not know, so a typo fails here, naming the field."""
     number = SCHEDULE_TO_PROTO.get(name)
@@ -69,7 +69,12 @@ def _schedule(name: str) -> int:
 
 
 def _sampling(
-    temperature, top_p, top_k, repetition_penalty, seed, talker: bool
+    temperature: float | None,
+    top_p: float | None,
+    top_k: int | None,
+    repetition_penalty: float | None,
+    seed: int | None,
+    talker: bool,
 ) -> common_pb2.Sampling | None:
     given = (temperature, top_p, top_k, repetition_penalty, seed)
     if all(v is None for v in given):

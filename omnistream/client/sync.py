@@ -30,7 +30,7 @@ class Client:
             self._channel = grpc.insecure_channel(c.target, options=c.options())
         else:
             self._channel = grpc.secure_channel(c.target, credentials, options=c.options())
-        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)
+        self._stub = gateway_pb2_grpc.GatewayStub(self._channel)  # type: ignore[no-untyped-call]  # grpc's stubs are untyped
 
     def __enter__(self) -> Client:
         return self
@@ -43,9 +43,10 @@ class Client:
 
     def info(self, deadline: float | None = 10.0) -> gateway_pb2.GatewayInfo:
         try:
-            return self._stub.Info(
+            info: gateway_pb2.GatewayInfo = self._stub.Info(
                 gateway_pb2.GatewayInfoRequest(), timeout=deadline, metadata=self.connection.metadata()
             )
+            return info
         except grpc.RpcError as exc:
             raise to_error(exc.code(), exc.details(), exc.trailing_metadata()) from None
 

@@ -42,16 +42,18 @@ def to_event(message: gateway_pb2.GenerateEvent) -> Event | None:
     return None
 
 
-def to_error(code: grpc.StatusCode, details: str | None, metadata: Iterable | None) -> OmniError:
+def to_error(
+    code: grpc.StatusCode, details: str | None, metadata: Iterable[tuple[str, str | bytes]] | None
+) -> OmniError:
     """The project's typed error for a status (one table: omnistream/request/errors.py), carrying the gRPC
     `code`, the server's error `kind` and, for overload, `retry_after` seconds."""
-    error = from_grpc(code, details or code.name)
+    pairs = list(metadata or ())
+    kinds = [str(value) for key, value in pairs if key == ERROR_KIND_METADATA_KEY]
+    error = from_grpc(code, details or code.name, kind=kinds[-1] if kinds else None)  # the kind's class
     error.code = code  # type: ignore[attr-defined]
     error.retry_after = None  # type: ignore[attr-defined]
-    for key, value in metadata or ():
-        if key == ERROR_KIND_METADATA_KEY:
-            error.kind = value
-        elif key == RETRY_AFTER_METADATA_KEY:
+    for key, value in pairs:
+        if key == RETRY_AFTER_METADATA_KEY:
             with contextlib.suppress(ValueError):
                 error.retry_after = float(value)  # type: ignore[attr-defined]
     return error

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from omnistream.engine.chat_encoding import Tools
     from omnistream.engine.output_stream import OutputStream
     from omnistream.engine.stats import EngineStats
+    from omnistream.engine.token_memo import TokenMemo
     from omnistream.request.chunk_plan import ChunkPlan
     from omnistream.request.media import MediaLayout
     from omnistream.request.stage_chain import TalkerFeed, TalkerParams, ThinkerParams
@@ -82,18 +83,40 @@ class StageEngine(Protocol):
     def add_fatal_listener(self, listener: FatalListener) -> None: ...
 
 
+class FrameShipping(Protocol):
+    """Collects a request's codec frames and hands out each batch to ship, by its chunk plan."""
+
+    frames: list[list[int]]
+
+    def due(self, finished: bool) -> bool:
+        """Is it time to ship what has not been shipped yet?"""
+        ...
+
+    def take(self) -> tuple[int, Any]:
+        """(index of the first frame, the frames not shipped yet as [codebooks, n]), marked shipped."""
+        ...
+
+
 class ThinkerStageEngine(StageEngine, Protocol):
     """What `ThinkerServicer` calls on top (both thinker backends)."""
 
     max_model_len: int
     tokenizer: Any  # a Hugging Face tokenizer: which output ids are spoken (request/spoken.py)
 
-    def encode_chat(self, messages: list[dict[str, Any]], tools: Tools = None) -> list[int]: ...
+    def encode_chat(
+        self, messages: list[dict[str, Any]], tools: Tools = None, memo: TokenMemo | None = None
+    ) -> list[int]:
+        """The chat's prompt ids; `memo`: the scope's last prompt, so only what is new is tokenized."""
+        ...
 
     def encode_assistant_text(self, text: str) -> list[int]: ...
 
     def prepare_media(
-        self, messages: list[dict[str, Any]], use_audio_in_video: bool = False, tools: Tools = None
+        self,
+        messages: list[dict[str, Any]],
+        use_audio_in_video: bool = False,
+        tools: Tools = None,
+        memo: TokenMemo | None = None,
     ) -> Any: ...
 
     async def compile_grammar(self, structured: StructuredOutput) -> Any:
@@ -141,6 +164,16 @@ class Code2WavStageEngine(StageEngine, Protocol):
     max_step_frames: int | None
     num_quantizers: int
     codebook_size: int
+    sample_rate: int  # Hz of the audio it decodes
+
+    @property
+    def lookahead_frames(self) -> int:
+        """Frames past a window's end its decode needs (the talker's shipper waits for them)."""
+        ...
+
+    def set_decode(self, decode: str) -> None:
+        """ "stream" (exact, each window once) or "recompute" (the benchmark's baseline)."""
+        ...
 
     def add_request(self, request_id: str, plan: ChunkPlan) -> OutputStream[Any]: ...
 
@@ -157,6 +190,7 @@ __all__: Sequence[str] = (
     "STAGE_PROTOCOLS",
     "Code2WavStageEngine",
     "FatalListener",
+    "FrameShipping",
     "StageEngine",
     "StepListener",
     "TalkerStageEngine",

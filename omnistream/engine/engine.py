@@ -1,5 +1,5 @@
-"""The generic part of a stage engine: a scheduler thread and request bookkeeping (each request's
-output channel is `output_stream.OutputStream`).
+"""The generic part of a stage engine: a scheduler thread over the request bookkeeping every engine
+shares (`requests.RequestBook`; each request's output channel is `output_stream.OutputStream`).
 
 Model forwards run in one worker thread (torch releases the GIL), so the asyncio side (gRPC, the
 in-process pipeline) keeps flowing while the model computes. The asyncio side only touches
@@ -17,17 +17,17 @@ import threading
 import time
 from collections import deque
 from collections.abc import Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 import torch
 
-from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.device_errors import poisons_device
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
-from omnistream.engine.stats import EngineStats
-from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Overloaded, Unavailable
+from omnistream.engine.requests import RequestBook
+from omnistream.request.errors import InternalError, OmniError
 
 log = logging.getLogger(__name__)
 
@@ -70,11 +70,13 @@ S = TypeVar("S", bound=RequestState)
 W = TypeVar("W")
 
 
-class Engine(Generic[S, W]):
+class Engine(RequestBook[S], Generic[S, W]):
     """Base class: subclasses implement `_schedule` (pick work, under the lock) and `_run` (compute).
 
     Generic in the subclass's request state `S` and its step's work `W`, so what `_schedule` returns is
-    what `_run` gets, typed. `max_batch` is the subclass's (its KV slots, a step's rows)."""
+    what `_run` gets, typed. `max_batch` is the subclass's (its KV slots, a step's rows). The request
+    bookkeeping (admit, abort, finish, fail, a poisoned device) is `RequestBook`'s, read and changed
+    under the engine's condition."""
 
     name = "engine"
     max_batch: int
@@ -86,21 +88,33 @@ class Engine(Generic[S, W]):
     hand_off_every_step = True
 
     def __init__(self, max_requests: int, output_capacity: int = 256) -> None:
-        self.max_requests = max_requests
+        super().__init__(max_requests)
         self.output_capacity = output_capacity
         self._cond = threading.Condition()
-        self._requests: dict[str, S] = {}
-        self._released: list[S] = []
-        self._stopping = False
+        self._released: list[S] = []  # ended requests, their model-side resources freed next step
         self._hand_off_due = False
         self._thread: threading.Thread | None = None
-        self.stats = EngineStats()
-        self._step_listeners: list[StepListener] = []
         self._suspects: deque[S] = deque()  # retried alone after their batch failed
-        # Set once a step raised an error that poisons the device (device_errors.py): the engine
-        # then fails everything, stops, and tells its fatal listeners (the server exits non-zero).
-        self.poisoned: BaseException | None = None
-        self._fatal_listeners: list[FatalListener] = []
+
+    # --- the request book's hooks ---------------------------------------------------------------------
+    def _guard(self) -> AbstractContextManager[Any]:
+        return self._cond
+
+    def _admitted(self, state: S) -> None:
+        self._cond.notify_all()
+
+    def _retire(self, state: S) -> None:
+        self._released.append(state)  # its KV slot is released before the next step
+
+    def _aborted(self, state: S) -> None:
+        self._cond.notify_all()
+
+    def _on_poison(self, states: list[S]) -> None:
+        self._suspects.clear()
+        self._cond.notify_all()
+
+    def _running(self, state: S) -> bool:
+        return state.slot is not None
 
     # --- lifecycle --------------------------------------------------------------------------------
     def start(self) -> None:
@@ -121,21 +135,7 @@ class Engine(Generic[S, W]):
             self._thread.join(timeout=30)
             self._thread = None
 
-    # --- asyncio-side entry points ----------------------------------------------------------------
-    def admit(self, state: S) -> None:
-        """Add a built request (the subclass's `add_request` checked it), under the request limit."""
-        with self._cond:
-            if self.poisoned is not None:
-                raise Unavailable(f"{self.name} lost its device and is restarting")
-            if self._stopping:
-                raise Overloaded(f"{self.name} engine is stopping")
-            if state.request_id in self._requests:
-                raise InvalidRequest(f"request {state.request_id!r} is already running", field="request_id")
-            if len(self._requests) >= self.max_requests:
-                raise Overloaded(f"{self.name} engine is at its limit of {self.max_requests} requests")
-            self._requests[state.request_id] = state
-            self._cond.notify_all()
-
+    # --- asyncio-side entry points (`admit` and `abort`: the request book's) ------------------------
     def new_output(self) -> OutputStream[Any]:
         """A request's output channel on the running event loop; consuming from it wakes the engine."""
         return OutputStream(
@@ -147,24 +147,6 @@ class Engine(Generic[S, W]):
         leaves at once, not with the next steps' outputs."""
         self._hand_off_due = True
 
-    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
-        """Forget the request now; its KV slot is released before the next step.
-
-        With `output`, only the request that owns that output is aborted: a stream that ends late
-        never aborts a newer request that reuses its id.
-        """
-        with self._cond:
-            state = self._requests.get(request_id)
-            if state is None or (output is not None and state.output is not output):
-                return False
-            del self._requests[request_id]
-            state.finished = True
-            self._released.append(state)
-            self.stats.aborted += 1
-            self._cond.notify_all()
-        state.output.close()
-        return True
-
     def wake(self) -> None:
         with self._cond:
             self._cond.notify_all()
@@ -175,29 +157,6 @@ class Engine(Generic[S, W]):
         if self.prefix_cache is not None:
             self.prefix_cache.request_release(scope)
             self.wake()
-
-    @property
-    def num_requests(self) -> int:
-        with self._cond:
-            return len(self._requests)
-
-    def has_request(self, request_id: str) -> bool:
-        with self._cond:
-            return request_id in self._requests
-
-    def request_ids(self) -> list[str]:
-        with self._cond:
-            return list(self._requests)
-
-    def state(self, request_id: str) -> S:
-        """The running request's state (tests, tools: what the engine holds for it); KeyError if none."""
-        with self._cond:
-            return self._requests[request_id]
-
-    def states(self) -> list[S]:
-        """Every running request's state, in arrival order."""
-        with self._cond:
-            return list(self._requests.values())
 
     # --- one step on the caller's thread (tests, tools; the engine thread is not started) ------------
     def plan_step(self) -> W | None:
@@ -221,27 +180,7 @@ class Engine(Generic[S, W]):
         for state in released:
             self._release(state)
 
-    # --- engine thread ------------------------------------------------------------------------------
-    def finish(self, state: S) -> None:
-        """Called by subclasses and their parts on the engine thread once the terminal output is queued."""
-        with self._cond:
-            if self._requests.get(state.request_id) is state:
-                del self._requests[state.request_id]
-                self.stats.finished += 1
-            state.finished = True
-            self._released.append(state)
-        state.output.close()
-
-    def fail(self, state: S, error: OmniError) -> None:
-        """End the request with `error` (engine thread)."""
-        with self._cond:
-            if self._requests.get(state.request_id) is state:
-                del self._requests[state.request_id]
-            state.finished = True
-            self._released.append(state)
-            self.stats.errors += 1
-        state.output.fail(error)
-
+    # --- engine thread (`finish` and `fail`: the request book's) -------------------------------------
     def _release(self, state: S) -> None:
         """Free the model-side resources of a finished or aborted request (engine thread)."""
 
@@ -279,12 +218,6 @@ class Engine(Generic[S, W]):
         step's more urgent ones (the stage's deferred-steps metric)."""
         self.stats.last_deferred = count
         self.stats.deferred += count
-
-    def counts(self) -> tuple[int, int]:
-        """(running, waiting) right now: running holds model state, waiting waits for a slot or input."""
-        with self._cond:
-            running = sum(1 for s in self._requests.values() if s.slot is not None)
-            return running, len(self._requests) - running
 
     def _next_work(self) -> W | None:
         """Under the lock: a suspect alone while there are any, else the normal batch."""
@@ -360,14 +293,7 @@ class Engine(Generic[S, W]):
                     self.run_step(work)
             except Exception as exc:  # a failed step ends the request that caused it, never the engine
                 self._step_failed(work, exc)
-            elapsed = time.perf_counter() - started
-            self.stats.steps += 1
-            self.stats.last_step_seconds = elapsed
-            for listener in self._step_listeners:
-                try:
-                    listener(self, elapsed)
-                except Exception:  # a metrics hook must never end the engine thread
-                    log.exception("%s step listener %r failed", self.name, listener)
+            self._stepped(time.perf_counter() - started)
             # Let go of the GIL (a zero sleep), so that the event loop, woken for what the step put
             # out, sends it now. Without it the loop thread waited for the next step to let go: a
             # thinker's first chunk left with its second to fourth token, 3-10 ms late, in ~1 of 7
@@ -376,48 +302,3 @@ class Engine(Generic[S, W]):
             if self.hand_off_every_step or self._hand_off_due:
                 self._hand_off_due = False
                 time.sleep(0)
-
-    def _poison(self, error: BaseException) -> None:
-        """The device is unusable (engine thread): fail every request with an explicit error, stop
-        the engine and tell the fatal listeners, once. Slots are not released: that would touch the
-        device again, and the process is about to end."""
-        with self._cond:
-            if self.poisoned is not None:
-                return
-            self.poisoned = error
-            self._stopping = True
-            states = list(self._requests.values())
-            self._requests.clear()
-            self._suspects.clear()
-            for state in states:
-                state.finished = True
-            self.stats.errors += len(states)
-            self._cond.notify_all()
-        log.critical(
-            "%s: the device is poisoned (%s); failing %d request(s) and stopping",
-            self.name,
-            error,
-            len(states),
-            exc_info=error,
-        )
-        for state in states:
-            state.output.fail(
-                Unavailable(f"{self.name} lost its device ({type(error).__name__}); it is restarting")
-            )
-        for listener in self._fatal_listeners:
-            try:
-                listener(error)
-            except Exception:
-                log.exception("%s: a fatal listener failed", self.name)
-
-    def add_fatal_listener(self, listener: FatalListener) -> None:
-        """`listener(error)` runs on the engine thread once, when the device is poisoned."""
-        self._fatal_listeners.append(listener)
-
-    def add_step_listener(self, listener: StepListener) -> None:
-        """`listener(engine, seconds)` runs on the engine thread after each step (metrics hook)."""
-        self._step_listeners.append(listener)
-
-    def remove_step_listener(self, listener: StepListener) -> None:
-        """Stop calling `listener` after steps (a test's or a tool's clock)."""
-        self._step_listeners.remove(listener)

@@ -8,17 +8,21 @@ The default dtype is `auto`: bfloat16 on an accelerator (the checkpoint's own pr
 there doubles the memory, ~118 GiB for the 30B thinker alone), float32 on the CPU (where bfloat16
 matmuls are slow and the reference parity tests run). float64 on CUDA is a debugging tool (parity
 against a CPU reference) and is refused unless `allow_float64` says it is meant.
+
+The load settings are declared here once, as `setting(...)` fields (their flags are generated from
+them): `DeviceSettings` every stage's, `TalkerLoadSettings` and `ThinkerLoadSettings` one stage's.
+A stage's engine settings (omnistream/engine/settings.py) extend them; `LoadOptions` holds them all.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal, Self
+
+from omnistream.engine.setting_field import setting
 
 if TYPE_CHECKING:
-    import argparse
-
     import torch
 
 DTYPE_NAMES = ("float32", "bfloat16", "float16", "float64")
@@ -50,31 +54,18 @@ def resolve_dtype(device: str, dtype: str = AUTO_DTYPE, allow_float64: bool = Fa
     return dtype
 
 
-@dataclass(frozen=True)
-class LoadOptions:
-    device: str = "cpu"
-    dtype: str = AUTO_DTYPE
-    allow_float64: bool = False
-    # The talker replays CUDA graphs of its frame's steps (omnistream/models/qwen3_omni/talker/frame.py;
-    # without static frames, of the code predictor's: talker/code_predictor.py). None (the default): on
-    # for a CUDA device, off elsewhere; True off CUDA: the engine refuses to start.
-    cuda_graphs: bool | None = None
-    # The talker runs each frame as two fixed-shape, graph-capturable steps
-    # (omnistream/models/qwen3_omni/talker/frame.py), the same codes as the eager frame on the CPU, where
-    # it is also a little faster (docs/benchmarks.md); with graphs they are captured too.
-    static_frames: bool = True
-    # The thinker's engine: "transformers" (ours, every modality) or "vllm" (vLLM's async engine,
-    # text only; needs the vLLM environment, `make setup-vllm`). Other stages have one engine.
-    backend: str = "transformers"
-    # With backend "vllm": what vLLM loads ("auto", "text", "native"; see thinker/vllm_engine.py).
-    vllm_load: str = "auto"
+DTYPE_HELP = "auto (default): bfloat16 on cuda, float32 on cpu"
+ALLOW_FLOAT64_HELP = "permit --dtype float64 on cuda (a debugging mode: parity against a CPU reference)"
 
-    @property
-    def graphs(self) -> bool:
-        """Whether CUDA graphs are used: as asked, or (not asked) whenever the device is CUDA."""
-        if self.cuda_graphs is None:
-            return self.device.split(":")[0] == "cuda"
-        return self.cuda_graphs
+
+@dataclass(frozen=True)
+class DeviceSettings:
+    """Where a stage's weights live and in what precision: the load settings every stage takes.
+    (`--dtype` and `--allow-float64` are added by `add_dtype_arguments`, the same for every command.)"""
+
+    device: str = setting("cpu", help="cpu, cuda or cuda:N")
+    dtype: str = setting(AUTO_DTYPE, help=DTYPE_HELP)
+    allow_float64: bool = setting(False, help=ALLOW_FLOAT64_HELP)
 
     @property
     def dtype_name(self) -> str:
@@ -88,48 +79,64 @@ class LoadOptions:
         dtype: torch.dtype = getattr(torch, name)
         return dtype
 
-    def on(self, device: str | None) -> LoadOptions:
-        """The same options on another device (None: this one): one stage's options."""
+    def on(self, device: str | None) -> Self:
+        """The same settings on another device (None: this one): one stage's."""
         if device is None or device == self.device:
             return self
         return dataclasses.replace(self, device=device)
 
 
-DTYPE_HELP = "auto (default): bfloat16 on cuda, float32 on cpu"
+@dataclass(frozen=True)
+class TalkerLoadSettings(DeviceSettings):
+    """How the talker runs its frames (`serve talker` only)."""
+
+    # The talker replays CUDA graphs of its frame's steps (omnistream/models/qwen3_omni/talker/frame.py;
+    # without static frames, of the code predictor's: talker/code_predictor.py).
+    cuda_graphs: bool | None = setting(
+        None,
+        shown="on for a CUDA --device, off elsewhere",
+        help="capture the talker frame's two steps (with --no-static-frames: the code predictor's 15) "
+        "as CUDA graphs, once per batch bucket (and KV width), and replay them: a few replays per "
+        "frame instead of thousands of launches. Each graph is checked against its eager run when "
+        "captured; one that differs or fails to capture runs eagerly (logged). Asked for off CUDA: refused",
+    )
+    # Each frame as two fixed-shape, graph-capturable steps (talker/frame.py), the same codes as the
+    # eager frame; on the CPU also a little faster (docs/benchmarks.md).
+    static_frames: bool = setting(
+        True,
+        help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
+        "the talker's decode step, each with its sampling); the same codes as the eager frame "
+        "(--no-static-frames: the eager frame, dynamic shapes)",
+    )
+
+    @property
+    def graphs(self) -> bool:
+        """Whether CUDA graphs are used: as asked, or (not asked) whenever the device is CUDA."""
+        if self.cuda_graphs is None:
+            return self.device.split(":")[0] == "cuda"
+        return self.cuda_graphs
 
 
-def add_dtype_arguments(p: argparse.ArgumentParser) -> None:
-    """`--dtype` and `--allow-float64`, the same for every command that loads a stage."""
-    p.add_argument("--dtype", default=AUTO_DTYPE, choices=list(DTYPE_CHOICES), help=DTYPE_HELP)
-    p.add_argument(
-        "--allow-float64",
-        action="store_true",
-        help="permit --dtype float64 on cuda (a debugging mode: parity against a CPU reference)",
+@dataclass(frozen=True)
+class ThinkerLoadSettings(DeviceSettings):
+    """Which engine runs the thinker (`serve thinker` only)."""
+
+    backend: Literal["transformers", "vllm"] = setting(
+        "transformers",
+        help="the thinker's engine: transformers (text, audio, images, video) or vllm "
+        "(vLLM's async engine: continuous batching, prefix caching; text prompts only, its Info says "
+        "so; run with the vLLM environment's python, see `make setup-vllm`)",
+    )
+    vllm_load: Literal["auto", "text", "native"] = setting(
+        "auto",
+        help="with --backend vllm: text (the thinker's language model converted to a "
+        "Qwen3MoeForCausalLM directory beside the checkpoint), native (the checkpoint itself, "
+        "through vLLM's Qwen3-Omni thinker), or auto (native on cuda, text on cpu)",
     )
 
 
-STAGE_NAMES = ("thinker", "talker", "code2wav")
-
-
-def add_stage_device_arguments(p: argparse.ArgumentParser) -> None:
-    """`--thinker-device` etc.: one device per stage, each defaulting to `--device`."""
-    for stage in STAGE_NAMES:
-        p.add_argument(
-            f"--{stage}-device", default=None, help=f"device of the {stage} (default: --device), e.g. cuda:1"
-        )
-
-
-def stage_devices(args: argparse.Namespace) -> dict[str, str]:
-    """Each stage's device from parsed `--device` and `--<stage>-device` flags."""
-    return {stage: getattr(args, f"{stage}_device", None) or args.device for stage in STAGE_NAMES}
-
-
-# Prompt positions a thinker or talker prefills per engine step (all prefills of that step together).
-# A long prompt then holds the running requests' decode for one such piece per step, not for its
-# whole length. Lives here because this is the torch-free module the CLI, the services and the
-# pipeline all import.
-DEFAULT_PREFILL_CHUNK = 512
-
-# Requests a stage engine batches (KV slots, one step's rows) unless told otherwise: the one default
-# the engines, the family, the pipeline and `omnistream serve --max-batch` share.
-DEFAULT_MAX_BATCH = 16
+@dataclass(frozen=True)
+class LoadOptions(ThinkerLoadSettings, TalkerLoadSettings):
+    """Every load setting at once (device, dtype, the talker's frames, the thinker's backend), for a
+    tool or test that loads any stage; each declared once above. A stage's engine takes its own
+    settings (omnistream/engine/settings.py), which hold the part that is that stage's."""

@@ -14,18 +14,17 @@ from __future__ import annotations
 
 import importlib
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
-from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.request.errors import InvalidRequest
 
 if TYPE_CHECKING:
-    from omnistream.engine.api import StageEngine
-    from omnistream.engine.load_options import LoadOptions
+    from omnistream.engine.api import FrameShipping, StageEngine
+    from omnistream.engine.settings import EngineSettings
+    from omnistream.request.chunk_plan import ChunkPlan
 
 # Re-exported: a family builds one engine per stage.
 from omnistream.request.stage_chain import STAGES as STAGES
@@ -77,30 +76,11 @@ class ModelFamily(Protocol):
         """The thinker's tokenizer (chat template included)."""
         ...
 
-    def engine(
-        self,
-        stage: str,
-        model_dir: str | Path,
-        options: LoadOptions,
-        *,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_requests: int | None = None,
-        max_model_len: int = 4096,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        max_step_batch: int | None = None,
-        max_step_frames: int | None = None,
-        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-        prefix_cache_bytes: int | None = None,
-    ) -> StageEngine:
-        """The stage's engine with its weights loaded. `max_model_len` is the thinker's context; the
-        family sizes the other stages from it. `prefill_chunk`: prompt positions the stages that
-        prefill prompts (thinker, talker) take per step, so running requests keep decoding.
-        The audio stages serve the stream closest to running dry first (omnistream/engine/playout.py):
-        `max_step_batch` caps the talker's frame rows per step (None: `max_batch`),
-        `max_step_frames` Code2Wav's frames per step (None: no cap beyond `max_batch` windows), and
-        `first_audio_target` (seconds after arrival) is when a request's first audio is due.
-        `prefix_cache_bytes`: the thinker's and the talker's prefix cache budget (None: the family's
-        default; 0: off)."""
+    def engine(self, stage: str, model_dir: str | Path, settings: EngineSettings) -> StageEngine:
+        """The stage's engine with its weights loaded, built from the stage's settings
+        (omnistream/engine/settings.py `STAGE_SETTINGS[stage]`: a `TalkerEngineSettings` for the
+        talker, ...; TypeError for another class). `settings.max_model_len` is the thinker's
+        context; the family sizes the other stages from it."""
         ...
 
     async def warm_up(self, stage: str, engine: StageEngine) -> None:
@@ -118,6 +98,16 @@ class ModelFamily(Protocol):
     ) -> list[list[int]]:
         """`count` chat prompts of exactly `input_len` token ids, random text in the family's chat
         framing (the benchmark's workload); `config` and `tokenizer` as `load_config`/`load_tokenizer`."""
+        ...
+
+    def talker_rows(self, positions: Sequence[int], rows: Any) -> Mapping[int, Any]:
+        """The thinker's deep hidden rows at the prompt's multimodal positions ([n, H], checked by the
+        caller) as the talker's engine takes them: the thinker -> talker edge's own piece."""
+        ...
+
+    def frame_shipper(self, plan: ChunkPlan, lookahead: int = 0) -> FrameShipping:
+        """The talker's side of the talker -> Code2Wav edge: collects frames, ships them by `plan`
+        (+ `lookahead` frames where Code2Wav's decode needs them)."""
         ...
 
     def make_tiny(self, directory: str | Path, **options: Any) -> Path:
@@ -181,8 +171,18 @@ def model_info(model_dir: str | Path) -> ModelInfo:
     return family_for_config(config).describe(config)
 
 
+def _config_data(config: Any) -> dict[str, Any]:
+    return config.to_dict() if hasattr(config, "to_dict") else dict(config)
+
+
 def describe_loaded(config: Any) -> ModelInfo:
     """The ModelInfo of a loaded config object (what an engine holds as `.config`), for a stage's
     Info: the same reading as `model_info`, from the config the stage actually runs."""
-    data = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    data = _config_data(config)
     return family_for_config(data).describe(data)
+
+
+def family_of_loaded(config: Any) -> ModelFamily:
+    """The family of a loaded config object (what an engine holds as `.config`): the one a
+    servicer asks for its edge's pieces."""
+    return family_for_config(_config_data(config))

@@ -15,7 +15,8 @@ Why these defaults (`DEFAULTS`; docs/serving.md has the same table):
   to be sampled; greedy codec decoding tends to loop or go flat.
 * The talker's seed is the request's seed unless a talker seed is given, so one `seed` makes text
   and speech reproducible together.
-* Voice "ethan" (the reference's default speaker), or the deployment's first voice if it lacks one.
+* Voice: the model's default voice (ethan on Qwen3-Omni), as the talker reports it in its Info; a
+  deployment that does not know it yet leaves the speaker empty, and the talker speaks its default.
 * Codec chunk schedule "grow": after the first (small) codec window each window doubles up to the
   chunk size, so the next audio chunk is ready before what was sent has played out; "fixed" (all
   later windows full size, what peers did before) stalled most answers after the first syllable.
@@ -34,7 +35,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request.chunk_plan import (
     DEFAULT_CHUNK_FRAMES,
     DEFAULT_LEFT_CONTEXT_FRAMES,
@@ -63,7 +63,7 @@ class Defaults:
     talker_top_p: float = 1.0
     talker_top_k: int = 50
     talker_repetition_penalty: float = 1.05
-    voice: str = DEFAULT_SPEAKER
+    voice: str | None = None  # None: the model's default voice (`ServingDefaults.default_voice`)
     return_audio: bool = True
     ignore_eos: bool = False
     codec_chunk_schedule: str = DEFAULT_SCHEDULE  # "grow" or "fixed" (omnistream/request/chunk_plan.py)
@@ -82,7 +82,8 @@ DEFAULTS = Defaults()
 @dataclass(frozen=True)
 class ServingDefaults:
     """What the serving side decides rather than the request: the gateway's flags, or the built-in
-    values for the in-process pipeline. `voices` empty means "not known here" (the talker checks)."""
+    values for the in-process pipeline. `voices` empty means "not known here" (the talker checks);
+    `voice` is the model's default voice (the talker's Info), None when not known here."""
 
     max_tokens: int = DEFAULTS.max_tokens
     max_audio_frames: int = DEFAULTS.max_audio_frames
@@ -90,11 +91,15 @@ class ServingDefaults:
     codec_left_context_frames: int = DEFAULTS.codec_left_context_frames
     async_chunk: bool = DEFAULTS.async_chunk
     voices: tuple[str, ...] = ()
+    voice: str | None = None
 
     @classmethod
-    def of(cls, config: Any, voices: Sequence[str] | None = None) -> ServingDefaults:
+    def of(
+        cls, config: Any, voices: Sequence[str] | None = None, default_voice: str | None = None
+    ) -> ServingDefaults:
         """A gateway's: its config's flags (duck-typed: this module must not import the gateway,
-        which imports it) and the voices its talkers reported in their Info (None: not known yet)."""
+        which imports it) and the voices and default voice its talkers reported in their Info
+        (None: not known yet)."""
         return cls(
             max_tokens=config.default_max_tokens,
             max_audio_frames=config.max_audio_frames,
@@ -102,14 +107,16 @@ class ServingDefaults:
             codec_left_context_frames=config.codec_left_context_frames,
             async_chunk=bool(config.async_chunk),
             voices=tuple(voices or ()),
+            voice=default_voice or None,
         )
 
-    def default_voice(self, preferred: str = DEFAULTS.voice) -> str:
-        """`preferred` when this deployment has it (or its voices are unknown), else its first voice:
-        a checkpoint without the reference's speakers still speaks by default."""
-        if not self.voices or preferred.lower() in (v.lower() for v in self.voices):
+    def default_voice(self, preferred: str | None = DEFAULTS.voice) -> str:
+        """The voice of a request that names none: `preferred` (a table's configured voice) when this
+        deployment has it (or its voices are unknown), else the model's default voice (ethan on
+        Qwen3-Omni), else "" when that is not known here: the talker then speaks its default."""
+        if preferred and (not self.voices or preferred.lower() in (v.lower() for v in self.voices)):
             return preferred
-        return self.voices[0]
+        return self.voice or ""
 
 
 @dataclass(frozen=True)

@@ -7,19 +7,25 @@ gateway translate them through `STATUS_TABLE` so a given failure always surfaces
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import grpc
 
 
 class OmniError(Exception):
-    """Base class: every error a client may see carries a message meant for that client."""
+    """Base class: every error a client may see carries a message meant for that client.
 
-    kind = "internal"
+    `kind` is the class's (an error's kind is its class: `error_class`); `field` the request
+    parameter it names, `stage` the stage it came from (set by the gateway for a stage's error: a
+    replica of that stage may be down, gateway/serving/stage_errors.py `stage_error`)."""
 
-    def __init__(self, message: str, *, field: str | None = None) -> None:
+    kind: ClassVar[str] = "internal"
+
+    def __init__(self, message: str, *, field: str | None = None, stage: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.field = field
+        self.stage = stage
 
 
 class InvalidRequest(OmniError):
@@ -117,7 +123,7 @@ STATUS_TABLE: dict[str, Status] = {
     InternalError.kind: Status(grpc.StatusCode.INTERNAL, 500),
 }
 
-_BY_GRPC = {
+_BY_GRPC: dict[grpc.StatusCode, type[OmniError]] = {
     grpc.StatusCode.INVALID_ARGUMENT: InvalidRequest,
     grpc.StatusCode.OUT_OF_RANGE: InvalidRequest,
     grpc.StatusCode.RESOURCE_EXHAUSTED: Overloaded,
@@ -134,12 +140,7 @@ def status_of(error: BaseException) -> Status:
     return STATUS_TABLE[kind]
 
 
-def from_grpc(code: grpc.StatusCode, message: str) -> OmniError:
-    """Turn a stage's gRPC status back into the domain error (the gateway re-raises it)."""
-    return _BY_GRPC.get(code, InternalError)(message)
-
-
-_BY_KIND = {
+_BY_KIND: dict[str, type[OmniError]] = {
     cls.kind: cls
     for cls in (
         InvalidRequest,
@@ -158,9 +159,44 @@ _BY_KIND = {
 }
 
 
+_UNKNOWN_KINDS: dict[tuple[str, type[OmniError]], type[OmniError]] = {}  # `error_class`'s own
+
+
+def error_class(kind: str, base: type[OmniError] = OmniError) -> type[OmniError]:
+    """The class of errors of `kind`: the table's (`_BY_KIND`), else a subclass of `base` made once
+    per (kind, base) whose `kind` is it, so that a newer server's kind this version does not know
+    still reaches the caller as a typed error of that kind, of the class its status names (`base`).
+    Such a class exists only in this process (it does not pickle by name)."""
+    known = _BY_KIND.get(kind)
+    if known is not None:
+        return known
+    made = _UNKNOWN_KINDS.get((kind, base))
+    if made is None:
+        doc = f"An error of kind {kind!r}, unknown to this version."
+        namespace = {"kind": kind, "__doc__": doc, "__module__": __name__}
+        made = type(f"{base.__name__}[{kind}]", (base,), namespace)
+        _UNKNOWN_KINDS[(kind, base)] = made
+    return made
+
+
+def from_grpc(
+    code: grpc.StatusCode,
+    message: str,
+    *,
+    kind: str | None = None,
+    field: str | None = None,
+    stage: str | None = None,
+) -> OmniError:
+    """Turn a stage's gRPC status back into the domain error (the gateway re-raises it). `kind`:
+    the error kind the status carried (its metadata), which names the class (`error_class`, of the
+    code's class for a kind this version does not know); without it the code does."""
+    base = _BY_GRPC.get(code, InternalError)
+    cls = base if kind is None else error_class(kind, base)
+    return cls(message, field=field, stage=stage)
+
+
 def from_kind(kind: str, message: str, field: str | None = None) -> OmniError:
     """The domain error a REST error body names (its `code`); a kind this version does not know is
-    an OmniError that keeps it, so a newer server's errors still reach the caller typed as errors."""
-    error = _BY_KIND.get(kind, OmniError)(message, field=field)
-    error.kind = kind
-    return error
+    an OmniError that keeps it (`error_class`), so a newer server's errors still reach the caller
+    typed as errors."""
+    return error_class(kind)(message, field=field)

@@ -9,7 +9,6 @@ from typing import Any
 
 import numpy as np
 
-from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER, SAMPLE_RATE
 from omnistream.request.chunk_plan import DEFAULT_SCHEDULE, SCHEDULES, ChunkPlan
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.sampling_params import SamplingParams
@@ -38,7 +37,7 @@ class GenerationRequest:
     ignore_eos: bool = False
     sampling: SamplingParams = field(default_factory=SamplingParams)
     return_audio: bool = True
-    speaker: str = DEFAULT_SPEAKER
+    speaker: str = ""  # "": the model's default voice, chosen by the talker
     max_audio_frames: int = 4096
     talker_sampling: SamplingParams = field(default_factory=SamplingParams)
     initial_codec_chunk_frames: int | None = None  # None: chosen from load
@@ -105,7 +104,7 @@ class CodesEvent:
 class AudioEvent:
     audio: np.ndarray
     first_sample: int
-    sample_rate: int = SAMPLE_RATE
+    sample_rate: int  # the model's (the code2wav's); no default: a request knows no model
 
 
 @dataclass

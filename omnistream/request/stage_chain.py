@@ -20,7 +20,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
 from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import MediaLayout
@@ -55,7 +54,7 @@ class ThinkerParams:
 
 @dataclass(frozen=True)
 class TalkerParams:
-    speaker: str = DEFAULT_SPEAKER
+    speaker: str = ""  # "": the model's default voice (the talker's `default_speaker`)
     max_frames: int = 4096
     sampling: SamplingParams = field(default_factory=SamplingParams)
     ignore_eos: bool = False  # exactly max_frames: the end-of-speech code is never chosen

@@ -24,23 +24,25 @@ from omnistream.service.server import (
     start_metrics_http,
 )
 from omnistream.service.stage_service import StageServicer
-from omnistream.wire.limits import MAX_MESSAGE_BYTES
 
 log = logging.getLogger(__name__)
 
 
 @dataclass
 class ServeOptions:
-    host: str = "127.0.0.1"
-    port: int = 0
-    metrics_port: int = 0
-    metrics_host: str = "127.0.0.1"
-    max_message_bytes: int = MAX_MESSAGE_BYTES
-    max_streams: int = 256
-    grace_seconds: float = 30.0
-    tls_cert: str | None = None  # PEM paths; none given: plaintext
-    tls_key: str | None = None
-    tls_client_ca: str | None = None  # given: clients must present a certificate it signed (mTLS)
+    """Where and how a stage serves; every value from its `serve` settings (services/serve_args.py
+    `StageSettings`, where the defaults are), so none is defaulted here."""
+
+    host: str
+    port: int
+    metrics_port: int
+    metrics_host: str
+    max_message_bytes: int
+    max_streams: int
+    grace_seconds: float
+    tls_cert: str | None  # PEM paths; none given: plaintext
+    tls_key: str | None
+    tls_client_ca: str | None  # given: clients must present a certificate it signed (mTLS)
 
 
 # Exit status of a stage whose device was poisoned (a CUDA fault): non-zero, so it is restarted.
@@ -62,7 +64,11 @@ async def run_stage_server(
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     poisoned = asyncio.Event()
-    engine.add_fatal_listener(lambda _error: loop.call_soon_threadsafe(poisoned.set))
+
+    def on_fatal(_error: BaseException) -> None:
+        loop.call_soon_threadsafe(poisoned.set)
+
+    engine.add_fatal_listener(on_fatal)
     engine.start()
     server = build_server(options.max_message_bytes, options.max_streams)
     service_full_name = servicer.add_to_server(server)

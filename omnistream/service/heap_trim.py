@@ -23,6 +23,11 @@ import ctypes
 import logging
 import os
 import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from omnistream.engine.api import StageEngine
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +36,7 @@ DEFAULT_INTERVAL_S = 60.0  # never idle: one trim a minute (<1% of the engine's 
 MIN_IDLE_GAP_S = 1.0  # idle trims: at most one a second (one request at a time would trim per request)
 
 
-def _malloc_trim():
+def _malloc_trim() -> Callable[[int], int] | None:
     try:
         fn = ctypes.CDLL(None).malloc_trim  # the C library this process already uses
     except (OSError, AttributeError):
@@ -61,7 +66,7 @@ class HeapTrimmer:
     def enabled(self) -> bool:
         return self._trim is not None
 
-    def __call__(self, engine, step_seconds: float) -> None:
+    def __call__(self, engine: StageEngine, step_seconds: float) -> None:
         if self._trim is None:
             return
         since = time.monotonic() - self._last

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Protocol
+
 from prometheus_client import (
     GC_COLLECTOR,
     PLATFORM_COLLECTOR,
@@ -15,6 +17,9 @@ from prometheus_client import (
 from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.service.prefix_metrics import PrefixCacheCollector
 
+if TYPE_CHECKING:
+    from omnistream.engine.api import StageEngine
+
 STEP_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
 # Seconds of audio a request's listener holds when the stage steps it (omnistream/engine/playout.py). A
@@ -25,13 +30,32 @@ BUFFERED_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 GRAMMAR_COMPILE_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0)
 
 
+class _Streams(Protocol):
+    """What `track_streams` reads of its servicer (a StageServicer)."""
+
+    @property
+    def engine(self) -> StageEngine: ...
+
+    def orphaned_requests(self) -> int: ...
+
+
 class StageMetrics:
-    def __init__(self, stage: str, engine, registry: CollectorRegistry | None = None) -> None:
+    def __init__(self, stage: str, engine: StageEngine, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         for collector in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
             self.registry.register(collector)
         self.stage = stage
-        labels = {"stage": stage}
+        self._add_step_metrics()
+        self._add_stream_metrics()
+        self._add_scheduling_metrics()
+        self._add_engine_metrics(engine)
+        self.running.set_function(lambda: engine.counts()[0])
+        self.waiting.set_function(lambda: engine.counts()[1])
+        engine.add_step_listener(self._on_step)
+
+    def _add_step_metrics(self) -> None:
+        """The engine's requests and steps (registered first: the exposition keeps this order)."""
+        labels = {"stage": self.stage}
         r = self.registry
         self.running = Gauge(
             "omnistream_stage_running_requests", "Requests the engine is computing", ["stage"], registry=r
@@ -59,6 +83,11 @@ class StageMetrics:
             buckets=STEP_BUCKETS,
             registry=r,
         ).labels(**labels)
+
+    def _add_stream_metrics(self) -> None:
+        """The streams' chunks, aborts and errors."""
+        labels = {"stage": self.stage}
+        r = self.registry
         self.chunks_in = Counter(
             "omnistream_stage_chunks_in_total", "Input chunks received", ["stage"], registry=r
         ).labels(**labels)
@@ -81,6 +110,11 @@ class StageMetrics:
             buckets=(1e-5, 2e-5, 5e-5, 1e-4, 2e-4, 5e-4, 1e-3, 2e-3, 5e-3, 1e-2),
             registry=r,
         )
+
+    def _add_scheduling_metrics(self) -> None:
+        """The audio stages' scheduling under a step budget, and the requests opened."""
+        labels = {"stage": self.stage}
+        r = self.registry
         self.deferred = Counter(
             "omnistream_stage_deferred_steps_total",
             "Request-steps a ready request waited because the step was full of requests with less "
@@ -99,7 +133,10 @@ class StageMetrics:
         self.requests = Counter(
             "omnistream_stage_requests_total", "Requests opened", ["stage"], registry=r
         ).labels(**labels)
-        # An engine's own metrics beside ours (the vLLM thinker's `vllm:*`), and its prefix cache's.
+
+    def _add_engine_metrics(self, engine: StageEngine) -> None:
+        """An engine's own metrics beside ours (the vLLM thinker's `vllm:*`), and its prefix cache's."""
+        r = self.registry
         for collector in getattr(engine, "metric_collectors", list)():
             r.register(collector)
         grammars = getattr(engine, "grammars", None)
@@ -111,16 +148,13 @@ class StageMetrics:
                 ["stage"],
                 buckets=GRAMMAR_COMPILE_BUCKETS,
                 registry=r,
-            ).labels(**labels)
+            ).labels(stage=self.stage)
             grammars.add_compile_listener(compile_seconds.observe)
         prefix = getattr(engine, "prefix_cache", None)
         if isinstance(prefix, PrefixCache):
-            r.register(PrefixCacheCollector(stage, prefix))
-        self.running.set_function(lambda: engine.counts()[0])
-        self.waiting.set_function(lambda: engine.counts()[1])
-        engine.add_step_listener(self._on_step)
+            r.register(PrefixCacheCollector(self.stage, prefix))
 
-    def track_streams(self, servicer) -> None:
+    def track_streams(self, servicer: _Streams) -> None:
         """The lifecycle invariant, observable: every engine request has an open stream."""
         Gauge(
             "omnistream_stage_engine_requests",
@@ -135,7 +169,7 @@ class StageMetrics:
             registry=self.registry,
         ).labels(stage=self.stage).set_function(servicer.orphaned_requests)
 
-    def _on_step(self, engine, seconds: float) -> None:
+    def _on_step(self, engine: StageEngine, seconds: float) -> None:
         self.step_seconds.observe(seconds)
         if engine.stats.last_batch_size:
             self.batch_size.observe(engine.stats.last_batch_size)

@@ -8,7 +8,7 @@ a service mesh or a trusted network), and with no API key the public API is open
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 import grpc
@@ -76,9 +76,12 @@ def add_port(
     if port.isdigit() and port_in_use(host, int(port)):
         raise bind_error(address, flag)
     try:
+        bound: int  # grpc is untyped here: its calls are Any
         if credentials is None:
-            return server.add_insecure_port(address)
-        return server.add_secure_port(address, credentials)
+            bound = server.add_insecure_port(address)
+        else:
+            bound = server.add_secure_port(address, credentials)
+        return bound
     except RuntimeError as exc:  # lost a race since the check, or an address that cannot be bound
         raise bind_error(address, flag) from exc
 
@@ -109,7 +112,7 @@ def bearer_matches(header: str | None, api_key: str) -> bool:
     return hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):  # type: ignore[misc]  # grpc is untyped (Any)
     """Require `authorization: Bearer <api_key>` metadata on the methods under `prefixes`.
 
     Other services on the same port (health, reflection) stay open, so probes need no key.
@@ -124,7 +127,11 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
         self.prefixes = tuple(prefixes)
         self.origin = origin
 
-    async def intercept_service(self, continuation, handler_call_details):
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler | None]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler | None:
         handler = await continuation(handler_call_details)
         if handler is None or not handler_call_details.method.startswith(self.prefixes):
             return handler
@@ -140,7 +147,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
 def _refusing_handler(
     handler: grpc.RpcMethodHandler, error: Unauthenticated, origin: str
 ) -> grpc.RpcMethodHandler:
-    async def refuse(_request, context: grpc.aio.ServicerContext) -> None:
+    async def refuse(_request: object, context: grpc.aio.ServicerContext) -> None:
         await abort_with(context, error, origin)
 
     if handler.request_streaming and handler.response_streaming:

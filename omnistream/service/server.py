@@ -18,8 +18,8 @@ from typing import NoReturn
 
 import grpc
 import prometheus_client
-from grpc_health.v1 import health, health_pb2, health_pb2_grpc
-from grpc_reflection.v1alpha import reflection
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc  # type: ignore[import-untyped]  # no stubs
+from grpc_reflection.v1alpha import reflection  # type: ignore[import-untyped]  # no stubs
 
 from omnistream.request.errors import OmniError, status_of
 from omnistream.service.ports import bind_error
@@ -134,7 +134,7 @@ def build_server(
     )
 
 
-class StageHealth(health.aio.HealthServicer):
+class StageHealth(health.aio.HealthServicer):  # type: ignore[misc]  # grpc_health is untyped (Any)
     """Health servicer that knows its services and starts NOT_SERVING.
 
     Starting NOT_SERVING matters: the port is open before the model is loaded, and a probe that saw
@@ -252,7 +252,9 @@ async def abort_with(
     raise AssertionError("context.abort returned")  # pragma: no cover  (abort always raises)
 
 
-def start_metrics_http(port: int, host: str = "127.0.0.1", registry=None) -> int:
+def start_metrics_http(
+    port: int, host: str = "127.0.0.1", registry: prometheus_client.CollectorRegistry | None = None
+) -> int:
     """Serve Prometheus metrics from a daemon thread; returns the bound port (useful with port 0).
 
     A port that cannot be bound raises BindError (a one-line message naming --metrics-port).

@@ -16,6 +16,8 @@ and everything else is derived from that field, so nothing repeats it by hand (t
 - `given` reads back the flags that were given. Flags parse to None when absent (`only_given`, the
   default), so the order defaults <- YAML file <- flags holds: a flag absent from the command line
   does not overwrite what the YAML said.
+- `build` makes the typed config from a parsed namespace, once, at a command's entry point (a
+  stage service's engine settings, omnistream/engine/settings.py); past it, code takes the object.
 - `from_mapping` checks a YAML mapping against the same table: an unknown key or a value of the
   wrong type is an error naming the key, not a surprise at serving time.
 
@@ -31,50 +33,19 @@ import enum
 import os
 import types
 import typing
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import MISSING, dataclass, field
+from collections.abc import Iterable, Mapping
+from dataclasses import MISSING, dataclass
 from pathlib import Path
 from typing import Any
 
-_META_KEY = "omnistream.setting"  # the field's metadata entry holding its `_Meta`
+# The field declarator lives below every layer that declares settings (the engines' too).
+from omnistream.engine.setting_field import META_KEY as _META_KEY
+from omnistream.engine.setting_field import SettingMeta as _Meta
+from omnistream.engine.setting_field import setting as setting
+
 MIB = 1024 * 1024
 _METAVARS = {int: "N", float: "X"}  # what --help shows for a value (a str's is its name)
-
-
-@dataclass(frozen=True)
-class _Meta:
-    """What a field adds to its type and default to become a setting."""
-
-    help: str
-    flag: str | None = None  # the flag's name without dashes, if not the field's name dashed
-    group: str | None = None  # the --help section it is listed under
-    parse: Callable[[str], Any] | None = None  # argparse type (e.g. one that refuses 0)
-    shown: str | None = None  # the default as --help says it, where the value alone says too little
-    env: str | None = None  # an environment variable that gives the default (flags only)
-    required: bool = False  # a flag that must be given (unless `env` is set)
-    metavar: str | None = None  # the value in --help's usage (default: N, X, or the name)
-
-
-def setting(
-    default: Any = MISSING,
-    *,
-    help: str,
-    flag: str | None = None,
-    group: str | None = None,
-    parse: Callable[[str], Any] | None = None,
-    shown: str | None = None,
-    env: str | None = None,
-    required: bool = False,
-    metavar: str | None = None,
-    repr: bool = True,
-) -> Any:
-    """A dataclass field that is a setting. `default`: the value, or a class (list, dict) whose
-    instance is the default (a fresh one per config). `help` says what it does, never its default:
-    --help appends that from the field (`shown` where the value needs words: "--max-concurrency")."""
-    meta = {_META_KEY: _Meta(help, flag, group, parse, shown, env, required, metavar)}
-    if isinstance(default, type):
-        return field(default_factory=default, metadata=meta, repr=repr)
-    return field(default=default, metadata=meta, repr=repr)
+_Config = typing.TypeVar("_Config")
 
 
 @dataclass(frozen=True)
@@ -239,6 +210,16 @@ def given(args: argparse.Namespace, cls: type) -> dict[str, Any]:
     return {name: value for name, value in values.items() if value is not None}
 
 
+def build(cls: type[_Config], namespace: argparse.Namespace, **overrides: Any) -> _Config:
+    """The config dataclass `cls` from a parsed command line: each of its settings the namespace
+    holds (one it lacks, or holds as None, as a flag `only_given` left out, keeps the field's
+    default), then `overrides` (what the command names otherwise: `up --thinker-device`). The one
+    place a namespace becomes a typed config: past a command's entry point, code takes the object."""
+    parsed = vars(namespace)
+    values = {s.name: parsed[s.name] for s in settings_of(cls) if parsed.get(s.name) is not None}
+    return cls(**{**values, **overrides})
+
+
 def from_mapping(cls: type, data: Mapping[str, Any], source: str = "config") -> dict[str, Any]:
     """`data` (a YAML file's mapping) as `cls`'s keyword arguments, each value checked against its
     field's type (an int for a float setting is taken as that float). ValueError naming the key for
@@ -252,7 +233,7 @@ def from_mapping(cls: type, data: Mapping[str, Any], source: str = "config") -> 
 
 def load_yaml(path: str | Path) -> dict[str, Any]:
     """A YAML file's top-level mapping ({} for an empty file); ValueError when it is not one."""
-    import yaml  # here: the flags alone need no YAML parser
+    import yaml  # type: ignore[import-untyped]  # no stubs; here: the flags alone need no YAML parser
 
     data = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(data, dict):

@@ -26,8 +26,12 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from omnistream.service.step_model import StepFit, StepTimeModel
+
+if TYPE_CHECKING:
+    from omnistream.engine.api import StageEngine
 
 WINDOW_SECONDS = 5.0
 MIN_STEPS = 16  # steps kept past the window, so a quiet engine still has a measure
@@ -73,7 +77,7 @@ class SpeedMeter:
         self._model = StepTimeModel()
         self._lock = threading.Lock()
 
-    def __call__(self, engine, seconds: float) -> None:
+    def __call__(self, engine: StageEngine, seconds: float) -> None:
         stats = engine.stats
         step = _Step(self._clock(), seconds, stats.last_units, stats.last_batch_size)
         with self._lock:

@@ -11,14 +11,16 @@ import contextlib
 import importlib.metadata
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import grpc
 
 from omnistream.engine.api import StageEngine
 from omnistream.engine.output_stream import OutputStream
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
+from omnistream.request.chunk_plan import ChunkPlan
 from omnistream.request.errors import InternalError, InvalidRequest, OmniError, Unavailable
 from omnistream.service.metrics import StageMetrics
 from omnistream.service.server import (
@@ -69,12 +71,12 @@ class Admitted:
     """A request the engine accepted at the open message, and how its stream runs."""
 
     request_id: str
-    output: OutputStream
-    chunks: AsyncIterator  # the response messages, from the engine's output
+    output: OutputStream[Any]
+    chunks: AsyncIterator[Any]  # the response messages, from the engine's output
     checker: SequenceChecker  # keys of the input chunks after the open
     # Handles one input chunk, returns True on the last one. None: the stage takes no input after
     # the open (the thinker), so any further message is a protocol violation.
-    handle: Callable[[object], bool] | None = None
+    handle: Callable[[Any], bool] | None = None  # an input message (the stage's own type)
 
 
 class StageServicer:
@@ -89,8 +91,8 @@ class StageServicer:
 
     stage: Stage
     input_stage: Stage  # the stage whose output this service consumes (keys of incoming chunks)
-    request_type: type
-    response_type: type
+    request_type: Any  # the generated message class (its DESCRIPTOR names the service)
+    response_type: Any
     drain_input = True  # after the output ends, wait (a while) for the client to half-close
 
     def __init__(
@@ -107,12 +109,12 @@ class StageServicer:
         self._info: stage_pb2.StageInfo | None = None
         self.draining = False
         self.open_streams = 0
-        self._stream_outputs: dict[str, OutputStream] = {}  # request id -> output, per open stream
+        self._stream_outputs: dict[str, OutputStream[Any]] = {}  # request id -> output, per open stream
         metrics.track_streams(self)
         self.speed = SpeedMeter()  # reported in every Info (StageInfo.load): the gateway admits by it
         engine.add_step_listener(self.speed)
 
-    async def _open(self, first) -> Admitted:
+    async def _open(self, first: Any) -> Admitted:
         """Validate the open message and add the request to the engine (subclasses)."""
         raise NotImplementedError
 
@@ -163,7 +165,7 @@ class StageServicer:
             info.load.model_slowdown = speed.fit.slowdown
         return info
 
-    async def Info(self, request, context: grpc.aio.ServicerContext) -> stage_pb2.StageInfo:
+    async def Info(self, request: Any, context: grpc.aio.ServicerContext) -> stage_pb2.StageInfo:
         try:
             checked(request)
         except OmniError as exc:
@@ -199,7 +201,7 @@ class StageServicer:
         streams = self._stream_outputs.copy()  # read from the metrics thread: one atomic copy
         return sum(1 for rid in self.engine.request_ids() if rid not in streams)
 
-    async def Stream(self, request_iterator: AsyncIterator, context: grpc.aio.ServicerContext) -> None:
+    async def Stream(self, request_iterator: AsyncIterator[Any], context: grpc.aio.ServicerContext) -> None:
         requests = parsed(request_iterator)
         self.open_streams += 1
         self.metrics.streams.inc()
@@ -207,7 +209,7 @@ class StageServicer:
             self.stage.value, self.request_type.DESCRIPTOR.file.package + "." + self.service_name, context
         )
         admitted: Admitted | None = None
-        pump_task: asyncio.Task | None = None
+        pump_task: asyncio.Task[None] | None = None
         ok = False
         try:
             if self.draining:
@@ -254,7 +256,9 @@ class StageServicer:
                     self.metrics.aborts.inc()
             span.end(context, admitted.checker.expected.index - 1 if admitted is not None else 0)
 
-    async def _drain_before_error(self, requests: AsyncIterator, pump_task: asyncio.Task | None) -> None:
+    async def _drain_before_error(
+        self, requests: AsyncIterator[Any], pump_task: asyncio.Task[None] | None
+    ) -> None:
         """Read what the client is still writing before the status ends the call.
 
         A grpc.aio client whose write fails because the server already ended the call reports
@@ -273,7 +277,9 @@ class StageServicer:
             while (left := deadline - loop.time()) > 0:
                 await asyncio.wait_for(anext(requests), min(ERROR_DRAIN_IDLE_SECONDS, left))
 
-    async def _first(self, requests: AsyncIterator, context: grpc.aio.ServicerContext | None = None):
+    async def _first(
+        self, requests: AsyncIterator[Any], context: grpc.aio.ServicerContext | None = None
+    ) -> Any:
         """The open message. A stream that ends before it is refused, unless the call was only
         cancelled (a gateway whose client left before it wrote the open): that is no error of
         this stage's (see `_pump` for the grace that tells the two apart)."""
@@ -290,7 +296,7 @@ class StageServicer:
         return first
 
     @contextlib.contextmanager
-    def chunk_cpu(self, direction: str):
+    def chunk_cpu(self, direction: str) -> Iterator[None]:
         """Thread CPU time of turning one chunk into engine input ("in") or into a message ("out")."""
         started = time.thread_time()
         try:
@@ -300,7 +306,9 @@ class StageServicer:
                 time.thread_time() - started
             )
 
-    def _open_streaming(self, open_, key: common_pb2.ChunkKey):
+    def _open_streaming(
+        self, open_: Any, key: common_pb2.ChunkKey
+    ) -> tuple[str, SequenceChecker, str, ChunkPlan]:
         """The fields talker and code2wav opens share: (request id, input checker, mode, chunk plan)."""
         rid = validate_request_id(open_.request_id)
         checker = self._checker(rid, key)
@@ -319,7 +327,7 @@ class StageServicer:
 
     async def _pump(
         self,
-        requests: AsyncIterator,
+        requests: AsyncIterator[Any],
         admitted: Admitted,
         output_done: asyncio.Event,
         context: grpc.aio.ServicerContext | None = None,
@@ -383,6 +391,6 @@ class StageServicer:
             release = (stage_pb2.ReleaseCacheRequest, stage_pb2.ReleaseCacheReply)
             methods.append(Method("ReleaseCache", self.ReleaseCache, *release, "unary_unary"))
         add_service(server, service.full_name, methods)
-        return service.full_name
+        return str(service.full_name)
 
     service_name: str  # e.g. "TalkerService" in omni.v1

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
+from omnistream.engine.api import Code2WavStageEngine
+from omnistream.engine.stage_sides import CodecIntake, audio_pieces
 from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import stage_pb2
 from omnistream.request.errors import InvalidRequest, SequenceError
-from omnistream.request.stage_chain import CodecFeed, InputHold
+from omnistream.request.stage_chain import CodecFeed
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage
 from omnistream.wire.tensors import from_proto, to_proto
@@ -19,6 +23,7 @@ class Code2WavServicer(StageServicer):
     service_name = "Code2WavService"
     request_type = stage_pb2.Code2WavRequest
     response_type = stage_pb2.AudioChunk
+    engine: Code2WavStageEngine
 
     def _describe(self, info: stage_pb2.StageInfo) -> None:
         facts = describe_loaded(self.engine.config)
@@ -33,7 +38,7 @@ class Code2WavServicer(StageServicer):
         rid, checker, mode, plan = self._open_streaming(first.open, first.key)
         out = self.engine.add_request(rid, plan)
         received = 0
-        hold = InputHold(mode, CodecFeed.merge)
+        intake = CodecIntake(self.engine, rid, mode)
 
         def handle(msg: stage_pb2.CodecInput) -> bool:
             nonlocal received
@@ -52,25 +57,23 @@ class Code2WavServicer(StageServicer):
                     field="first_frame",
                 )
             received += frames
-            for piece in hold.push(CodecFeed(codes if frames else None, msg.first_frame, msg.last), msg.last):
-                self.engine.feed(rid, piece.codes, piece.last)
+            intake.push(CodecFeed(codes if frames else None, msg.first_frame, msg.last))
             return msg.last
 
         sample_rate = self.info().sample_rate
 
-        async def chunks():
+        async def chunks() -> AsyncIterator[stage_pb2.AudioChunk]:
             index = 0
-            while pieces := await out.get_batch():
-                for piece in pieces:
-                    with self.chunk_cpu("out"):
-                        message = stage_pb2.AudioChunk(
-                            key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
-                            audio=to_proto(piece.audio),
-                            sample_rate=sample_rate,
-                            first_sample=piece.first_sample,
-                            finished=piece.finished,
-                        )
-                    yield message
-                    index += 1
+            async for piece in audio_pieces(out, sample_rate):
+                with self.chunk_cpu("out"):
+                    message = stage_pb2.AudioChunk(
+                        key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
+                        audio=to_proto(piece.audio),
+                        sample_rate=sample_rate,
+                        first_sample=piece.first_sample,
+                        finished=piece.finished,
+                    )
+                yield message
+                index += 1
 
         return Admitted(rid, out, chunks(), checker, handle)

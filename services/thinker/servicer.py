@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import functools
+from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from omnistream.engine.api import ThinkerStageEngine
+from omnistream.engine.stage_sides import thinker_pieces
 from omnistream.engine.token_memo import ScopeTokenMemos
 from omnistream.models.family import describe_loaded
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2
@@ -14,17 +17,18 @@ from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import has_media
 from omnistream.request.spoken import TokenPieces
 from omnistream.request.stage_chain import ThinkerParams
+from omnistream.service.metrics import StageMetrics
 from omnistream.service.scope_audio import ScopeAudio, ScopeAudioCollector
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage, validate_request_id
 from omnistream.wire.convert import (
     checked_cache_scope,
     media_layout_to_proto,
-    messages_from_proto,
     sampling_from_proto,
     structured_output_from_proto,
     tools_from_proto,
 )
+from omnistream.wire.messages import messages_from_proto
 from omnistream.wire.tensors import to_proto
 
 DEFAULT_MAX_TOKENS = 256
@@ -41,8 +45,9 @@ class ThinkerServicer(StageServicer):
     request_type = stage_pb2.ThinkerRequest
     response_type = stage_pb2.ThinkerChunk
     drain_input = False  # nothing follows the open; the output's end is the stream's end
+    engine: ThinkerStageEngine
 
-    def __init__(self, engine, metrics, **identity) -> None:
+    def __init__(self, engine: ThinkerStageEngine, metrics: StageMetrics, **identity: Any) -> None:
         super().__init__(engine, metrics, **identity)
         self._tokenizer_pool = ThreadPoolExecutor(TOKENIZER_THREADS, thread_name_prefix="tokenize")
         # What the talker speaks of each answer (ThinkerChunk.spoken): never a tool call.
@@ -80,7 +85,7 @@ class ThinkerServicer(StageServicer):
         if has_media(messages):
             scope = checked_cache_scope(open_.cache_scope)
 
-            def prepare():
+            def prepare() -> Any:
                 # Digests become the scope's kept audio, and its new audio is kept (scope_audio.py).
                 resolved = self.scope_audio.resolve(messages, scope)
                 memo = self.token_memos.get(scope)
@@ -120,36 +125,31 @@ class ThinkerServicer(StageServicer):
         out = self.engine.add_request(rid, prompt_ids, params, media=media, spoken=spoken, grammar=grammar)
         speech = self._pieces.filter(params.structured_output)
 
-        async def chunks():
+        async def chunks() -> AsyncIterator[stage_pb2.ThinkerChunk]:
             index = 0
             completion = 0
             cached = 0  # prompt tokens the prefix cache served (chunk 0 says)
-            while steps := await out.get_batch():
+            async for piece in thinker_pieces(out, speech, prompt_ids):
                 with self.chunk_cpu("out"):
-                    last = steps[-1]
-                    completion += sum(len(s.token_ids) for s in steps)
+                    completion += len(piece.token_ids)
                     chunk = stage_pb2.ThinkerChunk(
                         key=ChunkKey(rid, Stage.THINKER, index).to_proto(),
-                        token_ids=[t for s in steps for t in s.token_ids],
-                        text_delta="".join(s.text_delta for s in steps),
-                        finished=last.finished,
-                        finish_reason=last.finish_reason or "",
+                        token_ids=piece.token_ids,
+                        text_delta=piece.text_delta,
+                        finished=piece.finished,
+                        finish_reason=piece.finish_reason,
                     )
-                    said = speech.push(chunk.token_ids)
-                    if last.finished:
-                        said += speech.finish()
                     chunk.spoken.SetInParent()  # set even when empty: nothing of it is spoken
-                    chunk.spoken.token_ids.extend(said)
-                    if index == 0:
-                        chunk.prompt_ids.extend(prompt_ids)
-                        first = steps[0]
-                        chunk.cached_tokens = cached = first.cached_tokens
-                        if first.multimodal_positions:
-                            chunk.prompt_hidden.CopyFrom(to_proto(first.prompt_hidden))
-                            chunk.multimodal_positions.extend(first.multimodal_positions)
-                        if first.media_layout is not None and first.media_layout.has_vision:
-                            chunk.media_layout.CopyFrom(media_layout_to_proto(first.media_layout))
-                    if last.finished:
+                    chunk.spoken.token_ids.extend(piece.spoken or ())
+                    if piece.prompt_ids is not None:
+                        chunk.prompt_ids.extend(piece.prompt_ids)
+                        chunk.cached_tokens = cached = piece.cached_tokens
+                        if piece.multimodal_positions:
+                            chunk.prompt_hidden.CopyFrom(to_proto(piece.prompt_hidden))
+                            chunk.multimodal_positions.extend(piece.multimodal_positions)
+                        if piece.media_layout is not None and piece.media_layout.has_vision:
+                            chunk.media_layout.CopyFrom(media_layout_to_proto(piece.media_layout))
+                    if piece.finished:
                         usage = common_pb2.Usage(prompt_tokens=len(prompt_ids), completion_tokens=completion)
                         usage.cached_tokens = cached
                         chunk.usage.CopyFrom(usage)

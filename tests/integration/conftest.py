@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from omnistream.cli.launcher import ServiceProcess, start_services
+from omnistream.engine.settings import EngineSettings
 from omnistream.wire.protogen import ensure_generated
 
 ensure_generated()
@@ -106,10 +107,9 @@ def stages(tiny_model_dir):
 def local_pipeline(tiny_model_dir):
     """The in-process pipeline on the `stages` fixture's checkpoint and settings (float64, max batch
     8): what the services are compared against, loaded once for every module that compares."""
-    from omnistream.engine.load_options import LoadOptions
     from omnistream.pipeline import Pipeline
 
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as pipeline:
+    with Pipeline(tiny_model_dir, EngineSettings(dtype="float64", max_batch=8)) as pipeline:
         yield pipeline
 
 

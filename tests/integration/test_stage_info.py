@@ -53,6 +53,7 @@ def test_every_stage_reports_its_checkpoint_and_limits(stages, checkpoint):
     assert thinker.limits.max_model_len == 4096
     assert not (thinker.voices or thinker.sample_rate or thinker.codebooks)
     assert list(talker.voices) == sorted(k.lower() for k in talker_config["speaker_id"])
+    assert talker.default_voice == "ethan" and not (thinker.default_voice or code2wav.default_voice)
     assert (talker.codebooks, talker.frames_per_second) == (talker_config["num_code_groups"], fps)
     assert talker.limits.max_model_len == 8192 and talker.limits.max_frames == 8192
     assert not (talker.sample_rate or talker.input_modalities)

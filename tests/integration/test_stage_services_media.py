@@ -13,7 +13,7 @@ import pytest
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.request.media import AudioInput
 from omnistream.wire.chunk_key import ChunkKey, Stage
-from omnistream.wire.convert import message_proto
+from omnistream.wire.messages import message_proto
 from omnistream.wire.tensors import to_proto
 from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations

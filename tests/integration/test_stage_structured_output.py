@@ -16,7 +16,7 @@ import pytest
 
 from gateway.tools.spec import CALL_END, Function, Named, call_begin, tool_use
 from omnistream.cli.launcher import start_services
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.proto.omni.v1 import common_pb2, stage_pb2, stage_pb2_grpc
 from omnistream.request.stage_chain import ThinkerParams
 from omnistream.request.structured import StructuredOutput
@@ -67,7 +67,9 @@ def reference(tiny_model_dir):
     """The in-process transformers thinker at the services' dtype."""
     from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 
-    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=512)
+    engine = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float32", max_batch=1, max_model_len=512)
+    )
     engine.start()
     yield engine
     engine.stop()

@@ -35,7 +35,7 @@ from omnistream.models.family import read_config
 from omnistream.proto.omni.v1 import stage_pb2, stage_pb2_grpc
 from omnistream.service.server import STAGE_ORIGIN, STATUS_ORIGIN_METADATA_KEY
 from omnistream.wire.chunk_key import ChunkKey, Stage
-from omnistream.wire.convert import message_proto
+from omnistream.wire.messages import message_proto
 from tests.media_samples import image
 from tests.vllm_env import VLLM_PYTHON, requires_vllm
 

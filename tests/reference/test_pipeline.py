@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import EngineSettings
 from omnistream.pipeline import AudioEvent, GenerationRequest, Pipeline, collect
 from omnistream.request.chunk_plan import SCHEDULES, ChunkPlan
 from tests.reference_runs import CASES, ReferenceRun, runs_for
@@ -34,7 +34,7 @@ AUDIO_ATOL = float(np.spacing(np.float32(1)))
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir):
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
+    with Pipeline(tiny_model_dir, EngineSettings(dtype="float64", max_batch=8)) as p:
         yield p
 
 
@@ -64,7 +64,7 @@ BUILD_PARAMS = [
 def build(request, build_dirs, references):
     """(name, pipeline, reference) of one build; one pipeline at a time."""
     name = request.param
-    with Pipeline(build_dirs(name), LoadOptions(dtype="float64"), max_batch=8) as p:
+    with Pipeline(build_dirs(name), EngineSettings(dtype="float64", max_batch=8)) as p:
         yield name, p, references(name)
 
 

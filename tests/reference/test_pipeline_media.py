@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import EngineSettings
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from tests.media_reference import MAX_FRAMES, MAX_TOKENS
 from tests.media_samples import conversations
@@ -19,7 +19,7 @@ TEXT_ONLY = [{"role": "user", "content": "Tell me a story about the sea."}]
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir):
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
+    with Pipeline(tiny_model_dir, EngineSettings(dtype="float64", max_batch=8)) as p:
         # Small budgets: media encode in several slices and prefill in several chunks, interleaved
         # with the decode steps of the others (parity must hold all the same).
         p.thinker.encode_budget = p.thinker.audio_window

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import EngineSettings
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.request.errors import InvalidRequest
@@ -22,7 +22,7 @@ AUDIO_ATOL = float(np.spacing(np.float32(1)))
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir):
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8) as p:
+    with Pipeline(tiny_model_dir, EngineSettings(dtype="float64", max_batch=8)) as p:
         yield p
 
 

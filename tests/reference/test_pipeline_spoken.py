@@ -9,7 +9,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import EngineSettings
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from omnistream.request.structured import StructuredOutput
 
@@ -21,7 +21,7 @@ MAX_FRAMES = 30
 
 @pytest.fixture(scope="module")
 def pipeline(tiny_model_dir):
-    with Pipeline(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=4) as p:
+    with Pipeline(tiny_model_dir, EngineSettings(dtype="float64", max_batch=4)) as p:
         yield p
 
 

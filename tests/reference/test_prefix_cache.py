@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import EngineSettings, PrefixCacheSettings, derive
 from omnistream.models.qwen3_omni.talker.prompt import user_positions
 from omnistream.pipeline import GenerationRequest, Pipeline, collect
 from tests.media_samples import image, tone
@@ -39,8 +40,8 @@ def build(request, build_dirs, references):
     directory = build_dirs(request.param)
     options = LoadOptions(dtype="float64")
     with (
-        Pipeline(directory, options, max_batch=4) as on,
-        Pipeline(directory, options, max_batch=4, prefix_cache_bytes=0) as off,
+        Pipeline(directory, derive(EngineSettings, options, max_batch=4)) as on,
+        Pipeline(directory, derive(PrefixCacheSettings, options, max_batch=4, prefix_cache_gib=0)) as off,
     ):
         on.thinker.prefill_chunk = on.talker.prefill_chunk = 32  # prompts prefill in several pieces
         yield request.param, on, off, references(request.param)

@@ -28,6 +28,8 @@ LAYER_OF = {
     "gateway": "gateway",
     "services": "services",
     "omnistream.pipeline": "pipeline",
+    "omnistream.pipeline_links": "pipeline",
+    "omnistream.chain": "chain",
     "omnistream.models": "models",
     "omnistream.service": "service",
     "omnistream.engine": "engine",
@@ -36,16 +38,28 @@ LAYER_OF = {
     "omnistream.request": "request",
     "omnistream.audio": "audio",
 }
-BELOW_ENTRY = {"gateway", "services", "pipeline", "models", "service", "engine", "wire", "request", "audio"}
+BELOW_ENTRY = {
+    "gateway",
+    "services",
+    "pipeline",
+    "chain",
+    "models",
+    "service",
+    "engine",
+    "wire",
+    "request",
+    "audio",
+}
 # Layer -> the other layers it may import. The entry points (cli, bench) start and drive everything,
 # each other included (the bench reuses the launcher; `omnistream bench` is a CLI command).
 MAY_IMPORT: dict[str, set[str]] = {
     "cli": BELOW_ENTRY | {"bench", "client"},
     "bench": BELOW_ENTRY | {"cli", "client"},
     "client": {"service", "wire", "request", "audio"},
-    "gateway": {"service", "wire", "request", "audio"},
+    "gateway": {"chain", "service", "wire", "request", "audio"},
     "services": {"service", "models", "engine", "wire", "request", "audio"},
-    "pipeline": {"models", "engine", "wire", "request", "audio"},
+    "pipeline": {"chain", "models", "engine", "wire", "request", "audio"},
+    "chain": {"request", "audio"},
     "models": {"engine", "wire", "request", "audio"},
     "service": {"engine", "wire", "request", "audio"},
     "engine": {"request"},
@@ -67,16 +81,11 @@ TORCH_FREE_SERVICE = {
     "omnistream.service.step_model",
     "omnistream.service.tracing",
 }
-TORCH_FREE_LAYERS = {"gateway", "client", "request", "audio", "wire"}
-# The one crossing left, by name: with no voice or sample rate given, the request model and the
-# speech endpoint fall back to Qwen3-Omni's (torch-free constants; every audio event carries the
-# stage's real rate, and the gateway's default voice is the first one the talkers report).
-CROSSINGS = {
-    ("omnistream.request.generation", "omnistream.models.qwen3_omni.constants"),
-    ("omnistream.request.defaults", "omnistream.models.qwen3_omni.constants"),
-    ("omnistream.request.stage_chain", "omnistream.models.qwen3_omni.constants"),
-    ("gateway.api.openai.speech", "omnistream.models.qwen3_omni.constants"),
-}
+TORCH_FREE_LAYERS = {"gateway", "chain", "client", "request", "audio", "wire"}
+# Crossings allowed by name: none left. The request model names no model's voice or sample rate
+# (an empty speaker is the talker's default voice; audio events carry the stage's rate), and the
+# gateway learns both from the stages' Info (the talker's `default_voice`, the code2wav's rate).
+CROSSINGS: set[tuple[str, str]] = set()
 # Torch imported inside a function of a torch-free layer: only on paths a stage process takes.
 LAZY_TORCH = {
     "omnistream.request.sampling_params",  # the sampling generator, made by an engine

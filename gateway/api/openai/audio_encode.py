@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import io
 import struct
-from typing import Protocol
+from typing import Literal, Protocol
 
 import numpy as np
 
@@ -40,7 +40,9 @@ MEDIA_TYPES = {
 # opus answer flowing as it is decoded (one 20 ms packet per page at most costs ~27 bytes each).
 _MUXER_OPTIONS = {"ogg": {"page_duration": "20000"}}
 # format -> (FFmpeg muxer, FFmpeg encoder, bit rate or None for lossless)
-_CODECS = {
+# format -> (muxer, encoder, bit rate); the encoders are PyAV's audio codec names, so its stubs
+# type the stream `add_stream` makes as an AudioStream.
+_CODECS: dict[str, tuple[str, Literal["libmp3lame", "libopus", "aac", "flac"], int | None]] = {
     "mp3": ("mp3", "libmp3lame", 64_000),
     "opus": ("ogg", "libopus", 48_000),
     "aac": ("adts", "aac", 64_000),

@@ -18,7 +18,7 @@ from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from gateway.api.openai.chat_responses import complete, sse_stream
 from gateway.api.openai.errors import COMMON_RESPONSES, ErrorResponse, unavailable
-from gateway.api.openai.messages import ChatMessage, Name, turn
+from gateway.api.openai.messages import ChatMessage, Message, Name, UnknownRoleMessage, turn
 from gateway.api.openai.request_guards import first_invalid_unicode, printable
 from gateway.api.openai.sse import SessionStream
 from gateway.api.openai.voices import speaker_for
@@ -96,9 +96,8 @@ class AudioOptions(BaseModel):
     model_config = STRICT
     voice: Name | None = Field(
         None,
-        description=f"One of the model's speakers (e.g. ethan, chelsie, aiden), or an OpenAI voice name "
-        f"(its nearest speaker); default {DEFAULTS.voice!r} (or the deployment's first voice when it "
-        "lacks that one).",
+        description="One of the model's speakers (e.g. ethan, chelsie, aiden), or an OpenAI voice name "
+        "(its nearest speaker); default: the model's default voice (ethan on Qwen3-Omni).",
     )
     format: Literal["wav", "pcm16"] = Field(
         "wav",
@@ -239,13 +238,19 @@ def to_tool_use(body: ChatCompletionRequest) -> ToolUse:
         for i, t in enumerate(body.tools or ())
     ]
     choice = body.tool_choice
-    named = Named(choice.function.name) if isinstance(choice, NamedToolChoice) else None
+    mode = Named(choice.function.name) if isinstance(choice, NamedToolChoice) else choice or "auto"
     fmt = body.response_format
     output = None
     if fmt is not None:
         schema = fmt.json_schema.schema_ if isinstance(fmt, ResponseFormatJsonSchema) else None
         output = response_format_output(fmt.type, schema)
-    return tool_use(functions, named or choice or "auto", body.parallel_tool_calls is not False, output)
+    return tool_use(functions, mode, body.parallel_tool_calls is not False, output)
+
+
+def _known_role(message: ChatMessage) -> Message:
+    """A message of a validated body: an `UnknownRoleMessage` never validates (its role fails)."""
+    assert not isinstance(message, UnknownRoleMessage), "a message of unknown role passed validation"
+    return message
 
 
 def to_request_input(
@@ -255,7 +260,7 @@ def to_request_input(
     Media parts stay encoded (`EncodedMedia`); `GatewayCore.open` decodes them before admission.
     `tools`: the body's tool use (`to_tool_use`); a JSON answer is text only."""
     audio = body.audio
-    messages = [turn(m, i, url_prefixes) for i, m in enumerate(body.messages)]
+    messages = [turn(_known_role(m), i, url_prefixes) for i, m in enumerate(body.messages)]
     check_tool_results(messages)
     tools = tools or ToolUse()
     structured = tools.structured_output
@@ -291,11 +296,11 @@ def to_generation_request(
     """The request the body asks for, defaults from the one table (`omnistream.request.defaults`),
     and its tool use (how the answer's text is read)."""
     audio_format = body.audio.format if body.audio else "wav"
-    serving = ServingDefaults.of(core.config, core.deployment.voices)
+    serving = ServingDefaults.of(core.config, core.deployment.voices, core.deployment.default_voice)
     tools = to_tool_use(body)
     given = to_request_input(body, tuple(core.config.media_url_prefixes), tools)
     if given.voice is not None:  # an OpenAI voice name: the model's nearest voice, as /v1/audio/speech
-        given = dataclasses.replace(given, voice=speaker_for(given.voice, core.deployment.voices))
+        given = dataclasses.replace(given, voice=speaker_for(given.voice, serving.voices, serving.voice))
     return resolve(given, serving), audio_format, tools
 
 

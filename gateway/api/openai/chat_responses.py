@@ -47,7 +47,14 @@ if TYPE_CHECKING:
 AUDIO_EXPIRY_SECONDS = 3600
 
 
-def _chunk(cid: str, created: int, model: str, delta: dict, finish: str | None = None, usage=None) -> str:
+def _chunk(
+    cid: str,
+    created: int,
+    model: str,
+    delta: dict[str, Any],
+    finish: str | None = None,
+    usage: dict[str, Any] | None = None,
+) -> str:
     body: dict[str, Any] = {
         "id": cid,
         "object": "chat.completion.chunk",

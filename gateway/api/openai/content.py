@@ -127,14 +127,16 @@ Content = Annotated[
 ]
 
 
-def to_content(content: str | list[Any], index: int, url_prefixes: tuple[str, ...]) -> str | list[dict]:
+def to_content(
+    content: str | list[Any], index: int, url_prefixes: tuple[str, ...]
+) -> str | list[dict[str, Any]]:
     """A message's content for `RequestInput`: text only stays one string (exactly as before media
     existed); with media, the parts in order, each media one an `EncodedMedia` to decode."""
     if isinstance(content, str):
         return content
     if not any(not isinstance(p, TextPart) for p in content):
         return "".join(p.text for p in content)
-    parts: list[dict] = []
+    parts: list[dict[str, Any]] = []
     for i, part in enumerate(content):
         at = f"messages.{index}.content.{i}"
         if isinstance(part, TextPart):

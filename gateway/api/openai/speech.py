@@ -15,7 +15,7 @@ What differs from OpenAI, and why:
 * `voice` is one of the deployment's voices (`/v1/models` via the talker's Info; e.g. ethan,
   chelsie, aiden) or one of OpenAI's names, spoken by the model's nearest voice (the table in
   gateway/api/openai/voices.py, the same as `/v1/realtime`'s); a string or `{"id": ...}`; left
-  out, the default voice.
+  out, the model's default voice (ethan on Qwen3-Omni, as the talker's Info says).
 * `usage` on `speech.audio.done` counts `input_tokens` as the prompt's tokens and `output_tokens`
   as the 80 ms codec frames spoken.
 * Extensions (not OpenAI's): `seed`, `talker_temperature`, `talker_top_k`, `talker_top_p`,
@@ -50,9 +50,8 @@ from gateway.api.openai.voices import speaker_for
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
 from gateway.serving.tracing import http_entry
-from omnistream.models.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request.defaults import DEFAULTS, RequestInput, ServingDefaults, resolve
-from omnistream.request.errors import InvalidRequest, OmniError, status_of
+from omnistream.request.errors import InvalidRequest, OmniError, Unavailable, status_of
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -76,7 +75,7 @@ class SpeechRequest(BaseModel):
     voice: Name | VoiceId | None = Field(
         None,
         description="One of the model's speakers, or an OpenAI voice name (its nearest speaker); "
-        f"default {DEFAULTS.voice!r} (or the first).",
+        "default: the model's default voice (ethan on Qwen3-Omni).",
     )
     response_format: Literal["mp3", "opus", "aac", "flac", "wav", "pcm"] = Field(
         "mp3", description="pcm: raw 16-bit LE 24 kHz mono; wav streams with its header first."
@@ -127,9 +126,10 @@ def to_generation_request(body: SpeechRequest, core: GatewayCore) -> GenerationR
         raise InvalidRequest(
             "instructions: not supported (the voice is conditioned on the text only)", field="instructions"
         )
+    serving = ServingDefaults.of(core.config, core.deployment.voices, core.deployment.default_voice)
     voice = body.voice.id if isinstance(body.voice, VoiceId) else body.voice
     if voice is not None:
-        voice = speaker_for(voice, core.deployment.voices)
+        voice = speaker_for(voice, serving.voices, serving.voice)
     given = RequestInput(
         messages=[{"role": "user", "content": body.input}],
         assistant_text=body.input,
@@ -145,7 +145,7 @@ def to_generation_request(body: SpeechRequest, core: GatewayCore) -> GenerationR
         initial_codec_chunk_frames=body.initial_codec_chunk_frames,
         codec_chunk_schedule=body.codec_chunk_schedule,
     )
-    return resolve(given, ServingDefaults.of(core.config, core.deployment.voices))
+    return resolve(given, serving)
 
 
 def _usage(done: DoneEvent) -> dict[str, int]:
@@ -156,7 +156,7 @@ def _usage(done: DoneEvent) -> dict[str, int]:
     }
 
 
-async def _encoded(session: Session, fmt: str, sample_rate: int) -> AsyncIterator[bytes | DoneEvent]:
+async def _encoded(session: Session, fmt: str, sample_rate: int) -> AsyncGenerator[bytes | DoneEvent, None]:
     """The file's bytes as the audio is decoded (encoding in a worker thread), then the DoneEvent.
     `sample_rate`: the deployment's, for a file without samples; audio events carry their own."""
     enc: AudioEncoder | None = None
@@ -293,7 +293,10 @@ def router(core: GatewayCore) -> APIRouter:
     )
     async def speech(body: SpeechRequest, http_request: Request) -> Response:
         core.readiness.require(audio=True)  # speech needs every stage
-        rate = core.deployment.sample_rate or SAMPLE_RATE
+        # The code2wav's, which a ready deployment knows; without it there is no file to write.
+        rate = core.deployment.sample_rate
+        if not rate:
+            raise Unavailable("no code2wav has reported its sample rate: audio cannot be served now")
         try:
             request = to_generation_request(body, core)
             trace = http_entry("POST", "/v1/audio/speech", http_request.headers)

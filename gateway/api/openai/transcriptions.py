@@ -87,7 +87,7 @@ async def prepared(core: GatewayCore, http_request: Request) -> tuple[Transcript
     part: dict[str, Any] = {"type": "audio", "audio": EncodedMedia("audio", mime, "file", data=data)}
     size = await core.media.decode([{"role": "user", "content": [part]}], use_audio_in_video=False)
     seconds = float(part["audio"].seconds)
-    defaults = ServingDefaults.of(core.config, core.deployment.voices)
+    defaults = ServingDefaults.of(core.config, core.deployment.voices, core.deployment.default_voice)
     request = transcription_request(part, seconds, defaults, fields.language, fields.prompt)
     check_message_size(request, size, core.config.max_message_bytes)  # as core.prepare would
     trace = http_entry("POST", ROUTE, http_request.headers)

@@ -8,7 +8,8 @@ client wants. The model's own names (`/v1/models`: chelsie, ethan, aiden for Qwe
 always taken as they are, and win over this table. Each OpenAI voice goes to the Qwen3-Omni voice
 of its register: the women's voices to chelsie, the brighter men's to ethan (the deployment's
 default, which `ash`, the Agents SDK's default, keeps), the deeper and calmer men's to aiden. A
-deployment without that voice speaks its default voice instead (`ServingDefaults.default_voice`).
+deployment without that voice speaks its default voice instead (the model's, as its talker reports
+it: `ServingDefaults.default_voice`).
 """
 
 from __future__ import annotations
@@ -39,21 +40,22 @@ def _has(voices: Sequence[str], name: str) -> bool:
     return name.lower() in (v.lower() for v in voices)
 
 
-def speaker_for(asked: str, voices: Sequence[str] | None) -> str:
+def speaker_for(asked: str, voices: Sequence[str] | None, default_voice: str | None = None) -> str:
     """The model's voice that speaks for `asked`: itself when the deployment has it (or its voices
     are not known yet) and it is no OpenAI name, the table's voice for an OpenAI name (the
-    deployment's default voice when it lacks that one); any other name is returned as it is, for
-    the talker's voice check to refuse."""
+    deployment's `default_voice` when it lacks that one; "" when that is not known either: the
+    talker's default); any other name is returned as it is, for the talker's voice check to refuse."""
     if voices and _has(voices, asked):
         return asked
     target = OPENAI_VOICES.get(asked.lower())
     if target is None:
         return asked
     if voices and not _has(voices, target):
-        return ServingDefaults(voices=tuple(voices)).default_voice()
+        return ServingDefaults(voices=tuple(voices), voice=default_voice).default_voice()
     return target
 
 
 def known(asked: str, voices: Sequence[str] | None) -> bool:
-    """Whether `asked` can be spoken here (True while the deployment's voices are not known)."""
-    return not voices or _has(voices, speaker_for(asked, voices))
+    """Whether `asked` can be spoken here (True while the deployment's voices are not known): one of
+    its voices, or an OpenAI name (spoken by the table's voice or the deployment's default)."""
+    return not voices or _has(voices, asked) or asked.lower() in OPENAI_VOICES

@@ -8,11 +8,12 @@ loads the embedded tiny checkpoint and the real 30B one.
 
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 import transformers
 from torch import nn
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoConfig, AutoTokenizer, PreTrainedConfig
 from transformers.conversion_mapping import (
     get_checkpoint_conversion_mapping,
     register_checkpoint_conversion_mapping,
@@ -25,20 +26,20 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
     Qwen3OmniMoeThinkerForConditionalGeneration,
 )
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.load_options import DeviceSettings, LoadOptions
 
 log = logging.getLogger(__name__)
 
 
-class ThinkerWeights(Qwen3OmniMoePreTrainedModel):
+class ThinkerWeights(Qwen3OmniMoePreTrainedModel):  # type: ignore[no-untyped-call]  # transformers' __init_subclass__
     """Holds `thinker.*` only."""
 
     config: Qwen3OmniMoeConfig
 
     def __init__(self, config: Qwen3OmniMoeConfig) -> None:
         super().__init__(config)
-        self.thinker = Qwen3OmniMoeThinkerForConditionalGeneration._from_config(config.thinker_config)
-        self.post_init()
+        self.thinker = Qwen3OmniMoeThinkerForConditionalGeneration._from_config(config.thinker_config)  # type: ignore[no-untyped-call]  # transformers: unannotated
+        self.post_init()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 class _ThinkerEmbedding(nn.Module):
@@ -50,7 +51,7 @@ class _ThinkerEmbedding(nn.Module):
         self.model.embed_tokens = nn.Embedding(vocab_size, hidden_size)
 
 
-class TalkerWeights(Qwen3OmniMoePreTrainedModel):
+class TalkerWeights(Qwen3OmniMoePreTrainedModel):  # type: ignore[no-untyped-call]  # transformers' __init_subclass__
     """Holds `talker.*` plus the thinker's embedding table: with it the talker turns thinker token ids
     into its text rows itself, so the thinker only ships token ids per step."""
 
@@ -58,21 +59,24 @@ class TalkerWeights(Qwen3OmniMoePreTrainedModel):
 
     def __init__(self, config: Qwen3OmniMoeConfig) -> None:
         super().__init__(config)
-        text = config.thinker_config.text_config
+        thinker = config.thinker_config
+        # Annotated `dict | PreTrainedConfig | None` for __init__'s argument; __init__ made it a config.
+        assert isinstance(thinker, PreTrainedConfig)
+        text = thinker.text_config
         self.thinker = _ThinkerEmbedding(text.vocab_size, text.hidden_size)
-        self.talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)
-        self.post_init()
+        self.talker = Qwen3OmniMoeTalkerForConditionalGeneration._from_config(config.talker_config)  # type: ignore[no-untyped-call]  # transformers: unannotated
+        self.post_init()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
-class Code2WavWeights(Qwen3OmniMoePreTrainedModel):
+class Code2WavWeights(Qwen3OmniMoePreTrainedModel):  # type: ignore[no-untyped-call]  # transformers' __init_subclass__
     """Holds `code2wav.*` only."""
 
     config: Qwen3OmniMoeConfig
 
     def __init__(self, config: Qwen3OmniMoeConfig) -> None:
         super().__init__(config)
-        self.code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config)
-        self.post_init()
+        self.code2wav = Qwen3OmniMoeCode2Wav._from_config(config.code2wav_config)  # type: ignore[no-untyped-call]  # transformers: unannotated
+        self.post_init()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 STAGE_CLASSES: dict[str, type[Qwen3OmniMoePreTrainedModel]] = {
@@ -90,21 +94,23 @@ def _register_conversions() -> None:
     global _registered
     if _registered:
         return
-    mapping = get_checkpoint_conversion_mapping("qwen3_omni_moe")
+    mapping = get_checkpoint_conversion_mapping("qwen3_omni_moe")  # type: ignore[no-untyped-call]  # transformers: unannotated
     for cls in STAGE_CLASSES.values():
         register_checkpoint_conversion_mapping(cls.__name__, mapping, overwrite=True)
     _registered = True
 
 
 def load_config(model_dir: str | Path) -> Qwen3OmniMoeConfig:
-    return AutoConfig.from_pretrained(str(model_dir))
+    config: Qwen3OmniMoeConfig = AutoConfig.from_pretrained(str(model_dir))
+    return config
 
 
-def load_tokenizer(model_dir: str | Path):
+def load_tokenizer(model_dir: str | Path) -> Any:
+    """The checkpoint's Hugging Face tokenizer (its class depends on the checkpoint)."""
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
-def load_stage(stage: str, model_dir: str | Path, options: LoadOptions = LoadOptions()):
+def load_stage(stage: str, model_dir: str | Path, options: DeviceSettings = LoadOptions()) -> Any:
     """Return the stage's holder module (eval mode, on the requested device and dtype).
 
     The weights are read straight onto the device (`device_map`): building the stage in host RAM
@@ -112,14 +118,14 @@ def load_stage(stage: str, model_dir: str | Path, options: LoadOptions = LoadOpt
     30B thinker, more host memory than a GPU node may have."""
     _register_conversions()
     # The load report would list the other stages' weights as unexpected: that is the point.
-    transformers.logging.set_verbosity_error()
-    transformers.logging.disable_progress_bar()
+    transformers.logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     cls = STAGE_CLASSES[stage]
     dtype = options.torch_dtype()
     # The default grouped-matmul MoE kernel rejects float64; eager experts run every dtype.
     experts = "eager" if dtype == torch.float64 else None
-    kwargs: dict = {"dtype": dtype, "device_map": str(options.device)}
+    kwargs: dict[str, Any] = {"dtype": dtype, "device_map": str(options.device)}
     if experts:
         kwargs["experts_implementation"] = experts
     model = cls.from_pretrained(str(model_dir), **kwargs)
-    return model.eval()
+    return model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated

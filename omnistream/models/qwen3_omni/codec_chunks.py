@@ -12,6 +12,7 @@ built with `lookahead=1`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -74,7 +75,7 @@ class FrameShipper:
         return first, frames_tensor(self.frames[first:])
 
 
-def flush_points(plan: ChunkPlan, lookahead: int = 0):
+def flush_points(plan: ChunkPlan, lookahead: int = 0) -> Iterator[int]:
     """Frame counts at which the talker should ship what it has: each window end (+ lookahead)."""
     start = 0
     while True:

@@ -7,13 +7,21 @@ heavy is imported at module level: the gateway imports this (for voices) without
 
 from __future__ import annotations
 
+import dataclasses
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK
-from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.engine.load_options import ThinkerLoadSettings, is_accelerator
+from omnistream.engine.settings import (
+    STAGE_SETTINGS,
+    Code2WavEngineSettings,
+    EngineSettings,
+    PrefixCacheSettings,
+    TalkerEngineSettings,
+    ThinkerEngineSettings,
+)
 from omnistream.models.family import STAGES, ModelFamily, ModelInfo
 from omnistream.models.qwen3_omni.constants import (
     CODEBOOK_SIZE,
@@ -28,13 +36,31 @@ from omnistream.models.qwen3_omni.constants import (
 )
 
 if TYPE_CHECKING:
-    from omnistream.engine.api import StageEngine
-    from omnistream.engine.load_options import LoadOptions
+    from omnistream.engine.api import FrameShipping, StageEngine
+    from omnistream.request.chunk_plan import ChunkPlan
 
 # The prompt content the thinker takes: text, and decoded audio, images and video (with its sound).
 INPUT_MODALITIES = ("text", "audio", "image", "video")
 # The thinker's engines: ours, and vLLM's (text only, thinker/vllm_engine.py).
 BACKENDS = ("transformers", "vllm")
+
+
+def _check_backend(stage: str, settings: EngineSettings) -> None:
+    """A thinker backend that does not exist, or vLLM asked of another stage: refused by name."""
+    if isinstance(settings, ThinkerLoadSettings):
+        if settings.backend not in BACKENDS:
+            raise ValueError(f"unknown backend {settings.backend!r}; backends are {BACKENDS}")
+        if settings.backend == "vllm" and stage != "thinker":
+            raise ValueError(f"the vllm backend serves the thinker only, not the {stage}")
+
+
+def _check_fits(config: Any, stage: str, settings: EngineSettings) -> None:
+    """Refuse (InvalidRequest, with the numbers) a stage its device's free memory cannot hold."""
+    from omnistream.models.qwen3_omni.memory import check_stage_fits
+
+    vllm = isinstance(settings, ThinkerEngineSettings) and settings.backend == "vllm"  # vLLM's own cache
+    prefix = settings.prefix_cache_bytes if isinstance(settings, PrefixCacheSettings) and not vllm else 0
+    check_stage_fits(config, stage, settings, settings.max_batch, settings.max_model_len, prefix)
 
 
 class Qwen3OmniFamily:
@@ -73,88 +99,34 @@ class Qwen3OmniFamily:
 
         return load_tokenizer(model_dir)
 
-    def engine(
-        self,
-        stage: str,
-        model_dir: str | Path,
-        options: LoadOptions,
-        *,
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_requests: int | None = None,
-        max_model_len: int = 4096,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        max_step_batch: int | None = None,
-        max_step_frames: int | None = None,
-        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-        prefix_cache_bytes: int | None = None,
-    ) -> StageEngine:
+    def engine(self, stage: str, model_dir: str | Path, settings: EngineSettings) -> StageEngine:
         if stage not in STAGES:
             raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
-        from omnistream.engine.load_options import is_accelerator
-
-        if is_accelerator(options.device):
+        _check_backend(stage, settings)
+        expected = STAGE_SETTINGS[stage]
+        if not isinstance(settings, expected):
+            raise TypeError(f"the {stage} takes {expected.__name__}, got {type(settings).__name__}")
+        if is_accelerator(settings.device):
             # Before any weight is read: a stage that cannot fit its device says so, with the numbers.
-            from omnistream.models.qwen3_omni.memory import check_stage_fits
-
-            cached = stage == "talker" or (stage == "thinker" and options.backend != "vllm")
-            prefix = prefix_cache_bytes if cached else 0
-            config = self.load_config(model_dir)
-            check_stage_fits(config, stage, options, max_batch, max_model_len, prefix)
-        if options.backend not in BACKENDS:
-            raise ValueError(f"unknown backend {options.backend!r}; backends are {BACKENDS}")
-        if options.backend == "vllm" and stage != "thinker":
-            raise ValueError(f"the vllm backend serves the thinker only, not the {stage}")
-        if stage == "thinker" and options.backend == "vllm":
+            _check_fits(self.load_config(model_dir), stage, settings)
+        if isinstance(settings, ThinkerEngineSettings) and settings.backend == "vllm":
             from omnistream.models.qwen3_omni.thinker.vllm_engine import VllmThinkerEngine
 
-            return VllmThinkerEngine(
-                str(model_dir),
-                options,
-                max_model_len=max_model_len,
-                prefill_chunk=prefill_chunk,
-                vllm_load=options.vllm_load,
-                max_batch=max_batch,
-                max_requests=max_requests,
-            )
-        if stage == "thinker":
+            return VllmThinkerEngine(str(model_dir), settings)
+        if isinstance(settings, ThinkerEngineSettings):
             from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 
-            return ThinkerEngine(
-                str(model_dir),
-                options,
-                max_model_len=max_model_len,
-                prefill_chunk=prefill_chunk,
-                max_batch=max_batch,
-                max_requests=max_requests,
-                prefix_cache_bytes=prefix_cache_bytes,
-            )
-        if stage == "talker":
+            return ThinkerEngine(str(model_dir), settings)
+        if isinstance(settings, TalkerEngineSettings):
             from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
 
-            length = max_model_len * TALKER_LENGTH_FACTOR
-            return TalkerEngine(
-                str(model_dir),
-                options,
-                max_model_len=length,
-                prefill_chunk=prefill_chunk,
-                max_step_batch=max_step_batch,
-                first_audio_target=first_audio_target,
-                max_batch=max_batch,
-                max_requests=max_requests,
-                prefix_cache_bytes=prefix_cache_bytes,
-            )
-        if stage == "code2wav":
-            from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
+            # Its codec frames outnumber the thinker's tokens: its context is the thinker's, scaled.
+            length = settings.max_model_len * TALKER_LENGTH_FACTOR
+            return TalkerEngine(str(model_dir), dataclasses.replace(settings, max_model_len=length))
+        from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 
-            return Code2WavEngine(
-                str(model_dir),
-                options,
-                max_step_frames=max_step_frames,
-                first_audio_target=first_audio_target,
-                max_batch=max_batch,
-                max_requests=max_requests,
-            )
-        raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
+        assert isinstance(settings, Code2WavEngineSettings)  # (the check above: STAGE_SETTINGS)
+        return Code2WavEngine(str(model_dir), settings)
 
     async def warm_up(self, stage: str, engine: StageEngine) -> None:
         from omnistream.models.qwen3_omni.warmup import WARMERS
@@ -174,6 +146,16 @@ class Qwen3OmniFamily:
         from omnistream.models.qwen3_omni.random_prompts import random_prompts
 
         return random_prompts(config, tokenizer, count, input_len, seed)
+
+    def talker_rows(self, positions: Sequence[int], rows: Any) -> Mapping[int, Any]:
+        from omnistream.models.qwen3_omni.talker.deep_rows import DeepRows
+
+        return DeepRows(positions, rows)
+
+    def frame_shipper(self, plan: ChunkPlan, lookahead: int = 0) -> FrameShipping:
+        from omnistream.models.qwen3_omni.codec_chunks import FrameShipper
+
+        return FrameShipper(plan, lookahead=lookahead)
 
     def make_tiny(self, directory: str | Path, **options: Any) -> Path:
         from omnistream.models.qwen3_omni.tiny import make_tiny_model

@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omnistream.engine.load_options import DTYPE_BYTES, LoadOptions, is_accelerator
+from omnistream.engine.load_options import DTYPE_BYTES, DeviceSettings, is_accelerator
+from omnistream.engine.settings import EngineSettings
 from omnistream.request.errors import InvalidRequest
 
 GIB = 1 << 30
@@ -29,9 +31,9 @@ HEADROOM_FRACTION = 0.10  # of weights + KV cache: activations grow with the bat
 HEADROOM_FIXED = 1 * GIB  # CUDA context, cuBLAS workspaces, allocator slack
 REAL_CONFIG = Path(__file__).parent / "data" / "qwen3-omni-30b-a3b-instruct.config.json"
 STAGES = ("thinker", "talker", "code2wav")
-# The serving defaults (services/serve_args.py) the docs/gpu.md table is computed at.
-DEFAULT_MAX_BATCH = 16
-DEFAULT_MAX_MODEL_LEN = 4096
+# The serving defaults (omnistream/engine/settings.py, declared there) the docs/gpu.md table is computed at.
+DEFAULT_MAX_BATCH = EngineSettings.max_batch
+DEFAULT_MAX_MODEL_LEN = EngineSettings.max_model_len
 
 
 @dataclass(frozen=True)
@@ -57,10 +59,11 @@ def default_prefix_cache_bytes(kv_cache: int) -> int:
 
 def kv_cache_bytes(text_config: Any, slots: int, capacity: int, dtype_bytes: int) -> int:
     """layers x kv heads x head_dim x capacity x slots x 2 (K and V) x dtype bytes."""
-    head_dim = (
+    head_dim: int = (
         getattr(text_config, "head_dim", None) or text_config.hidden_size // text_config.num_attention_heads
     )
-    layers, heads = text_config.num_hidden_layers, text_config.num_key_value_heads
+    layers: int = text_config.num_hidden_layers
+    heads: int = text_config.num_key_value_heads
     return layers * heads * head_dim * capacity * slots * 2 * dtype_bytes
 
 
@@ -119,7 +122,7 @@ def gib(n: int) -> str:
 def check_stage_fits(
     config: Any,
     stage: str,
-    options: LoadOptions,
+    options: DeviceSettings,
     max_batch: int,
     max_model_len: int,
     prefix_cache_bytes: int | None = None,
@@ -147,7 +150,7 @@ def check_stage_fits(
 
 
 def check_placement_fits(
-    config: Any, placement: list[tuple[str, LoadOptions]], max_batch: int, max_model_len: int
+    config: Any, placement: Sequence[tuple[str, DeviceSettings]], max_batch: int, max_model_len: int
 ) -> dict[str, int]:
     """Stages that start together (`omnistream up` starts them in parallel) each see the whole free
     memory of a shared GPU; the sum must fit. `placement`: (stage, options) per process, replicas

@@ -8,9 +8,10 @@ assistant turns; hence a family member, reached as `family.random_prompts`.
 from __future__ import annotations
 
 import random
+from typing import Any
 
 
-def random_prompts(config, tokenizer, count: int, input_len: int, seed: int = 0) -> list[list[int]]:
+def random_prompts(config: Any, tokenizer: Any, count: int, input_len: int, seed: int = 0) -> list[list[int]]:
     im_start, im_end = config.im_start_token_id, config.im_end_token_id
     newline = tokenizer.encode("\n", add_special_tokens=False)
     if len(newline) != 1:

@@ -27,7 +27,9 @@ run to `max_audio_frames`.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -42,7 +44,7 @@ _EOS_WEIGHT = 2.0  # the EOS row's weight on it: logit ~ 2 x sqrt(hidden) after 
 _LEAK_LIMIT = 1e-4  # the largest detector output any other thinker token may produce
 
 
-def make_answers_end(model, tokenizer_dir: str | Path, bpe_vocab: int) -> None:
+def make_answers_end(model: Any, tokenizer_dir: str | Path, bpe_vocab: int) -> None:
     """Rewire `model` (a `Qwen3OmniMoeForConditionalGeneration`) in place; see the module doc.
     `bpe_vocab`: the tiny tokenizer's BPE ids (tiny.py's BPE_VOCAB, passed in: tiny.py imports this)."""
     from transformers import AutoTokenizer
@@ -53,7 +55,7 @@ def make_answers_end(model, tokenizer_dir: str | Path, bpe_vocab: int) -> None:
         end_speech_after_text(model)
 
 
-def sentence_final_ids(tokenizer, bpe_vocab: int) -> list[int]:
+def sentence_final_ids(tokenizer: Any, bpe_vocab: int) -> list[int]:
     """Ids after which the tiny thinker ends its answer: punctuation, and every 16th BPE id."""
     roles = {tokenizer.convert_tokens_to_ids(r) for r in ("system", "user", "assistant")}
     final = []
@@ -64,7 +66,7 @@ def sentence_final_ids(tokenizer, bpe_vocab: int) -> list[int]:
     return final
 
 
-def _silence_coordinate(layers, v: int) -> None:
+def _silence_coordinate(layers: Iterable[Any], v: int) -> None:
     """No attention or MLP output of these decoder layers writes residual coordinate `v`."""
     for layer in layers:
         layer.self_attn.o_proj.weight[v] = 0.0
@@ -75,7 +77,7 @@ def _silence_coordinate(layers, v: int) -> None:
             shared.down_proj.weight[v] = 0.0
 
 
-def end_text_after_sentence(model, final_ids: list[int]) -> None:
+def end_text_after_sentence(model: Any, final_ids: list[int]) -> None:
     """The thinker's `<|im_end|>` wins right after a sentence-final token (see the module doc)."""
     text = model.thinker.model.language_model
     embed = text.embed_tokens.weight
@@ -92,7 +94,7 @@ def end_text_after_sentence(model, final_ids: list[int]) -> None:
     model.talker.text_projection.linear_fc1.weight[:, v] = 0.0
 
 
-def end_speech_after_text(model) -> None:
+def end_speech_after_text(model: Any) -> None:
     """The talker's EOS code wins at the first `tts_pad` row (see the module doc)."""
     config = model.config
     talker = model.talker

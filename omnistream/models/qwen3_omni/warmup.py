@@ -21,6 +21,7 @@ import torch
 
 from omnistream.engine.api import Code2WavStageEngine, StageEngine, TalkerStageEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
+from omnistream.request.stage_chain import TalkerParams, ThinkerParams
 
 
 def talker_warmup_prompt(config: Any) -> list[int]:
@@ -44,14 +45,10 @@ async def _drain(out: AsyncIterable[Any]) -> None:
 
 
 async def warm_thinker(engine: StageEngine) -> None:
-    from omnistream.models.qwen3_omni.thinker.engine import ThinkerParams
-
     await _drain(engine.add_request("warmup", [0, 1, 2], ThinkerParams(max_tokens=2, ignore_eos=True)))
 
 
 async def warm_talker(stage_engine: StageEngine) -> None:
-    from omnistream.models.qwen3_omni.talker.engine import TalkerParams
-
     engine = cast(TalkerStageEngine, stage_engine)
     out = engine.add_request("warmup", TalkerParams(max_frames=2))
     engine.feed("warmup", [0], True, prompt_ids=talker_warmup_prompt(engine.config))
@@ -83,8 +80,6 @@ def probe_sizes(max_batch: int) -> list[int]:
 
 
 async def probe_talker(stage_engine: StageEngine) -> None:
-    from omnistream.models.qwen3_omni.talker.engine import TalkerParams
-
     engine = cast(TalkerStageEngine, stage_engine)
     prompt = talker_warmup_prompt(engine.config)
     for size in probe_sizes(engine.max_step_batch):

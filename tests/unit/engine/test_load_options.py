@@ -2,18 +2,10 @@
 
 from __future__ import annotations
 
-import argparse
-
 import pytest
 import torch
 
-from omnistream.engine.load_options import (
-    LoadOptions,
-    add_dtype_arguments,
-    add_stage_device_arguments,
-    resolve_dtype,
-    stage_devices,
-)
+from omnistream.engine.load_options import LoadOptions, resolve_dtype
 from omnistream.request.errors import InvalidRequest
 
 
@@ -34,14 +26,7 @@ def test_float64_on_cuda_needs_the_debug_flag():
         LoadOptions("cpu", "float8").torch_dtype()
 
 
-def test_stage_devices_default_to_device_and_on_keeps_the_rest():
-    p = argparse.ArgumentParser()
-    p.add_argument("--device", default="cpu")
-    add_stage_device_arguments(p)
-    add_dtype_arguments(p)
-    args = p.parse_args(["--device", "cuda:0", "--talker-device", "cuda:1", "--code2wav-device", "cuda:1"])
-    assert stage_devices(args) == {"thinker": "cuda:0", "talker": "cuda:1", "code2wav": "cuda:1"}
-    assert args.dtype == "auto" and not args.allow_float64
+def test_on_moves_options_to_another_device_and_keeps_the_rest():
     options = LoadOptions("cuda:0", "float64", allow_float64=True)
     assert options.on("cuda:1") == LoadOptions("cuda:1", "float64", allow_float64=True)
     assert options.on(None) is options

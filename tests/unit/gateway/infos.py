@@ -26,7 +26,12 @@ def stage_info(stage: str, **overrides: Any) -> stage_pb2.StageInfo:
         fields |= {"voices": list(VOICES), "codebooks": 16, "frames_per_second": 12.5}
     if stage == "code2wav":
         fields |= {"sample_rate": 24000, "codebooks": 16, "frames_per_second": 12.5}
-    return stage_pb2.StageInfo(**(fields | overrides))
+    fields |= overrides
+    if stage == "talker" and "default_voice" not in overrides:
+        # The talker's default voice as Qwen3-Omni's picks it: ethan, else its first voice.
+        voices = fields["voices"]
+        fields["default_voice"] = "ethan" if "ethan" in voices else next(iter(voices), "")
+    return stage_pb2.StageInfo(**fields)
 
 
 def deployment(**talker: Any) -> Deployment:

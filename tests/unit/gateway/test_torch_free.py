@@ -19,7 +19,7 @@ def test_gateway_imports_and_request_handling_load_no_torch():
         import gateway.serving.core, gateway.serving.stage_calls
         from gateway.media.file_decode import Deadline, decode_image
         from gateway.media.limits import MediaLimits, Tally
-        from omnistream.wire.convert import message_proto
+        from omnistream.wire.messages import message_proto
         from gateway.config import GatewayConfig
         from omnistream.request.generation import GenerationRequest
         from omnistream.request.defaults import RequestInput, resolve

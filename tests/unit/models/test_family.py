@@ -10,6 +10,12 @@ import textwrap
 import pytest
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import (
+    Code2WavEngineSettings,
+    TalkerEngineSettings,
+    ThinkerEngineSettings,
+    derive,
+)
 from omnistream.models.family import families, family_for, family_named, model_info, read_config
 from omnistream.models.qwen3_omni.family import FAMILY
 from omnistream.request.errors import InvalidRequest
@@ -76,13 +82,22 @@ def test_random_prompts_have_the_exact_length_and_the_chat_framing(tiny_model_di
 def test_the_engine_factory_hands_the_audio_stages_their_step_budgets(tiny_model_dir):
     options = LoadOptions(dtype="float32")
     talker = FAMILY.engine(
-        "talker", tiny_model_dir, options, max_batch=4, max_step_batch=2, first_audio_target=0.25
+        "talker",
+        tiny_model_dir,
+        derive(TalkerEngineSettings, options, max_batch=4, max_step_batch=2, first_audio_target=0.25),
     )
     assert (talker.max_step_batch, talker.first_audio_target) == (2, 0.25)
     assert (
-        FAMILY.engine("talker", tiny_model_dir, options, max_batch=4).max_step_batch == 4
+        FAMILY.engine(
+            "talker", tiny_model_dir, derive(TalkerEngineSettings, options, max_batch=4)
+        ).max_step_batch
+        == 4
     )  # default: the batch
-    code2wav = FAMILY.engine("code2wav", tiny_model_dir, options, max_step_frames=30, first_audio_target=1.5)
+    code2wav = FAMILY.engine(
+        "code2wav",
+        tiny_model_dir,
+        derive(Code2WavEngineSettings, options, max_step_frames=30, first_audio_target=1.5),
+    )
     assert (code2wav.max_step_frames, code2wav.first_audio_target) == (30, 1.5)
 
 
@@ -90,6 +105,6 @@ def test_the_vllm_backend_serves_the_thinker_only(tiny_model_dir):
     """Refused before any weight is read: vLLM runs no talker or code2wav here, and a misspelt
     backend is named."""
     with pytest.raises(ValueError, match="thinker only"):
-        FAMILY.engine("talker", tiny_model_dir, LoadOptions(backend="vllm"))
+        FAMILY.engine("talker", tiny_model_dir, ThinkerEngineSettings(backend="vllm"))
     with pytest.raises(ValueError, match="unknown backend"):
-        FAMILY.engine("thinker", tiny_model_dir, LoadOptions(backend="onnx"))
+        FAMILY.engine("thinker", tiny_model_dir, ThinkerEngineSettings(backend="onnx"))

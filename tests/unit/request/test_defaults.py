@@ -4,6 +4,7 @@ and the benchmark: equivalent inputs through each entry point's mapper give equa
 from __future__ import annotations
 
 import dataclasses
+import json
 import re
 from pathlib import Path
 from types import SimpleNamespace
@@ -28,27 +29,38 @@ README = Path(__file__).resolve().parents[3] / "docs" / "serving.md"  # the defa
 HI = [{"role": "user", "content": "hi"}]
 
 
+# `voices` and `default_voice`: what the deployment's talkers reported in their Info (None: not yet).
 def via_rest(
-    body: dict[str, Any], config: GatewayConfig, voices: tuple[str, ...] | None = None
+    body: dict[str, Any],
+    config: GatewayConfig,
+    voices: tuple[str, ...] | None = None,
+    default_voice: str | None = None,
 ) -> GenerationRequest:
     parsed = ChatCompletionRequest.model_validate({"messages": HI, **body})
-    core = SimpleNamespace(config=config, deployment=SimpleNamespace(voices=voices))
+    deployment = SimpleNamespace(voices=voices, default_voice=default_voice)
+    core = SimpleNamespace(config=config, deployment=deployment)
     return rest_to_request(parsed, core)[0]  # type: ignore[arg-type]
 
 
 def via_grpc(
-    config: GatewayConfig, voices: tuple[str, ...] | None = None, **fields: Any
+    config: GatewayConfig,
+    voices: tuple[str, ...] | None = None,
+    default_voice: str | None = None,
+    **fields: Any,
 ) -> GenerationRequest:
     messages = fields.pop("messages", HI)
     request = gateway_pb2.GenerateRequest(messages=[common_pb2.Message(**m) for m in messages], **fields)
-    return grpc_to_request(request, config, voices)
+    return grpc_to_request(request, config, voices, default_voice)
 
 
 def via_cli(
-    flags: list[str], config: GatewayConfig, voices: tuple[str, ...] | None = None
+    flags: list[str],
+    config: GatewayConfig,
+    voices: tuple[str, ...] | None = None,
+    default_voice: str | None = None,
 ) -> GenerationRequest:
     args = build_parser().parse_args(["generate", "--prompt", "hi", "--output-dir", "unused", *flags])
-    return request_from_args(args, ServingDefaults.of(config, voices))
+    return request_from_args(args, ServingDefaults.of(config, voices, default_voice))
 
 
 def talker_defaults(seed: int | None = None) -> SamplingParams:
@@ -162,12 +174,13 @@ def test_every_entry_point_resolves_equivalent_input_to_the_same_request(case: s
 
 def test_nothing_given_gets_the_table() -> None:
     config = GatewayConfig(default_max_tokens=100, max_audio_frames=500, codec_chunk_frames=20)
-    request = via_rest({}, config)
+    request = via_rest({}, config, default_voice="ethan")  # a Qwen3-Omni talker's Info
     assert request.messages == HI  # no system prompt is added
     assert request.sampling == SamplingParams(DEFAULTS.temperature, DEFAULTS.top_p, DEFAULTS.top_k)
     assert request.talker_sampling == talker_defaults()
     assert not request.sampling.greedy and not request.talker_sampling.greedy
-    assert request.speaker == DEFAULTS.voice and request.return_audio and not request.ignore_eos
+    assert request.speaker == "ethan" and request.return_audio and not request.ignore_eos
+    assert DEFAULTS.voice is None  # the table names no voice: the model's default is the talker's
     # The deployment's values, not the table's built-in ones.
     assert (request.max_tokens, request.max_audio_frames, request.codec_chunk_frames) == (100, 500, 20)
     assert request.initial_codec_chunk_frames is None and request.mode == "async"
@@ -226,16 +239,43 @@ def test_an_empty_system_prompt_means_no_system_message() -> None:
 
 
 @pytest.mark.parametrize(
-    ("voices", "expected"),
-    [((), "ethan"), (("chelsie", "Ethan"), "ethan"), (("zoe", "max"), "zoe")],
+    ("voices", "default_voice", "expected"),
+    [
+        ((), "ethan", "ethan"),
+        (("chelsie", "Ethan"), "ethan", "ethan"),
+        (("zoe", "max"), "zoe", "zoe"),
+        ((), None, ""),  # not known: the speaker is left empty, and the talker speaks its default
+        (("zoe", "max"), None, ""),
+    ],
 )
-def test_the_default_voice_falls_back_to_the_deployments_first(voices: tuple, expected: str) -> None:
-    assert resolve(RequestInput(messages=HI), ServingDefaults(voices=voices)).speaker == expected
-    # The gateway's voices are the talkers' (their Info); the CLI's are its checkpoint's.
+def test_the_default_voice_is_the_one_the_talker_reports(
+    voices: tuple[str, ...], default_voice: str | None, expected: str
+) -> None:
+    deployment = ServingDefaults(voices=voices, voice=default_voice)
+    assert resolve(RequestInput(messages=HI), deployment).speaker == expected
+    # The gateway's voices and default are the talkers' (their Info); the CLI's its checkpoint's.
     config, known = GatewayConfig(), voices or None
-    assert via_rest({}, config, known).speaker == expected
-    assert via_grpc(config, known).speaker == expected
-    assert via_cli([], config, known).speaker == expected
+    assert via_rest({}, config, known, default_voice).speaker == expected
+    assert via_grpc(config, known, default_voice).speaker == expected
+    assert via_cli([], config, known, default_voice).speaker == expected
+
+
+def test_a_configured_voice_wins_where_the_deployment_has_it() -> None:
+    table, given = Defaults(voice="chelsie"), RequestInput(messages=HI)
+    has_it = ServingDefaults(voices=("chelsie", "ethan"), voice="ethan")
+    lacks_it = ServingDefaults(voices=("aiden", "ethan"), voice="ethan")
+    assert resolve(given, has_it, table).speaker == "chelsie"
+    assert resolve(given, lacks_it, table).speaker == "ethan"  # the model's default instead
+    assert resolve(given, ServingDefaults(), table).speaker == "chelsie"  # voices not known: as configured
+
+
+def test_the_cli_takes_the_checkpoints_voices_and_default(tmp_path: Path) -> None:
+    from omnistream.cli.generate import checkpoint_serving
+
+    assert checkpoint_serving(tmp_path) == ServingDefaults()  # no config.json: neither known
+    config = {"model_type": "qwen3_omni_moe", "talker_config": {"speaker_id": {"Chelsie": 1, "Ethan": 2}}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert checkpoint_serving(tmp_path) == ServingDefaults(voices=("chelsie", "ethan"), voice="ethan")
 
 
 @pytest.mark.parametrize(

@@ -10,12 +10,19 @@ import pytest
 
 from omnistream.cli.main import build_parser
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
+from omnistream.engine.settings import STAGE_SETTINGS, AudioScheduleSettings
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
+from omnistream.service.settings import build
 from services import serve, serve_args
 
 
 def _parse(*argv: str):
     return build_parser().parse_args(["serve", *argv, "--model", "unused"])
+
+
+def _settings(stage: str, *argv: str):
+    """The stage engine's settings as `serve` builds them from these flags."""
+    return build(STAGE_SETTINGS[stage], _parse(stage, *argv))
 
 
 def test_cuda_graphs_is_a_talker_flag_on_by_default_for_cuda_only():
@@ -32,10 +39,10 @@ def test_cuda_graphs_is_a_talker_flag_on_by_default_for_cuda_only():
 
 
 def test_cuda_graphs_refused_off_cuda():
-    assert serve_args.load_options_refusal(_parse("talker")) is None
-    assert serve_args.load_options_refusal(_parse("talker", "--no-cuda-graphs")) is None
-    assert serve_args.load_options_refusal(_parse("talker", "--cuda-graphs", "--device", "cuda:0")) is None
-    refusal = serve_args.load_options_refusal(_parse("talker", "--cuda-graphs"))
+    assert serve_args.load_options_refusal(_settings("talker")) is None
+    assert serve_args.load_options_refusal(_settings("talker", "--no-cuda-graphs")) is None
+    assert serve_args.load_options_refusal(_settings("talker", "--cuda-graphs", "--device", "cuda:0")) is None
+    refusal = serve_args.load_options_refusal(_settings("talker", "--cuda-graphs"))
     assert refusal is not None and "--cuda-graphs needs a CUDA --device" in refusal and "'cpu'" in refusal
 
 
@@ -52,15 +59,17 @@ def test_scheduling_flags_belong_to_the_audio_stages_with_their_defaults():
     # Code2Wav's steps are bounded by default: an urgent window waits behind at most one of them.
     assert code2wav.max_step_frames == DEFAULT_CODE2WAV_STEP_FRAMES == 100
     assert code2wav.first_audio_target == DEFAULT_FIRST_AUDIO_TARGET_S
-    assert serve_args.schedule_options(talker) == {
-        "max_step_batch": None,
-        "first_audio_target": DEFAULT_FIRST_AUDIO_TARGET_S,
-    }
-    assert serve_args.schedule_options(_parse("code2wav", "--max-step-frames", "50")) == {
-        "max_step_frames": 50,
-        "first_audio_target": DEFAULT_FIRST_AUDIO_TARGET_S,
-    }
-    assert serve_args.schedule_options(_parse("thinker")) == {}
+    talker_settings = _settings("talker")
+    assert (talker_settings.max_step_batch, talker_settings.first_audio_target) == (
+        None,
+        DEFAULT_FIRST_AUDIO_TARGET_S,
+    )
+    code2wav_settings = _settings("code2wav", "--max-step-frames", "50")
+    assert (code2wav_settings.max_step_frames, code2wav_settings.first_audio_target) == (
+        50,
+        DEFAULT_FIRST_AUDIO_TARGET_S,
+    )
+    assert not isinstance(_settings("thinker"), AudioScheduleSettings)  # no per-step audio schedule
     assert _parse("talker", "--max-step-batch", "2", "--first-audio-target", "0").max_step_batch == 2
     for stage, flag in (
         ("thinker", "--max-step-batch"),
@@ -83,16 +92,19 @@ def test_scheduling_flags_belong_to_the_audio_stages_with_their_defaults():
 
 def test_a_step_batch_above_the_batch_is_refused_before_loading():
     assert (
-        serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "4")) is None
+        serve_args.load_options_refusal(_settings("talker", "--max-batch", "4", "--max-step-batch", "4"))
+        is None
     )
-    refusal = serve_args.load_options_refusal(_parse("talker", "--max-batch", "4", "--max-step-batch", "5"))
+    refusal = serve_args.load_options_refusal(
+        _settings("talker", "--max-batch", "4", "--max-step-batch", "5")
+    )
     assert refusal == "--max-step-batch 5 exceeds --max-batch 4"
 
 
 def test_static_frames_is_a_talker_flag_and_on_by_default():
     assert _parse("talker").static_frames is True
     assert _parse("talker", "--no-static-frames").static_frames is False
-    assert serve_args.load_options_refusal(_parse("talker", "--static-frames")) is None  # CPU too
+    assert serve_args.load_options_refusal(_settings("talker", "--static-frames")) is None  # CPU too
     for stage in ("thinker", "code2wav"):
         with pytest.raises(SystemExit):
             _parse(stage, "--static-frames")
@@ -144,9 +156,9 @@ def test_the_generated_stage_flags_keep_their_names_and_defaults(stage, monkeypa
         assert (args.backend, args.vllm_load) == ("transformers", "auto")
     if stage in ("thinker", "talker"):
         assert args.prefix_cache_gib is None
-        assert "prefix_cache_bytes" not in serve_args.schedule_options(args)  # the engine's default
+        assert _settings(stage).prefix_cache_bytes is None  # the engine's default
         given = build_parser().parse_args(["serve", stage, "--model", "m", "--prefix-cache-gib", "0.5"])
-        assert serve_args.schedule_options(given)["prefix_cache_bytes"] == 1 << 29
+        assert build(STAGE_SETTINGS[stage], given).prefix_cache_bytes == 1 << 29
         with pytest.raises(SystemExit):
             build_parser().parse_args(["serve", stage, "--model", "m", "--prefix-cache-gib", "-1"])
     monkeypatch.setenv(serve_args.MODEL_ENV, "/ckpt")

@@ -14,10 +14,10 @@ from omnistream.request.stage_chain import stage_opens
 from omnistream.wire.convert import (
     media_layout_from_proto,
     media_layout_to_proto,
-    messages_from_proto,
     talker_input_proto,
     thinker_open_proto,
 )
+from omnistream.wire.messages import messages_from_proto
 from omnistream.wire.tensors import to_proto
 from tests.media_samples import conversations
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from omnistream.request.errors import InvalidRequest
-from omnistream.wire.convert import message_proto, messages_from_proto, tools_from_proto, tools_to_proto
+from omnistream.wire.convert import tools_from_proto, tools_to_proto
+from omnistream.wire.messages import message_proto, messages_from_proto
 
 CALLS = [{"id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}}]
 

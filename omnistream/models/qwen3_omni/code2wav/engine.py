@@ -29,15 +29,14 @@ import numpy as np
 import torch
 
 from omnistream.engine.engine import Engine, RequestState, present
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, LoadOptions
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import (
-    DEFAULT_FIRST_AUDIO_TARGET_S,
     Playout,
     buffered_seconds,
     by_deadline,
     check_step_budget,
 )
+from omnistream.engine.settings import Code2WavEngineSettings
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.code2wav.stream import Code2WavStreamState, StreamingCode2Wav
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
@@ -82,31 +81,32 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
     def __init__(
         self,
         model_dir: str,
-        options: LoadOptions = LoadOptions(),
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_requests: int | None = None,
+        settings: Code2WavEngineSettings,
+        *,
         output_capacity: int = 64,
         max_frames: int = 16384,
         decode: str = "stream",
-        max_step_frames: int | None = None,
-        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
     ) -> None:
-        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
-        check_step_budget("max_step_frames", max_step_frames)
-        # Frames one step decodes, all its windows together (None: only `max_batch` bounds a step).
-        # The most urgent window always goes, however long: a budget never stalls the stage.
-        self.max_step_frames = max_step_frames
-        self.first_audio_target = first_audio_target
-        holder = load_stage("code2wav", model_dir, options)
+        """`settings` as `omnistream serve code2wav` takes them. `max_frames`: the most frames one
+        request may send; `decode`: "stream" or the "recompute" baseline (`set_decode`)."""
+        check_step_budget("max_step_frames", settings.max_step_frames)
+        super().__init__(max_requests=settings.request_limit, output_capacity=output_capacity)
+        self.settings = settings
+        # Frames one step decodes, all its windows together (None, as a test sets it: only
+        # `max_batch` bounds a step). The most urgent window always goes, however long: a budget
+        # never stalls the stage.
+        self.max_step_frames: int | None = settings.max_step_frames
+        self.first_audio_target = settings.first_audio_target
+        holder = load_stage("code2wav", model_dir, settings)
         self.config = holder.config
         self.code2wav = holder.code2wav
-        self.device = options.device
+        self.device = settings.device
         c = self.config.code2wav_config
         self.num_quantizers = c.num_quantizers
         self.sample_rate = SAMPLE_RATE  # not in the config: the decoder is built for it
         self.codebook_size = c.codebook_size
         self.upsample = int(self.code2wav.total_upsample)
-        self.max_batch = max_batch
+        self.max_batch = settings.max_batch
         self.max_frames = max_frames
         self.set_decode(decode)
         self.streamer = StreamingCode2Wav(self.code2wav)

@@ -16,7 +16,7 @@ prefill budget, the free KV slots and the frame rows alike. `max_step_batch` cap
 take a frame step (default: every slotted one, `max_batch`); a request left out for a more urgent
 one is counted in `stats.deferred`.
 
-With static frames (`LoadOptions.static_frames`, `--static-frames`) a frame runs as two fixed-shape,
+With static frames (`TalkerEngineSettings.static_frames`, `--static-frames`) a frame runs as two fixed-shape,
 graph-capturable steps instead (omnistream/models/qwen3_omni/talker/frame.py: the code predictor's 15
 codebooks, then the talker's decode, each with its sampling), captured as CUDA graphs with
 `--cuda-graphs`; the codes are the same, the host dispatches a few ops per frame instead of thousands.
@@ -34,20 +34,17 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import torch
 
 from omnistream.engine.batch_sampler import BatchSampler
 from omnistream.engine.engine import Engine, present
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
-from omnistream.engine.playout import (
-    DEFAULT_FIRST_AUDIO_TARGET_S,
-    Playout,
-    check_step_budget,
-)
+from omnistream.engine.playout import Playout, check_step_budget
 from omnistream.engine.prefix_cache import PrefixCache
+from omnistream.engine.settings import TalkerEngineSettings
 from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
@@ -69,60 +66,48 @@ from omnistream.request.stage_chain import TalkerFeed, TalkerParams  # the edge'
 log = logging.getLogger(__name__)
 
 
+def _check_settings(settings: TalkerEngineSettings) -> None:
+    """Budgets that cannot work, refused before a weight is read."""
+    if settings.prefill_chunk < 1:
+        raise ValueError(f"prefill_chunk must be at least 1, got {settings.prefill_chunk}")
+    check_step_budget("max_step_batch", settings.max_step_batch)
+    if settings.max_step_batch is not None and settings.max_step_batch > settings.max_batch:
+        raise ValueError(
+            f"max_step_batch ({settings.max_step_batch}) cannot exceed max_batch ({settings.max_batch})"
+        )
+
+
 class TalkerEngine(Engine[_TalkerState, TalkerStep]):
     """The talker stage: the engine thread, admission and prefill here; its intake, schedule and
     frames as parts."""
 
     name = "talker"
+    # Of the loaded checkpoint, set by `_take_model`: what the engine API reads.
+    config: Any
+    default_speaker: str
 
     def __init__(
         self,
         model_dir: str,
-        options: LoadOptions = LoadOptions(),
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_model_len: int = 8192,
-        max_requests: int | None = None,
+        settings: TalkerEngineSettings,
+        *,
         output_capacity: int = 512,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        max_step_batch: int | None = None,
-        first_audio_target: float = DEFAULT_FIRST_AUDIO_TARGET_S,
-        static_frames: bool | None = None,
         graph_buckets: bool | None = None,
-        prefix_cache_bytes: int | None = None,
     ) -> None:
-        """`prefix_cache_bytes`: the budget of the user rows' prefix cache (prefix.py); None: half
-        the KV slots' bytes; 0: off."""
-        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
-        if prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
-        check_step_budget("max_step_batch", max_step_batch)
-        if max_step_batch is not None and max_step_batch > max_batch:
-            raise ValueError(f"max_step_batch ({max_step_batch}) cannot exceed max_batch ({max_batch})")
-        self.first_audio_target = first_audio_target
-        holder = load_stage("talker", model_dir, options)
-        self.config = holder.config
-        self.talker = holder.talker
-        self.cp = self.talker.code_predictor
-        self.device = options.device
-        self.dtype = options.torch_dtype()
-        tc = self.config.talker_config
-        self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
-        # Audio seconds one codec frame holds (80 ms for Qwen3-Omni): the playout clock's unit.
-        self.frame_seconds = 1.0 / describe_loaded(self.config).frames_per_second
-        # What a request that names no voice gets: the family default, if this checkpoint has it.
-        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
-        self.num_groups = tc.num_code_groups
-        self.codec_eos = tc.codec_eos_token_id
-        vocab = tc.text_config.vocab_size
-        self.suppress = torch.zeros(vocab, dtype=torch.bool, device=options.device)
-        self.suppress[vocab - 1024 :] = True
-        self.suppress[self.codec_eos] = False
-        self.prompts = TalkerPromptBuilder(self.config, self.talker, holder.thinker.model.embed_tokens)
-        self.hidden_width = self.talker.hidden_projection.linear_fc1.in_features  # the thinker's
-        self.thinker_vocab = self.config.thinker_config.text_config.vocab_size
-        text = tc.text_config
-        self.max_batch = max_batch
-        self.max_model_len = max_model_len
+        """`settings` as `omnistream serve talker` takes them (`settings.max_model_len`: the
+        talker's own, which the family scales from the thinker's). `graph_buckets`: the code
+        predictor's and the static frame's batch buckets (powers of two, padded); None: with CUDA
+        graphs. They run on the CPU too, in tests."""
+        _check_settings(settings)
+        super().__init__(max_requests=settings.request_limit, output_capacity=output_capacity)
+        self.settings = settings
+        self.first_audio_target = settings.first_audio_target
+        self.max_batch = settings.max_batch
+        self.max_model_len = settings.max_model_len
+        self.device = settings.device
+        self.dtype = settings.torch_dtype()
+        holder = load_stage("talker", model_dir, settings)
+        self._take_model(holder)
         # A request's thinker input, checked as it comes and added to its state.
         self.intake = TalkerIntake(
             thinker_vocab=self.thinker_vocab,
@@ -131,54 +116,19 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             im_start_id=self.config.im_start_token_id,
             assistant_id=self.config.assistant_token_id,
             user_id=self.config.user_token_id,
-            max_model_len=max_model_len,
+            max_model_len=self.max_model_len,
             device=self.device,
             dtype=self.dtype,
         )
         # Static frames (omnistream/models/qwen3_omni/talker/frame.py): each frame as two fixed-shape,
         # graph-capturable steps; one more cache slot, the padding rows' scratch.
-        static = options.static_frames if static_frames is None else static_frames
-        slots = max_batch + 1 if static else max_batch
-        self.cache = SlotKVCache.for_text_config(
-            text, slots, max_model_len, options.torch_dtype(), options.device
-        )
-        kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
-        budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
-        self.prefix_cache: PrefixCache = PrefixCache(budget, namespace=b"talker")
-        self.prefixes = TalkerPrefixes(self.prefix_cache, self.cache, self.prompts.multimodal_ids)
-        # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
-        # Graph buckets (powers of two, padded; None: with CUDA graphs) run on the CPU too, in tests.
-        graph_buckets = options.graphs if graph_buckets is None else graph_buckets
-        self.code_predictor = CodePredictorRunner(
-            self.cp,
-            max_batch,
-            options.torch_dtype(),
-            options.device,
-            cuda_graphs=options.graphs and not static,  # static frames capture it themselves
-            buckets=batch_buckets(max_batch) if graph_buckets else None,
-        )
-        # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
-        # over the request's codebook-0 history) and the code predictor's groups.
-        self.sampler = BatchSampler(vocab, options.device, slots=slots, suppress=self.suppress)
-        self.eos_mask = EosMask(vocab, self.codec_eos, slots, options.device)  # ignore_eos requests
-        self.cp_sampler = BatchSampler(self.cp.config.vocab_size, options.device)
-        self.frame: StaticTalkerFrame | None = None
-        if static:
-            self.frame = StaticTalkerFrame(
-                self.talker,
-                self.code_predictor,
-                self.prompts,
-                self.cache,
-                self.sampler,
-                self.cp_sampler,
-                eos_mask=self.eos_mask,
-                graph_buckets=graph_buckets,
-                cuda_graphs=options.graphs,
-            )
+        slots = self.max_batch + 1 if settings.static_frames else self.max_batch
+        self._make_caches(slots, settings.prefix_cache_bytes)
+        self._make_frame_parts(settings, slots, settings.graphs if graph_buckets is None else graph_buckets)
         # Which requests step (prompt rows `prefill_chunk` a step; frame rows `max_step_batch`, the
         # most urgent first) and one frame's steps.
-        step_batch = max_step_batch or max_batch
-        self.schedule = DeadlineSchedule(self.cache, self.eos_mask, prefill_chunk, step_batch)
+        step_batch = settings.max_step_batch or self.max_batch
+        self.schedule = DeadlineSchedule(self.cache, self.eos_mask, settings.prefill_chunk, step_batch)
         self.frames = FrameSteps(
             requests=self,
             talker=self.talker,
@@ -195,6 +145,68 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             num_groups=self.num_groups,
             frame_seconds=self.frame_seconds,
         )
+
+    def _take_model(self, holder: Any) -> None:
+        """The loaded talker's parts and the facts of its config this engine reads."""
+        self.config = holder.config
+        self.talker = holder.talker
+        self.cp = self.talker.code_predictor
+        tc = self.config.talker_config
+        self.speakers = {k.lower(): v for k, v in tc.speaker_id.items()}
+        # Audio seconds one codec frame holds (80 ms for Qwen3-Omni): the playout clock's unit.
+        self.frame_seconds = 1.0 / describe_loaded(self.config).frames_per_second
+        # What a request that names no voice gets: the family default, if this checkpoint has it.
+        self.default_speaker = DEFAULT_SPEAKER if DEFAULT_SPEAKER in self.speakers else min(self.speakers)
+        self.num_groups = tc.num_code_groups
+        self.codec_eos = tc.codec_eos_token_id
+        self.vocab = tc.text_config.vocab_size
+        self.suppress = torch.zeros(self.vocab, dtype=torch.bool, device=self.device)
+        self.suppress[self.vocab - 1024 :] = True
+        self.suppress[self.codec_eos] = False
+        self.prompts = TalkerPromptBuilder(self.config, self.talker, holder.thinker.model.embed_tokens)
+        self.hidden_width = self.talker.hidden_projection.linear_fc1.in_features  # the thinker's
+        self.thinker_vocab = self.config.thinker_config.text_config.vocab_size
+
+    def _make_caches(self, slots: int, prefix_cache_bytes: int | None) -> None:
+        """The KV slots and the user rows' prefix cache (prefix.py; budget None: half the slots'
+        bytes, 0: off)."""
+        text = self.config.talker_config.text_config
+        self.cache = SlotKVCache.for_text_config(text, slots, self.max_model_len, self.dtype, self.device)
+        kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
+        budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
+        self.prefix_cache: PrefixCache = PrefixCache(budget, namespace=b"talker")
+        self.prefixes = TalkerPrefixes(self.prefix_cache, self.cache, self.prompts.multimodal_ids)
+
+    def _make_frame_parts(self, settings: TalkerEngineSettings, slots: int, graph_buckets: bool) -> None:
+        """The code predictor's runner, the samplers and (static frames) the fixed-shape frame."""
+        static, graphs = settings.static_frames, settings.graphs
+        # Codebooks 1..15: fixed-shape steps over a static cache (CUDA graphs with --cuda-graphs).
+        self.code_predictor = CodePredictorRunner(
+            self.cp,
+            self.max_batch,
+            self.dtype,
+            self.device,
+            cuda_graphs=graphs and not static,  # static frames capture it themselves
+            buckets=batch_buckets(self.max_batch) if graph_buckets else None,
+        )
+        # Batched choices: codebook 0 (suppressed ids, presence masks per KV slot for the penalty
+        # over the request's codebook-0 history) and the code predictor's groups.
+        self.sampler = BatchSampler(self.vocab, self.device, slots=slots, suppress=self.suppress)
+        self.eos_mask = EosMask(self.vocab, self.codec_eos, slots, self.device)  # ignore_eos requests
+        self.cp_sampler = BatchSampler(self.cp.config.vocab_size, self.device)
+        self.frame: StaticTalkerFrame | None = None
+        if static:
+            self.frame = StaticTalkerFrame(
+                self.talker,
+                self.code_predictor,
+                self.prompts,
+                self.cache,
+                self.sampler,
+                self.cp_sampler,
+                eos_mask=self.eos_mask,
+                graph_buckets=graph_buckets,
+                cuda_graphs=graphs,
+            )
 
     # --- the schedule's budgets, read by it each step (settable between requests) ------------------
     @property
@@ -226,7 +238,7 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
 
     # --- public API ---------------------------------------------------------------------------------
     def add_request(self, request_id: str, params: TalkerParams) -> OutputStream[TalkerOutput]:
-        speaker_id = self.speakers.get(params.speaker.lower())
+        speaker_id = self.speakers.get((params.speaker or self.default_speaker).lower())  # "": the default
         if speaker_id is None:
             raise InvalidRequest(
                 f"unknown speaker {params.speaker!r}; choose from {sorted(self.speakers)}", field="speaker"

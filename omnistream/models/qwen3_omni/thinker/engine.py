@@ -3,8 +3,9 @@
 Part of the qwen3_omni family: built by `omnistream.models.qwen3_omni.family`, which callers go through.
 Its parts: the per-request state (`state.py`), a prompt's prefill pieces (`prefill`, an object of
 `prefill.py`'s `PromptPrefill`, that runs them through this engine's `forward`), given answers
-streamed without generation (`given_answers.py`'s `speak_next`); scheduling, the batched forward
-and the batched choice stay here.
+streamed without generation (`given_answers.py`'s `speak_next`), and its base `ThinkerDecode`
+(`decode.py`: the batched forward, the token choice, what a chosen token emits); admission and
+scheduling stay here.
 
 Per step it emits the new token id and its text delta. The talker needs nothing else for text
 prompts: it holds the thinker's embedding table and turns ids into its own text rows, so what the
@@ -26,29 +27,25 @@ sequence position + its rope delta, batched with everyone else.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from omnistream.engine.batch_sampler import BatchSampler, RowSampling
+from omnistream.engine.batch_sampler import BatchSampler
 from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.detokenizer import IncrementalDetokenizer
-from omnistream.engine.engine import Engine, present
-from omnistream.engine.grammar import DEFAULT_COMPILE_TIMEOUT_S, BatchMask, Grammars, MaskFill
+from omnistream.engine.engine import present
+from omnistream.engine.grammar import DEFAULT_COMPILE_TIMEOUT_S, BatchMask, Grammars
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.load_options import (
-    DEFAULT_MAX_BATCH,
-    DEFAULT_PREFILL_CHUNK,
-    LoadOptions,
-    is_accelerator,
-)
+from omnistream.engine.load_options import is_accelerator
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
+from omnistream.models.qwen3_omni.thinker.decode import ThinkerDecode
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_item import item_digests
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
@@ -57,22 +54,21 @@ from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
 from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
-    PromptEmbedding,
     Slice,
     check_media_prompt,
     encode_slices,
     plan_slices,
 )
-from omnistream.request.errors import InternalError, InvalidRequest
+from omnistream.request.errors import InvalidRequest
 from omnistream.request.stage_chain import ThinkerParams  # the open params are part of the stage chain
 from omnistream.request.structured import StructuredOutput
 
 log = logging.getLogger(__name__)
 
 
-class ThinkerEngine(Engine[_ThinkerState, _Step]):
-    """The thinker stage: the engine thread, admission, scheduling and the batched forward and choice;
-    a prompt's prefill pieces are its `prefill` part's."""
+class ThinkerEngine(ThinkerDecode):
+    """The thinker stage: the engine thread, admission and scheduling; the batched forward, choice
+    and emission are its base's (decode.py), a prompt's prefill pieces its `prefill` part's."""
 
     name = "thinker"
     # Its text runs far ahead of the talker: after a request's first token and its first text, its
@@ -83,27 +79,28 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
     def __init__(
         self,
         model_dir: str,
-        options: LoadOptions = LoadOptions(),
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_model_len: int = 4096,
-        max_requests: int | None = None,
+        settings: ThinkerEngineSettings,
+        *,
         output_capacity: int = 512,
         encode_budget: int | None = None,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        prefix_cache_bytes: int | None = None,
         grammar_timeout: float = DEFAULT_COMPILE_TIMEOUT_S,
     ) -> None:
-        """`prefix_cache_bytes`: the prefix cache's budget (prefix.py); None: half the KV slots'
-        bytes (memory.py's default), 0: off. `grammar_timeout`: how long a request's output grammar
-        may take to compile before the request is refused (grammar.py)."""
-        super().__init__(max_requests=max_requests or max_batch * 4, output_capacity=output_capacity)
-        holder = load_stage("thinker", model_dir, options)
+        """`settings` as `omnistream serve thinker` takes them (its prefix cache budget None: half
+        the KV slots' bytes, memory.py's default; 0: off). `encode_budget`: encoder input units per
+        step (None: four audio windows). `grammar_timeout`: how long a request's output grammar may
+        take to compile before the request is refused (grammar.py)."""
+        if settings.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be at least 1, got {settings.prefill_chunk}")
+        super().__init__(max_requests=settings.request_limit, output_capacity=output_capacity)
+        self.settings = settings
+        max_batch, max_model_len = settings.max_batch, settings.max_model_len
+        holder = load_stage("thinker", model_dir, settings)
         self.config = holder.config
         self.thinker = holder.thinker
         self.lm = self.thinker.model.language_model
         self.tokenizer = load_tokenizer(model_dir)
-        self.device = options.device
-        self.dtype = options.torch_dtype()
+        self.device = settings.device
+        self.dtype = settings.torch_dtype()
         text = self.config.thinker_config.text_config
         # The text rules (encoding, request checks, given answers) the vLLM thinker shares.
         self.text = ThinkerText(self.config, self.tokenizer, max_model_len)
@@ -124,20 +121,17 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
         audio = tc.audio_config
         self.audio_window = audio.n_window_infer
         self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
-        if prefill_chunk < 1:
-            raise ValueError(f"prefill_chunk must be at least 1, got {prefill_chunk}")
         # Prompt positions prefilled per step, all requests together (at least one piece a step).
-        self.prefill_chunk = prefill_chunk
-        self.cache = SlotKVCache.for_text_config(
-            text, max_batch, max_model_len, options.torch_dtype(), options.device
-        )
+        self.prefill_chunk = settings.prefill_chunk
+        self.cache = SlotKVCache.for_text_config(text, max_batch, max_model_len, self.dtype, self.device)
         kv_bytes = sum(t.numel() * t.element_size() for t in self.cache.keys + self.cache.values)
+        prefix_cache_bytes = settings.prefix_cache_bytes
         budget = default_prefix_cache_bytes(kv_bytes) if prefix_cache_bytes is None else prefix_cache_bytes
         # Its blocks hold deep rows of the accept layer: a change of layer clears it (`accept_layer`).
         self.prefix_cache: PrefixCache = PrefixCache(budget, namespace=b"thinker")
         self.prefixes = ThinkerPrefixes(self.prefix_cache, self.cache, self.multimodal_ids, self.config)
         # One batched choice per step; its presence masks (repetition penalty) live per KV slot.
-        self.sampler = BatchSampler(self.vocab_size, options.device, slots=max_batch)
+        self.sampler = BatchSampler(self.vocab_size, self.device, slots=max_batch)
         # Grammar-constrained decoding (tool calls, response_format): compiled grammars kept per
         # spec, one bitmask a step over the batch (grammar.py). The end of turn ends a grammar.
         self.grammars = Grammars(
@@ -319,50 +313,6 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
                 state.slices.insert(0, piece)
         super()._step_failed(work, error)
 
-    def forward(
-        self,
-        states: Sequence[_ThinkerState],
-        ids: torch.Tensor | None,
-        embedding: PromptEmbedding | None = None,
-        positions: torch.Tensor | None = None,
-        commit: bool = True,
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Run the text model on `ids` [B, q] (or a prompt embedding) at each row's own position;
-        return last-position logits and the last hidden states. `commit=False`: the caller advances
-        the lengths once the step's tokens are chosen (a batched step retried alone after a failed
-        choice must find the lengths as they were)."""
-        q = ids.shape[1] if ids is not None else present(embedding).embeds.shape[1]
-        self.cache.plan([s.held_slot for s in states], q)
-        if positions is None:
-            positions = self.cache.positions()
-            deltas = [s.rope_delta for s in states]
-            if any(deltas):  # M-RoPE requests decode at sequence position + their delta
-                offset = torch.tensor(deltas, dtype=torch.float32, device=positions.device).view(-1, 1)
-                positions = positions.float() + offset
-            positions = positions.unsqueeze(0).expand(3, -1, -1)
-        extra: dict[str, Any] = {}
-        if embedding is not None:
-            inputs = embedding.embeds
-            if embedding.deepstack is not None:
-                extra = {
-                    "visual_pos_masks": embedding.visual_mask,
-                    "deepstack_visual_embeds": embedding.deepstack,
-                }
-        else:
-            inputs = self.lm.embed_tokens(ids)
-        out = self.lm(
-            inputs_embeds=inputs,
-            position_ids=positions,
-            attention_mask=self.cache.attention_mask(),
-            cache=self.cache,
-            use_cache=True,
-            **extra,
-        )
-        logits = self.thinker.lm_head(out.last_hidden_state[:, -1])
-        if commit:  # last: a step that raised left the lengths as they were (retry-safe)
-            self.cache.commit()
-        return logits, out.last_hidden_state
-
     def _run(self, work: _Step) -> None:
         device = self.device
         for state in work.plan:
@@ -410,113 +360,3 @@ class ThinkerEngine(Engine[_ThinkerState, _Step]):
             for state in decode:  # their second token is on its way: their prompts' blocks now
                 if state.prompt_store_due:
                     self._store_prompt(state)
-
-    def _store_prompt(self, state: _ThinkerState) -> None:
-        state.prompt_store_due = False
-        self.prefixes.store(state, state.prompt_deep, answer=False)
-
-    def _start_mask(self, states: Sequence[_ThinkerState]) -> MaskFill | None:
-        """The grammar rows of a step's batch, filling in the mask's thread while the forward runs
-        (None: no row has a grammar)."""
-        constrained = [(row, s) for row, s in enumerate(states) if s.matcher is not None and not s.finished]
-        if not constrained:
-            return None
-        return self.grammar_mask.start(
-            [present(s.matcher) for _, s in constrained], [r for r, _ in constrained]
-        )
-
-    def choose(
-        self,
-        states: Sequence[_ThinkerState],
-        logits: torch.Tensor,
-        first: bool,
-        filling: MaskFill | None = None,
-    ) -> list[int]:
-        """The next token of every row of the last forward ([B, V] logits), batched: one copy of the
-        ids to the host per step. Like `generate`, the repetition penalty covers the prompt too: a
-        request's presence mask starts from its prompt on its first token.
-
-        Rows with a grammar choose only among the tokens it allows next: one bitmask for the batch,
-        filled for those rows (`filling`: in the mask's thread while the forward ran; else here) and
-        applied to their logits alone. A grammar that fails here fails its request only (its row's
-        token is then dropped by `_accept`)."""
-        if first:
-            for state in states:
-                if state.params.sampling.repetition_penalty != 1.0:
-                    self.sampler.reset(state.held_slot, state.prompt_ids)
-        constrained = [(row, s) for row, s in enumerate(states) if s.matcher is not None and not s.finished]
-        if filling is not None:  # started before the forward: the rows that had a grammar then
-            constrained = [(row, states[row]) for row in filling.rows]
-        if constrained:
-            masked = [row for row, _ in constrained]
-            try:
-                if filling is not None:
-                    filling.wait()
-                    self.grammar_mask.apply_filled(logits, filling)
-                else:
-                    self.grammar_mask.fill_rows([present(s.matcher) for _, s in constrained], masked)
-                    self.grammar_mask.apply(logits, masked)
-            except Exception:  # some row's grammar failed: row by row, each failure its request's alone
-                masked = []
-                for row, state in constrained:
-                    with self.row(state):
-                        self.grammar_mask.fill(present(state.matcher), row)
-                        masked.append(row)
-                self.grammar_mask.apply(logits, masked)
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
-        return self.sampler.sample(logits, rows, self.cache.rows).tolist()
-
-    def _accept(
-        self, state: _ThinkerState, token: int, first: bool, hidden: torch.Tensor | None = None
-    ) -> None:
-        if state.finished:  # aborted while the step ran
-            return
-        state.generated.append(token)
-        is_eos = token in self.eos_ids and not state.params.ignore_eos
-        if state.matcher is not None:
-            if not state.matcher.accept_token(token):
-                raise InternalError(f"the output grammar refused token {token}, which its mask allowed")
-            # Complete (its stop token taken): the answer ends here, even with ignore_eos.
-            is_eos = is_eos or state.matcher.is_terminated()
-        done_length = len(state.generated) >= state.params.max_tokens
-        finished = is_eos or done_length
-        detok = present(state.detok)
-        delta = detok.add(token)
-        if finished:
-            delta += detok.flush()
-        if (delta and not state.text_out) or finished:
-            state.text_out = True
-            self.hand_off()
-        state.next_token = token
-        positions = layout = None
-        if hidden is not None:  # the deep rows of the multimodal positions, in order
-            assert state.media is not None
-            positions = [i for i, t in enumerate(state.prompt_ids) if t in self.multimodal_ids]
-            layout = state.media.layout
-            state.media, state.embedding, state.deep_rows = None, None, []  # spent
-        state.output.put(
-            ThinkerOutput(
-                token_ids=[token],
-                text_delta=delta,
-                index=len(state.generated) - 1,
-                finished=finished,
-                finish_reason=("stop" if is_eos else "length") if finished else None,
-                prompt_ids=list(state.prompt_ids) if first else None,
-                cached_tokens=state.cached_tokens if first else 0,
-                prompt_hidden=hidden,
-                multimodal_positions=positions,
-                media_layout=layout,
-            )
-        )
-        # The prompt's blocks are stored once its second token is on its way too (a copy of its KV
-        # that the client need not wait for: when the first token is no text yet, as a byte of an
-        # unfinished character, the second is the first the client sees), at the latest when the
-        # request ends, still on this thread before the slot can go: what the next turn finds is
-        # all there. An answer that ends here stores the prompt's blocks with its own.
-        if first and self.prefixes.enabled:
-            state.prompt_deep = hidden
-            state.prompt_store_due = not finished
-        if finished:
-            state.prompt_store_due = False
-            self.prefixes.store(state, hidden if first else None, answer=True)
-            self.finish(state)

@@ -1,6 +1,6 @@
 """The Qwen3-Omni thinker on vLLM's async engine: the same engine API as thinker/engine.py.
 
-Built by the family (`LoadOptions.backend == "vllm"`), served by the same ThinkerServicer: the
+Built by the family (`ThinkerEngineSettings.backend == "vllm"`), served by the same ThinkerServicer: the
 chunks, statuses and Info are the stage contract's, so the gateway, talker and Code2Wav cannot tell
 the backends apart, except that this one's Info accepts only text (`input_modalities`).
 
@@ -32,8 +32,6 @@ without it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import json
 import logging
 import time
 from collections.abc import Iterator
@@ -42,21 +40,19 @@ from typing import Any
 
 from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.chat_encoding import Tools
-from omnistream.engine.json_grammar import strict_grammar
-from omnistream.engine.load_options import DEFAULT_MAX_BATCH, DEFAULT_PREFILL_CHUNK, LoadOptions
 from omnistream.engine.output_stream import OutputStream
+from omnistream.engine.requests import RequestBook
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.engine.stats import EngineStats
 from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
-from omnistream.request.errors import (
-    InternalError,
-    InvalidRequest,
-    InvalidValue,
-    OmniError,
-    Overloaded,
-    Unavailable,
+from omnistream.models.qwen3_omni.thinker.vllm_sampling import (
+    checked_structured_outputs,
+    sampling_params,
+    structured_outputs,
 )
+from omnistream.request.errors import InternalError, InvalidRequest, InvalidValue, OmniError
 from omnistream.request.stage_chain import ThinkerParams
 from omnistream.request.structured import StructuredOutput
 
@@ -69,18 +65,8 @@ TEXT_ONLY = (
     "this thinker replica (vLLM backend) takes text prompts only; requests with audio, images or "
     "video are served by a transformers thinker"
 )
-
-
-@contextlib.contextmanager
-def _grammar_refusals(param: str) -> Iterator[None]:
-    """Building or checking a grammar: a failure that is not already an OmniError is the client's
-    grammar refused (InvalidValue naming `param`), never an internal error."""
-    try:
-        yield
-    except OmniError:
-        raise
-    except Exception as exc:
-        raise InvalidValue(f"the output grammar does not compile: {exc}", field=param) from None
+# Unavailable's message once vLLM's engine core died (refusing a new request, failing a running one).
+ENGINE_DIED = "the thinker's vLLM engine died; it is restarting"
 
 
 @dataclass
@@ -92,38 +78,36 @@ class _Request:
     spoken: list[int] | None
     task: asyncio.Task[None] | None = None
     started: bool = False  # vLLM (or the given answer) produced its first output
+    finished: bool = False  # ended (finished, failed, aborted) or failed by a dead engine core
     generated: list[int] = field(default_factory=list)
     room: asyncio.Event = field(default_factory=asyncio.Event)
     structured: Any = None  # vLLM's StructuredOutputsParams of its output grammar, when it has one
 
 
-class VllmThinkerEngine:
+class VllmThinkerEngine(RequestBook[_Request]):
     """A thinker engine whose model work is vLLM's: the API ThinkerServicer, StageMetrics, the
     speed meter and run_stage_server use (add_request, abort, counts, stats, step and fatal
-    listeners, start/stop), with the request bookkeeping on the event loop (no engine thread:
-    vLLM's engine core runs in its own process, its outputs arrive as asyncio tasks)."""
+    listeners, start/stop), with the request bookkeeping (`RequestBook`, the transformers engines'
+    own) on the event loop (no engine thread: vLLM's engine core runs in its own process, its
+    outputs arrive as asyncio tasks)."""
 
     name = "thinker"
+    lost_refusal = lost_failure = ENGINE_DIED
 
     def __init__(
-        self,
-        model_dir: str,
-        options: LoadOptions = LoadOptions(),
-        max_batch: int = DEFAULT_MAX_BATCH,
-        max_model_len: int = 4096,
-        max_requests: int | None = None,
-        output_capacity: int = 512,
-        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
-        vllm_load: str = "auto",
+        self, model_dir: str, settings: ThinkerEngineSettings, *, output_capacity: int = 512
     ) -> None:
+        """`settings` as `omnistream serve thinker --backend vllm` takes them (`vllm_load`: what
+        vLLM loads; no prefix cache budget: vLLM keeps its own)."""
         from transformers import AutoConfig, AutoTokenizer
 
+        self.settings = settings
         self.config = AutoConfig.from_pretrained(str(model_dir))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
-        self.text = ThinkerText(self.config, self.tokenizer, max_model_len)
-        self.max_model_len = max_model_len
-        self.max_batch = max_batch
-        self.max_requests = max_requests or max_batch * 4
+        self.text = ThinkerText(self.config, self.tokenizer, settings.max_model_len)
+        self.max_model_len = settings.max_model_len
+        self.max_batch = settings.max_batch
+        self.max_requests = settings.request_limit
         self.output_capacity = output_capacity
         self.input_modalities = INPUT_MODALITIES
         self.stats = EngineStats()
@@ -136,16 +120,16 @@ class VllmThinkerEngine:
         # vLLM's own view, from its scheduler's stats each engine step (tests and metrics read it).
         self.vllm_running = 0
         self.vllm_waiting = 0
-        if options.dtype_name == "float64":
+        if settings.dtype_name == "float64":
             raise InvalidRequest("the vLLM thinker runs float32, bfloat16 or float16", field="dtype")
-        self.load = resolve_load(vllm_load, options.device)
+        self.load = resolve_load(settings.vllm_load, settings.device)
         self.vllm_model = self._model_dir(model_dir)
         self.llm = start_async_llm(
             self.vllm_model,
-            options,
+            settings,
             self.max_model_len,
             self.max_batch,
-            prefill_chunk,
+            settings.prefill_chunk,
             native=self.load == "native",
             on_step=self._on_vllm_step,
         )
@@ -179,22 +163,13 @@ class VllmThinkerEngine:
         raise InvalidRequest(TEXT_ONLY, field="messages")
 
     async def compile_grammar(self, structured: StructuredOutput) -> Any:
-        """vLLM's structured outputs for the grammar (`_structured`: the strict grammar built off the
-        event loop), checked by vLLM's own validation (which parses it with xgrammar), both within
-        `GRAMMAR_CHECK_TIMEOUT_S`: a spec vLLM would refuse is InvalidRequest naming the client's
-        param before the request is admitted. vLLM compiles it itself, in its engine core."""
-        from vllm.v1.structured_output.backend_xgrammar import validate_xgrammar_grammar
-
-        def check() -> Any:
-            outputs = self._structured(structured)
-            with _grammar_refusals(structured.param):
-                validate_xgrammar_grammar(
-                    self._sampling_for(ThinkerParams(structured_output=structured), outputs)
-                )
-            return outputs
-
+        """vLLM's structured outputs for the grammar (vllm_sampling.py: the strict grammar built off
+        the event loop), checked by vLLM's own validation (which parses it with xgrammar), both
+        within `GRAMMAR_CHECK_TIMEOUT_S`: a spec vLLM would refuse is InvalidRequest naming the
+        client's param before the request is admitted. vLLM compiles it itself, in its engine core."""
+        checked = asyncio.to_thread(checked_structured_outputs, structured, self.text.eos_ids)
         try:
-            return await asyncio.wait_for(asyncio.to_thread(check), GRAMMAR_CHECK_TIMEOUT_S)
+            return await asyncio.wait_for(checked, GRAMMAR_CHECK_TIMEOUT_S)
         except TimeoutError:
             raise InvalidValue(
                 f"the output grammar was not checked within {GRAMMAR_CHECK_TIMEOUT_S:g} s (too large or "
@@ -221,73 +196,46 @@ class VllmThinkerEngine:
         spoken = self.text.check_budget(prompt_ids, params, spoken)
         if self.poisoned is None and self.llm.errored:  # died while idle: nothing had noticed
             self._poison(RuntimeError("vLLM's engine core is dead"))
-        if self.poisoned is not None:
-            raise Unavailable("the thinker's vLLM engine died; it is restarting")
-        if self._stopping:
-            raise Overloaded("thinker engine is stopping")
-        if request_id in self._requests:
-            raise InvalidRequest(f"request {request_id!r} is already running", field="request_id")
-        if len(self._requests) >= self.max_requests:
-            raise Overloaded(f"thinker engine is at its limit of {self.max_requests} requests")
+        self.check_admission(request_id)  # before its grammar is built
         request = _Request(request_id, None, list(prompt_ids), params, spoken)  # type: ignore[arg-type]
         if params.structured_output is not None and spoken is None:
             request.structured = (
-                grammar if grammar is not None else self._structured(params.structured_output)
+                grammar if grammar is not None else structured_outputs(params.structured_output)
             )
         request.output = OutputStream(
             asyncio.get_running_loop(), self.output_capacity, on_consume=request.room.set
         )
-        if not self._requests:
-            self._last_record = time.perf_counter()  # idle time before this is no step's
-        self._requests[request_id] = request
+        self.admit(request)
         run = self._speak(request) if spoken is not None else self._generate(request)
         request.task = asyncio.get_running_loop().create_task(run, name=f"thinker-{request_id}")
         return request.output
 
-    def abort(self, request_id: str, output: OutputStream[Any] | None = None) -> bool:
-        """Forget the request now and cancel its task: inside `AsyncLLM.generate` the cancellation
-        aborts the request in vLLM's scheduler. With `output`, only the request owning it."""
-        request = self._requests.get(request_id)
-        if request is None or (output is not None and request.output is not output):
-            return False
-        del self._requests[request_id]
-        self.stats.aborted += 1
-        if request.task is not None:
-            request.task.cancel()
-        request.output.close()
-        return True
+    # --- the request book's hooks ------------------------------------------------------------------
+    def _admitted(self, state: _Request) -> None:
+        if len(self._requests) == 1:
+            self._last_record = time.perf_counter()  # idle time before this is no step's
+
+    def _aborted(self, state: _Request) -> None:
+        """`abort` cancels the request's task: inside `AsyncLLM.generate` the cancellation aborts the
+        request in vLLM's scheduler."""
+        if state.task is not None:
+            state.task.cancel()
+
+    def _running(self, state: _Request) -> bool:
+        """A request runs once it produced output (vLLM admitted and prefilled it, or it is a given
+        answer being streamed); before that it waits in vLLM's queue."""
+        return state.started
+
+    def _report_poisoned(self, error: BaseException, count: int) -> None:
+        log.critical("thinker: vLLM's engine died (%s); failing %d request(s)", error, count)
 
     def wake(self) -> None:
         """Nothing to wake: outputs are pushed by vLLM's output handler."""
-
-    @property
-    def num_requests(self) -> int:
-        return len(self._requests)
-
-    def has_request(self, request_id: str) -> bool:
-        return request_id in self._requests
-
-    def request_ids(self) -> list[str]:
-        return list(self._requests)
-
-    def counts(self) -> tuple[int, int]:
-        """(running, waiting): a request runs once it produced output (vLLM admitted and prefilled
-        it, or it is a given answer being streamed); before that it waits in vLLM's queue."""
-        running = sum(1 for r in self._requests.values() if r.started)
-        return running, len(self._requests) - running
 
     def num_unfinished_in_vllm(self) -> int:
         """Requests vLLM's output processor still tracks (0 once every one ended or was aborted)."""
         unfinished: int = self.llm.get_num_unfinished_requests()
         return unfinished
-
-    def add_step_listener(self, listener: StepListener) -> None:
-        """`listener(engine, seconds)` after each vLLM engine step (on the event loop)."""
-        self._step_listeners.append(listener)
-
-    def add_fatal_listener(self, listener: FatalListener) -> None:
-        """`listener(error)` once, when vLLM's engine dies."""
-        self._fatal_listeners.append(listener)
 
     def metric_collectors(self) -> list[Any]:
         """vLLM's own Prometheus metrics (`vllm:*`, in prometheus_client's global registry), for the
@@ -316,59 +264,9 @@ class VllmThinkerEngine:
         self.llm.shutdown()
 
     # --- per request ----------------------------------------------------------------------------------
-    def _structured(self, structured: StructuredOutput) -> Any:
-        """Our grammar as vLLM's structured outputs: the strict grammars the transformers thinker
-        compiles (json_grammar.py), built here with this environment's xgrammar, EBNF for the JSON
-        kinds and the strict structural tag for tool calls. vLLM's own refusals stay: a schema
-        nested too deeply, or with what vLLM knows xgrammar does not enforce. A spec that cannot be
-        built is InvalidValue naming the client's param."""
-        from vllm.sampling_params import StructuredOutputsParams, check_json_nesting
-        from vllm.v1.structured_output.backend_xgrammar import has_xgrammar_unsupported_json_features
-
-        kind, spec = structured.kind, structured.spec
-        if kind not in ("json_schema", "json_object", "structural_tag"):
-            raise InvalidRequest(f"unknown structured output kind {kind!r}", field=structured.param)
-        with _grammar_refusals(structured.param):
-            if kind == "json_schema":
-                check_json_nesting(spec)
-                schema = json.loads(spec)
-                if isinstance(schema, dict) and has_xgrammar_unsupported_json_features(schema):
-                    raise InvalidValue(
-                        "the JSON schema has features xgrammar does not enforce", field=structured.param
-                    )
-            if kind == "structural_tag":
-                check_json_nesting(spec, structural_tag=True)
-            built = strict_grammar(kind, spec)
-        if kind == "structural_tag":
-            return StructuredOutputsParams(structural_tag=built)
-        return StructuredOutputsParams(grammar=built)
-
     def _sampling(self, request: _Request) -> Any:
-        return self._sampling_for(request.params, request.structured)
-
-    def _sampling_for(self, params: ThinkerParams, structured: Any) -> Any:
-        from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-        s = params.sampling
-        # A grammar ends the answer at its end: its stop tokens (our end-of-turn ids) stop it even
-        # with ignore_eos, which never runs a grammar past its end.
-        stops = sorted(self.text.eos_ids) if structured is not None or not params.ignore_eos else []
-        return SamplingParams(
-            n=1,
-            temperature=s.temperature,
-            top_p=s.top_p,
-            top_k=s.top_k,
-            repetition_penalty=s.repetition_penalty,
-            seed=s.seed,
-            max_tokens=params.max_tokens,
-            # Our end-of-turn ids stop it (and are sent, as the transformers thinker sends them),
-            # unless the request ignores them; vLLM's own EOS handling stays out of it.
-            ignore_eos=True,
-            stop_token_ids=stops,
-            output_kind=RequestOutputKind.DELTA,
-            detokenize=False,
-            structured_outputs=structured,
-        )
+        """The request's vLLM SamplingParams (vllm_sampling.py), with its grammar's structured outputs."""
+        return sampling_params(request.params, request.structured, self.text.eos_ids)
 
     async def _generate(self, request: _Request) -> None:
         from vllm.inputs import TokensPrompt
@@ -404,7 +302,7 @@ class VllmThinkerEngine:
                         cached_tokens=(result.num_cached_tokens or 0) if first else 0,
                     )
                 )
-            self._finish(request)
+            self.finish(request)
         except asyncio.CancelledError:
             raise  # aborted: `generate` has told vLLM, `abort` did our side
         except Exception as exc:
@@ -422,24 +320,17 @@ class VllmThinkerEngine:
                 await request.room.wait()
             request.output.put(spoken_piece(request.prompt_ids, request.spoken, request.generated, detok))
             await asyncio.sleep(0)
-        self._finish(request)
-
-    def _finish(self, request: _Request) -> None:
-        if self._requests.get(request.request_id) is request:
-            del self._requests[request.request_id]
-            self.stats.finished += 1
-        request.output.close()
+        self.finish(request)
 
     def _failed(self, request: _Request, exc: Exception) -> None:
+        """The request's task raised `exc`: vLLM's engine core died (every request fails: `_poison`),
+        or this request failed (`fail`, with what the client is told)."""
         from vllm.exceptions import VLLMClientError
         from vllm.v1.engine.exceptions import EngineDeadError
 
         if isinstance(exc, EngineDeadError):
             self._poison(exc)
             return
-        if self._requests.get(request.request_id) is request:
-            del self._requests[request.request_id]
-        self.stats.errors += 1
         if isinstance(exc, OmniError):
             error = exc
         elif isinstance(exc, VLLMClientError | ValueError):  # vLLM refused the request itself
@@ -452,25 +343,7 @@ class VllmThinkerEngine:
         else:
             log.exception("thinker (vLLM): request %s failed", request.request_id, exc_info=exc)
             error = InternalError(f"thinker failed on this request: {type(exc).__name__}: {exc}")
-        request.output.fail(error)
-
-    def _poison(self, error: BaseException) -> None:
-        """vLLM's engine core died: every request fails with UNAVAILABLE and the fatal listeners are
-        told (the server then exits non-zero, to be restarted), once."""
-        if self.poisoned is not None:
-            return
-        self.poisoned = error
-        self._stopping = True
-        log.critical("thinker: vLLM's engine died (%s); failing %d request(s)", error, len(self._requests))
-        for request in list(self._requests.values()):
-            request.output.fail(Unavailable("the thinker's vLLM engine died; it is restarting"))
-        self.stats.errors += len(self._requests)
-        self._requests.clear()
-        for listener in self._fatal_listeners:
-            try:
-                listener(error)
-            except Exception:
-                log.exception("thinker: a fatal listener failed")
+        self.fail(request, error)
 
     # --- vLLM's steps ---------------------------------------------------------------------------------
     def _on_vllm_step(self, scheduler_stats: Any, iteration_stats: Any) -> None:
@@ -484,13 +357,7 @@ class VllmThinkerEngine:
             return
         previous = self._last_record
         self._last_record = now
-        seconds = 0.0 if previous is None else now - previous
-        self.stats.steps += 1
-        self.stats.last_step_seconds = seconds
         self.stats.last_units = iteration_stats.num_generation_tokens
         self.stats.last_batch_size = self.vllm_running
-        for listener in self._step_listeners:
-            try:
-                listener(self, seconds)
-            except Exception:  # a metrics hook must never break vLLM's output handler
-                log.exception("thinker step listener %r failed", listener)
+        # Counted, and the step listeners told: a failing one never breaks vLLM's output handler.
+        self._stepped(0.0 if previous is None else now - previous)

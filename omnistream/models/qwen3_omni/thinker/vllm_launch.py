@@ -13,7 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from omnistream.engine.load_options import LoadOptions, is_accelerator
+from omnistream.engine.load_options import DeviceSettings, is_accelerator
 
 LOAD_CHOICES = ("auto", "text", "native")
 # vLLM's CPU KV cache in GiB unless the environment says otherwise (its default, 4 GiB per process,
@@ -31,7 +31,7 @@ def resolve_load(load: str, device: str) -> str:
 
 def start_async_llm(
     model: str,
-    options: LoadOptions,
+    options: DeviceSettings,
     max_model_len: int,
     max_batch: int,
     prefill_chunk: int,

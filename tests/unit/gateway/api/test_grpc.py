@@ -147,10 +147,10 @@ async def test_events_arrive_in_order_with_keys_and_exact_audio(serve: Serve) ->
         [
             TextEvent([7, 8], "Hel"),
             TextEvent([], ""),  # nothing new: not sent
-            AudioEvent(first, 0),
+            AudioEvent(first, 0, 24000),
             TextEvent([9], "lo"),
-            AudioEvent(np.zeros(0, np.float32), 960),  # empty: not sent
-            AudioEvent(second, 960),
+            AudioEvent(np.zeros(0, np.float32), 960, 24000),  # empty: not sent
+            AudioEvent(second, 960, 24000),
             done,
         ]
     )

@@ -99,3 +99,14 @@ def test_the_context_is_the_thinkers_max_model_len():
     assert d.max_model_len == 8192
     d.thinker_max_model_len = lambda: 4096  # the thinkers in rotation (Replicas sets it)
     assert d.max_model_len == 4096
+
+
+def test_the_default_voice_is_the_talkers():
+    """What a request that names no voice speaks: the talker's Info says (ethan on Qwen3-Omni)."""
+    assert Deployment().default_voice is None and deployment().default_voice == "ethan"
+    d = deployment()
+    reason = d.admit("talker", stage_info("talker", default_voice="chelsie"))
+    assert reason is not None and "default_voice 'chelsie' (deployment: 'ethan')" in reason
+    # A talker older than the field reports none: it speaks its own default, so it may join.
+    assert d.admit("talker", stage_info("talker", default_voice="")) is None
+    assert deployment(default_voice="").default_voice is None  # such a talker accepted first

@@ -24,7 +24,8 @@ def _connection() -> tuple[Connection, list[dict]]:
     queued: list[dict] = []
     outbound = Outbound(lambda text: asyncio.sleep(0))
     outbound.put = lambda event, owner=None, samples=0: _record(queued, event)  # type: ignore[method-assign]
-    core = SimpleNamespace(config=GatewayConfig(), deployment=SimpleNamespace(model_id="m", voices=["ethan"]))
+    deployment = SimpleNamespace(model_id="m", voices=["ethan"], default_voice="ethan")
+    core = SimpleNamespace(config=GatewayConfig(), deployment=deployment)
     return Connection(core, outbound, beta=False, model=None), queued  # type: ignore[arg-type]
 
 

@@ -23,7 +23,7 @@ from gateway.realtime.context import (
     prompt_tokens,
     shape_of,
 )
-from gateway.realtime.session import Conversation, HistoryLimits, Item
+from gateway.realtime.conversation import Conversation, HistoryLimits, Item
 from omnistream.request.errors import InvalidRequest, Unavailable
 from omnistream.request.media import AudioInput, ImageInput
 

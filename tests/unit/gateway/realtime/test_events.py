@@ -9,7 +9,8 @@ import pytest
 from gateway.realtime import events as ev
 from gateway.realtime.events import EventError, parse
 from gateway.realtime.protocol import Protocol
-from gateway.realtime.session import SessionConfig
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import TurnDetection
 
 
 def event(**fields) -> str:
@@ -195,10 +196,10 @@ def test_what_openai_schemas_accept_is_parsed():
 
 
 def test_semantic_vad_is_served_by_the_server_vad_with_its_eagerness_window():
-    semantic = ev.TurnDetection(type="semantic_vad", eagerness="low", create_response=False)
+    semantic = TurnDetection(type="semantic_vad", eagerness="low", create_response=False)
     served = semantic.served()
     assert (served.type, served.silence_duration_ms, served.create_response) == ("server_vad", 1500, False)
-    assert [ev.TurnDetection(type="semantic_vad", eagerness=e).served().silence_duration_ms for e in
+    assert [TurnDetection(type="semantic_vad", eagerness=e).served().silence_duration_ms for e in
             ("high", "medium", "auto")] == [400, 800, 800]  # fmt: skip
     assert semantic.wire() == {
         "type": "semantic_vad",
@@ -206,7 +207,7 @@ def test_semantic_vad_is_served_by_the_server_vad_with_its_eagerness_window():
         "create_response": False,
         "interrupt_response": True,
     }
-    server = ev.TurnDetection(silence_duration_ms=300)
+    server = TurnDetection(silence_duration_ms=300)
     assert server.served() is server and server.wire()["silence_duration_ms"] == 300
 
 

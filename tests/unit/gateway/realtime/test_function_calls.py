@@ -14,8 +14,8 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.realtime.connection import Connection
+from gateway.realtime.conversation import Item
 from gateway.realtime.outbound import Outbound
-from gateway.realtime.session import Item
 from gateway.realtime.turn import messages_of
 from gateway.serving.session import Timings
 from omnistream.request.generation import DoneEvent, GenerationRequest, TextEvent
@@ -61,7 +61,11 @@ class FakeCore:
     def __init__(self) -> None:
         self.config = GatewayConfig()
         self.deployment = SimpleNamespace(
-            model_id="m", voices=["ethan"], input_modalities=("text",), max_model_len=4096
+            model_id="m",
+            voices=["ethan"],
+            default_voice="ethan",
+            input_modalities=("text",),
+            max_model_len=4096,
         )
         self.media = SimpleNamespace(decode=self._decode)
         self.replicas = SimpleNamespace(release_cache_soon=lambda scope: None)

@@ -16,9 +16,11 @@ import pytest
 
 from gateway.config import GatewayConfig
 from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW
-from gateway.realtime.events import BufferAppend, EventError, InputTranscription, TurnDetection
+from gateway.realtime.conversation import Conversation, Item
+from gateway.realtime.events import BufferAppend, EventError
 from gateway.realtime.input_audio import InputAudio
-from gateway.realtime.session import Conversation, Item, SessionConfig
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import InputTranscription, TurnDetection
 from gateway.realtime.vad import INPUT_RATE
 from omnistream.request.media import AudioInput
 

@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from gateway.media.parts import EncodedMedia
-from gateway.realtime.events import EventError, Item
+from gateway.realtime.client_items import Item
+from gateway.realtime.events import EventError
 from gateway.realtime.items import decode_parts, item_parts
 from omnistream.request.errors import InvalidRequest
 

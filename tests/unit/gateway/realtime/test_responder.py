@@ -18,8 +18,8 @@ import numpy as np
 from gateway.config import GatewayConfig
 from gateway.realtime.connection import Connection
 from gateway.realtime.context import ANSWER_SLACK, MESSAGE_TOKENS, REPLY_PROMPT_TOKENS, prompt_tokens
+from gateway.realtime.conversation import Item
 from gateway.realtime.outbound import Outbound
-from gateway.realtime.session import Item
 from gateway.serving.session import Timings
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import DoneEvent, TextEvent
@@ -89,7 +89,9 @@ class Harness:
         self.drops: list[tuple[str, int]] = []
         outbound = Outbound(lambda text: asyncio.sleep(0))
         outbound.put = self._put  # type: ignore[method-assign]
-        deployment = SimpleNamespace(model_id="m", voices=None, input_modalities=None, max_model_len=reported)
+        deployment = SimpleNamespace(
+            model_id="m", voices=None, default_voice=None, input_modalities=None, max_model_len=reported
+        )
         media = SimpleNamespace(decode=self._decode)
         core = SimpleNamespace(
             config=GatewayConfig(thinker=["a:1"], **config),

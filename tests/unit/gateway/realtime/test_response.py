@@ -7,10 +7,10 @@ from __future__ import annotations
 import asyncio
 import json
 
+from gateway.realtime.conversation import Item
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.response import ResponseRun
-from gateway.realtime.session import Item
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.session import Session, Timings
 from omnistream.audio.listener import AudioArrival

@@ -67,7 +67,7 @@ class FakeSession:
     async def events(self) -> AsyncIterator[Any]:
         yield TextEvent([1], self.text)
         if self.audio:
-            yield AudioEvent(np.full(2400, 0.1, np.float32), 0)
+            yield AudioEvent(np.full(2400, 0.1, np.float32), 0, 24000)
         await asyncio.sleep(0)
         if self.hold is not None:
             await self.hold.wait()
@@ -86,6 +86,7 @@ class FakeCore:
         self.deployment = SimpleNamespace(
             model_id="qwen3-omni",
             voices=("chelsie", "ethan", "aiden"),
+            default_voice="ethan",
             input_modalities=("text", "audio"),
             max_model_len=4096,
         )

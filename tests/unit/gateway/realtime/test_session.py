@@ -7,16 +7,12 @@ import numpy as np
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.realtime.events import EventError, SessionFields
+from gateway.realtime.conversation import Conversation, HistoryLimits, Item
+from gateway.realtime.events import EventError
+from gateway.realtime.input_buffer import AppendRate, InputBuffer
 from gateway.realtime.protocol import Protocol
-from gateway.realtime.session import (
-    AppendRate,
-    Conversation,
-    HistoryLimits,
-    InputBuffer,
-    Item,
-    SessionConfig,
-)
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import SessionFields
 from omnistream.request.media import AudioInput
 
 

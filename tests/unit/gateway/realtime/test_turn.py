@@ -6,8 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from gateway.realtime.events import EventError, ResponseFields
-from gateway.realtime.session import Conversation, Item, SessionConfig
+from gateway.realtime.conversation import Conversation, Item
+from gateway.realtime.events import EventError
+from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.settings import ResponseFields
 from gateway.realtime.turn import ResponseSettings, build_request, messages_of
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.media import AudioInput

@@ -76,10 +76,10 @@ async def close(core: GatewayCore) -> None:
 async def test_old_stages_without_a_load_give_todays_behaviour():
     core, _ = await fake_core(max_concurrency=4)
     try:
-        assert core.audio_capacity().headroom(1) is None
-        assert core.chunk_plan(audio()).initial == dynamic_initial_frames(0, 4)
+        assert core.planner.audio_capacity().headroom(1) is None
+        assert core.planner.chunk_plan(audio()).initial == dynamic_initial_frames(0, 4)
         permits = [await core.admission.acquire(audio=True) for _ in range(4)]  # none held
-        assert core.chunk_plan(audio(), permits[-1]).initial == dynamic_initial_frames(3, 4)
+        assert core.planner.chunk_plan(audio(), permits[-1]).initial == dynamic_initial_frames(3, 4)
         for permit in permits:
             permit.release()
     finally:
@@ -87,19 +87,20 @@ async def test_old_stages_without_a_load_give_todays_behaviour():
 
 
 async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_does_not_fit(caplog):
-    caplog.set_level(logging.WARNING, logger="gateway.serving.core")
+    caplog.set_level(logging.WARNING, logger="gateway.admission.audio_planner")
     core, stubs = await fake_core(max_concurrency=16)
     try:
         stubs["talker"].load = load(60.0)  # 4.8 streams real time; 1.2x margin: 4 fit
         stubs["code2wav"].load = load(2000.0)
         stubs["thinker"].load = load(300.0)
         await core.replicas.check_all()  # the next health round reads the loads
-        assert core.audio_capacity().headroom(1) == pytest.approx(60 / FPS)
-        assert core.chunk_plan(audio()).initial == initial_frames_for(60 / FPS, 25) == 2  # grows from 2
-        assert core.chunk_plan(audio(codec_chunk_schedule="fixed")).initial == 8
-        assert core.chunk_plan(audio(initial_codec_chunk_frames=3)).initial == 3  # the request's own wins
+        assert core.planner.audio_capacity().headroom(1) == pytest.approx(60 / FPS)
+        plan = core.planner.chunk_plan
+        assert plan(audio()).initial == initial_frames_for(60 / FPS, 25) == 2  # grows from 2
+        assert plan(audio(codec_chunk_schedule="fixed")).initial == 8
+        assert plan(audio(initial_codec_chunk_frames=3)).initial == 3  # the request's own wins
         playing = [await core.admission.acquire(audio=True) for _ in range(4)]
-        assert core.chunk_plan(audio(), playing[-1]).initial == 16  # 4 streams: 1.2x real time
+        assert core.planner.chunk_plan(audio(), playing[-1]).initial == 16  # 4 streams: 1.2x real time
         held = asyncio.create_task(core.admission.acquire(audio=True))
         await asyncio.sleep(0.01)
         assert not held.done()
@@ -131,7 +132,7 @@ async def test_a_failed_load_read_makes_the_speed_unknown_and_the_identity_keeps
     try:
         stubs["talker"].load = load(60.0)
         await core.replicas.check_all()
-        assert core.stage_capacity("talker") == 60.0
+        assert core.planner.stage_capacity("talker") == 60.0
         (talker,) = core.replicas.sets["talker"].replicas
         assert not talker.info.HasField("load")  # what the deployment judged and Gateway/Info shows
 
@@ -141,7 +142,8 @@ async def test_a_failed_load_read_makes_the_speed_unknown_and_the_identity_keeps
         stubs["talker"].Info = broken
         await core.replicas.check_all()
         assert talker.in_rotation  # only health decides that
-        assert core.stage_capacity("talker") is None and core.audio_capacity().headroom(1) is None
+        assert core.planner.stage_capacity("talker") is None
+        assert core.planner.audio_capacity().headroom(1) is None
     finally:
         await close(core)
 
@@ -166,11 +168,11 @@ async def test_a_wave_is_sized_together_up_to_what_the_hold_lets_play():
         stubs["talker"].load = load(200.0)  # 16 streams real time; 1.2x margin: 13 fit
         stubs["code2wav"].load = load(5000.0)
         await core.replicas.check_all()
-        alone = core.chunk_plan(audio()).initial
+        alone = core.planner.chunk_plan(audio()).initial
         seen: list[tuple[int, int]] = []
 
         async def acquire(audio=False, request_id=None):
-            seen.append((core.audio_arriving, core.sizing_streams()))
+            seen.append((core.planner.audio_arriving, core.planner.sizing_streams()))
             raise Rejected("stop here", "test", 1)
 
         core.admission.acquire = acquire  # type: ignore[method-assign]
@@ -179,12 +181,12 @@ async def test_a_wave_is_sized_together_up_to_what_the_hold_lets_play():
         assert all(isinstance(r, Rejected) for r in results), results[:2]
         # The first to reach admission already sees the 15 others on their way in.
         assert seen[0] == (15, 13)
-        assert core.audio_arriving == 0  # every way out of `open` counts itself out
-        core.audio_arriving = 15
-        assert core.chunk_plan(audio()).initial > alone
-        assert core.sizing_streams() == 13
-        core.audio_arriving = 0
-        assert core.sizing_streams() == 1 and core.chunk_plan(audio()).initial == alone
+        assert core.planner.audio_arriving == 0  # every way out of `open` counts itself out
+        core.planner.audio_arriving = 15
+        assert core.planner.chunk_plan(audio()).initial > alone
+        assert core.planner.sizing_streams() == 13
+        core.planner.audio_arriving = 0
+        assert core.planner.sizing_streams() == 1 and core.planner.chunk_plan(audio()).initial == alone
     finally:
         await close(core)
 
@@ -194,7 +196,7 @@ async def test_without_the_hold_a_wave_is_sized_up_to_max_concurrency():
     try:
         stubs["talker"].load = load(100.0)
         await core.replicas.check_all()
-        core.audio_arriving = 20
-        assert core.sizing_streams() == 8
+        core.planner.audio_arriving = 20
+        assert core.planner.sizing_streams() == 8
     finally:
         await close(core)

@@ -1,4 +1,5 @@
-"""GatewayCore's chunk plan: built per request at the open from the request's knobs and the load."""
+"""The gateway's chunk plan (AudioPlanner, asked by GatewayCore.open): built per request at the
+open from the request's knobs and the load."""
 
 from __future__ import annotations
 
@@ -6,27 +7,24 @@ from types import SimpleNamespace
 
 import pytest
 
+from gateway.admission.audio_planner import AudioPlanner
 from gateway.admission.limits import Limits
+from gateway.cluster.deployment import Deployment
 from gateway.config import GatewayConfig
-from gateway.serving.core import GatewayCore
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.generation import GenerationRequest
 
 
 def _plan(active: int = 0, **fields):
-    # Speed unknown (no stage reported a load): the plan falls back to the load rule.
-    unknown = SimpleNamespace(headroom=lambda streams: None)
-    core = SimpleNamespace(
-        admission=SimpleNamespace(
-            active=active, audio_active=active, audio_held=0, limits=lambda: Limits.of(None, 8)
-        ),
-        audio_capacity=lambda: unknown,
-        config=GatewayConfig(max_concurrency=8),
-        audio_arriving=0,
+    # Speed unknown (no audio stage replica reported a load): the plan falls back to the load rule.
+    no_replicas = SimpleNamespace(sets={s: SimpleNamespace(replicas=[]) for s in ("talker", "code2wav")})
+    admission = SimpleNamespace(
+        active=active, audio_active=active, audio_held=0, limits=lambda: Limits.of(None, 8)
     )
-    core.sizing_streams = lambda permit=None: GatewayCore.sizing_streams(core, permit)  # type: ignore[arg-type]
+    config = GatewayConfig(max_concurrency=8)
+    planner = AudioPlanner(no_replicas, Deployment(), admission, config)  # type: ignore[arg-type]
     request = GenerationRequest(messages=[{"role": "user", "content": "hi"}], **fields)
-    return GatewayCore.chunk_plan(core, request)  # type: ignore[arg-type]
+    return planner.chunk_plan(request)
 
 
 def test_the_plan_takes_the_requests_schedule():

@@ -94,8 +94,7 @@ def test_a_stage_failure_fails_that_call_and_cancels_the_others(spans):
     for stage in ("thinker", "talker", "code2wav"):
         metadata = dict(calls.metadata(stage))
         assert "traceparent" in metadata  # what the stage continues
-    error = Unavailable("talker: connection to the stage lost")
-    error.stage = "talker"  # type: ignore[attr-defined]
+    error = Unavailable("talker: connection to the stage lost", stage="talker")
     calls.end(error, {})
     span.finish(_Session(status="unavailable", error=error, timings=_Timings(first_text=10.2, ended=10.5)))
     clients = {s.attributes["omnistream.stage"]: s for s in _only(spans, SpanKind.CLIENT)}

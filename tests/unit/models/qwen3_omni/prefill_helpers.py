@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
-from omnistream.engine.load_options import DEFAULT_PREFILL_CHUNK
+from omnistream.engine.settings import EngineSettings
 
 LONG_TEXT = "The sea is wide and deep, and the ships go out in the morning. " * 4
 
@@ -21,4 +21,4 @@ def prefill_chunk(engine, chunk: int) -> Iterator[None]:
     try:
         yield
     finally:
-        engine.prefill_chunk = DEFAULT_PREFILL_CHUNK
+        engine.prefill_chunk = EngineSettings.prefill_chunk  # the default

@@ -21,6 +21,12 @@ import pytest
 import torch
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import (
+    Code2WavEngineSettings,
+    TalkerEngineSettings,
+    ThinkerEngineSettings,
+    derive,
+)
 from omnistream.models.build_lock import build_lock
 from omnistream.models.qwen3_omni import tiny
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
@@ -111,7 +117,9 @@ def _sampling(row: int) -> SamplingParams:
 
 
 def thinker_decode_counts(model_dir: str, batch: int, counter: SyncCounter) -> Counter[str]:
-    engine = ThinkerEngine(model_dir, LoadOptions(dtype="float32"), max_batch=batch, max_model_len=256)
+    engine = ThinkerEngine(
+        model_dir, ThinkerEngineSettings(dtype="float32", max_batch=batch, max_model_len=256)
+    )
 
     async def run():
         prompt = engine.encode_chat([{"role": "user", "content": "hello there"}])
@@ -136,8 +144,10 @@ def talker_frame_counts(
     model_dir: str, batch: int, counter: SyncCounter, static_frames: bool = False
 ) -> Counter[str]:
     options = LoadOptions(dtype="float32", static_frames=static_frames)
-    engine = TalkerEngine(model_dir, options, max_batch=batch, max_model_len=256)
-    thinker = ThinkerEngine(model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=256)
+    engine = TalkerEngine(
+        model_dir, derive(TalkerEngineSettings, options, max_batch=batch, max_model_len=256)
+    )
+    thinker = ThinkerEngine(model_dir, ThinkerEngineSettings(dtype="float32", max_batch=1, max_model_len=256))
 
     async def run():
         prompt = thinker.encode_chat([{"role": "user", "content": "hello"}])
@@ -154,7 +164,7 @@ def talker_frame_counts(
 
 
 def code2wav_counts(model_dir: str, batch: int, counter: SyncCounter) -> Counter[str]:
-    engine = Code2WavEngine(model_dir, LoadOptions(dtype="float32"), max_batch=batch)
+    engine = Code2WavEngine(model_dir, Code2WavEngineSettings(dtype="float32", max_batch=batch))
     gen = torch.Generator().manual_seed(0)
 
     async def run():

@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni import memory
 from omnistream.models.qwen3_omni.checkpoint import load_config, load_stage
 from omnistream.request.errors import InvalidRequest
@@ -107,7 +108,9 @@ def test_the_family_refuses_a_stage_that_does_not_fit_before_loading_it(monkeypa
     _fake_gpu(monkeypatch, free_gib=0.5, total_gib=1.0)
     monkeypatch.setattr(thinker_engine, "load_stage", lambda *a, **k: pytest.fail("loaded weights anyway"))
     with pytest.raises(InvalidRequest, match=r"the thinker needs .* on cuda:0 .* only 0\.5 GiB of 1\.0 GiB"):
-        FAMILY.engine("thinker", tiny_model_dir, LoadOptions("cuda:0"), max_batch=4, max_model_len=256)
+        FAMILY.engine(
+            "thinker", tiny_model_dir, ThinkerEngineSettings("cuda:0", max_batch=4, max_model_len=256)
+        )
 
 
 def test_stages_sharing_a_gpu_must_fit_together(monkeypatch):

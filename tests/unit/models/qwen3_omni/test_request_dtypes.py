@@ -10,6 +10,12 @@ import pytest
 import torch
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import (
+    Code2WavEngineSettings,
+    TalkerEngineSettings,
+    ThinkerEngineSettings,
+    derive,
+)
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
@@ -21,14 +27,16 @@ BF16 = LoadOptions(dtype="bfloat16")
 
 @pytest.fixture(scope="module")
 def thinker(tiny_model_dir):
-    engine = ThinkerEngine(tiny_model_dir, BF16, max_batch=2, max_model_len=1024)
+    engine = ThinkerEngine(
+        tiny_model_dir, derive(ThinkerEngineSettings, BF16, max_batch=2, max_model_len=1024)
+    )
     yield engine
     engine.stop()
 
 
 @pytest.fixture(scope="module")
 def talker(tiny_model_dir):
-    engine = TalkerEngine(tiny_model_dir, BF16, max_batch=2, max_model_len=1024)
+    engine = TalkerEngine(tiny_model_dir, derive(TalkerEngineSettings, BF16, max_batch=2, max_model_len=1024))
     engine.start()
     yield engine
     engine.stop()
@@ -73,7 +81,7 @@ def test_hidden_rows_of_any_float_dtype_are_cast_and_the_talker_speaks(thinker, 
 
 
 def test_code2wav_keeps_codes_on_its_device_as_int64(tiny_model_dir):
-    engine = Code2WavEngine(tiny_model_dir, BF16, max_batch=2)
+    engine = Code2WavEngine(tiny_model_dir, derive(Code2WavEngineSettings, BF16, max_batch=2))
 
     async def run():
         engine.add_request("c", ChunkPlan(4, 4, 0))

@@ -12,6 +12,7 @@ import pytest
 
 from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.settings import TalkerEngineSettings, ThinkerEngineSettings, derive
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.models.qwen3_omni.tiny import BPE_VOCAB
@@ -23,7 +24,9 @@ TEXT = list(range(5, 25))  # 20 plain BPE tokens as the thinker's answer (then i
 @pytest.fixture(scope="module")
 def thinker(ending_tiny_model_dir):
     options = LoadOptions(dtype="float32")
-    engine = ThinkerEngine(ending_tiny_model_dir, options, max_batch=4, max_model_len=512)
+    engine = ThinkerEngine(
+        ending_tiny_model_dir, derive(ThinkerEngineSettings, options, max_batch=4, max_model_len=512)
+    )
     engine.start()
     yield engine
     engine.stop()
@@ -33,10 +36,7 @@ def thinker(ending_tiny_model_dir):
 def talker(ending_tiny_model_dir, request):
     engine = TalkerEngine(
         ending_tiny_model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=4,
-        max_model_len=512,
-        static_frames=request.param,
+        TalkerEngineSettings(dtype="float32", max_batch=4, max_model_len=512, static_frames=request.param),
     )
     engine.start()
     yield engine

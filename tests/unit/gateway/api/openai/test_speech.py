@@ -60,7 +60,8 @@ async def test_an_sse_stream_that_fails_midway_ends_with_an_error_event():
 
 
 def _speech(voices=None, **fields):
-    core = SimpleNamespace(config=GatewayConfig(), deployment=SimpleNamespace(voices=voices))
+    deployment = SimpleNamespace(voices=voices, default_voice="ethan" if voices else None)
+    core = SimpleNamespace(config=GatewayConfig(), deployment=deployment)
     return to_generation_request(SpeechRequest.model_validate({"input": "Hello.", **fields}), core)
 
 

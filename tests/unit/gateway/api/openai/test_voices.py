@@ -37,8 +37,10 @@ def test_names_map_to_the_models_voices():
         "Chelsie",
     ]
     assert speaker_for("ash", None) == "ethan"  # the talker's voices not known yet
-    assert speaker_for("coral", ("ethan", "other")) == "ethan"  # no chelsie here: the default voice
-    assert speaker_for("coral", ("other",)) == "other"
+    # No chelsie here: the deployment's default voice (its talker's Info), "" (the talker's) unknown.
+    assert speaker_for("coral", ("ethan", "other"), "ethan") == "ethan"
+    assert speaker_for("coral", ("other",), "other") == "other"
+    assert speaker_for("coral", ("other",)) == ""
     assert speaker_for("nobody", VOICES) == "nobody"  # refused where the voice is checked
 
 
@@ -49,6 +51,7 @@ def test_a_deployments_own_voice_wins_over_the_table():
 def test_known_voices():
     assert known("ash", VOICES) and known("ethan", VOICES) and known("anything", None)
     assert not known("nobody", VOICES)
+    assert known("coral", ("other",))  # spoken by the deployment's default voice
 
 
 def test_chat_completions_audio_voice_takes_openai_names_as_the_speech_endpoint_does():
@@ -57,7 +60,8 @@ def test_chat_completions_audio_voice_takes_openai_names_as_the_speech_endpoint_
     from gateway.api.openai.chat import ChatCompletionRequest, to_generation_request
     from gateway.config import GatewayConfig
 
-    core = SimpleNamespace(config=GatewayConfig(), deployment=SimpleNamespace(voices=VOICES))
+    deployment = SimpleNamespace(voices=VOICES, default_voice="ethan")
+    core = SimpleNamespace(config=GatewayConfig(), deployment=deployment)
 
     def voice(asked: str) -> str:
         body = ChatCompletionRequest.model_validate(

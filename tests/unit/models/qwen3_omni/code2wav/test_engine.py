@@ -9,14 +9,14 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import Code2WavEngineSettings
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.codec_chunks import SCHEDULES, ChunkPlan
 
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    e = Code2WavEngine(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8)
+    e = Code2WavEngine(tiny_model_dir, Code2WavEngineSettings(dtype="float64", max_batch=8))
     e.start()
     yield e
     e.stop()

@@ -13,8 +13,8 @@ import time
 import pytest
 import torch
 
-from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.playout import Playout
+from omnistream.engine.settings import Code2WavEngineSettings
 from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 
@@ -23,7 +23,7 @@ PLAN = ChunkPlan(4, 8, 8, "fixed")  # a first window of 4 frames, then 8 each
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return Code2WavEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2)
+    return Code2WavEngine(tiny_model_dir, Code2WavEngineSettings(dtype="float32", max_batch=2))
 
 
 @pytest.fixture
@@ -138,4 +138,4 @@ def test_the_clock_starts_at_the_first_audio_and_counts_samples(c2w):
 
 def test_a_frame_budget_must_be_positive(tiny_model_dir):
     with pytest.raises(ValueError, match="max_step_frames must be at least 1"):
-        Code2WavEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_step_frames=0)
+        Code2WavEngine(tiny_model_dir, Code2WavEngineSettings(dtype="float32", max_step_frames=0))

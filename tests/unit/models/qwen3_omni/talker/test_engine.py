@@ -12,6 +12,7 @@ from transformers import DynamicCache
 
 from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.settings import TalkerEngineSettings, ThinkerEngineSettings, derive
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from omnistream.request.errors import InternalError, InvalidRequest
@@ -22,9 +23,12 @@ from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_ch
 def engines(tiny_model_dir):
     # No prefix cache: the prefills these tests watch compute every row (tests of it: test_prefix.py).
     talker = TalkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=512, prefix_cache_bytes=0
+        tiny_model_dir,
+        TalkerEngineSettings(dtype="float32", max_batch=4, max_model_len=512, prefix_cache_gib=0),
     )
-    thinker = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=256)
+    thinker = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float32", max_batch=1, max_model_len=256)
+    )
     talker.start()
     yield talker, thinker
     talker.stop()
@@ -165,11 +169,9 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir, engines):
     _, thinker = engines
     talker = TalkerEngine(
         tiny_model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=4,
-        max_model_len=512,
-        prefill_chunk=8,
-        prefix_cache_bytes=0,
+        TalkerEngineSettings(
+            dtype="float32", max_batch=4, max_model_len=512, prefill_chunk=8, prefix_cache_gib=0
+        ),
     )
     prompt, short = long_prompt(thinker), thinker.encode_chat([{"role": "user", "content": "hi"}])
     params, running_params = TalkerParams(max_frames=10), TalkerParams(max_frames=40)
@@ -252,8 +254,13 @@ def test_static_code_predictor_gives_the_dynamic_cache_codes(engines, tiny_model
     _, thinker = engines
     prompt = thinker.encode_chat([{"role": "user", "content": "hello"}])
     options = LoadOptions(dtype="float32")
-    static = _talk(TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512), prompt)
-    before = TalkerEngine(tiny_model_dir, options, max_batch=4, max_model_len=512)
+    static = _talk(
+        TalkerEngine(tiny_model_dir, derive(TalkerEngineSettings, options, max_batch=4, max_model_len=512)),
+        prompt,
+    )
+    before = TalkerEngine(
+        tiny_model_dir, derive(TalkerEngineSettings, options, max_batch=4, max_model_len=512)
+    )
     before.frames.code_predictor = _DynamicCachePredictor(before.cp)  # what its frame steps run
     dynamic = _talk(before, prompt)
     assert [len(frames) for frames in static] == [len(frames) for frames in dynamic]

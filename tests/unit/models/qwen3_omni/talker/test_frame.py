@@ -18,6 +18,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from omnistream.bench.op_counts import static_talker_frame
 from omnistream.engine import capture
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import TalkerEngineSettings, ThinkerEngineSettings, derive
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine
 from omnistream.models.qwen3_omni.talker.frame import MIN_KV_BUCKET, kv_bucket
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
@@ -47,13 +48,15 @@ SAMPLING = [
 def _codes(model_dir: str, sampling: list[SamplingParams], static: bool, graph_buckets: bool = False):
     """Every request's frames, all input given before the engine starts (the same batches)."""
     engine = TalkerEngine(
-        model_dir, F32, max_batch=4, max_model_len=256, static_frames=static, graph_buckets=graph_buckets
+        model_dir,
+        derive(TalkerEngineSettings, F32, max_batch=4, max_model_len=256, static_frames=static),
+        graph_buckets=graph_buckets,
     )
     if graph_buckets:
         assert engine.frame is not None and engine.frame.buckets == (1, 2, 4)
-    prompt = ThinkerEngine(model_dir, F32, max_batch=1, max_model_len=256).encode_chat(
-        [{"role": "user", "content": "hello"}]
-    )
+    prompt = ThinkerEngine(
+        model_dir, derive(ThinkerEngineSettings, F32, max_batch=1, max_model_len=256)
+    ).encode_chat([{"role": "user", "content": "hello"}])
 
     async def run():
         outputs = []
@@ -142,11 +145,15 @@ def test_regions_have_fixed_shapes_and_no_host_sync(tiny_model_dir):
     """Two frames in the same buckets (batch 2, one KV width bucket) dispatch the same ops with the
     same shapes inside the regions, and none of them syncs with the host."""
     options = dataclasses.replace(F32, static_frames=True)
-    engine = TalkerEngine(tiny_model_dir, options, max_batch=2, max_model_len=256, graph_buckets=True)
-    assert engine.frame is not None
-    prompt = ThinkerEngine(tiny_model_dir, F32, max_batch=1, max_model_len=256).encode_chat(
-        [{"role": "user", "content": "hello"}]
+    engine = TalkerEngine(
+        tiny_model_dir,
+        derive(TalkerEngineSettings, options, max_batch=2, max_model_len=256),
+        graph_buckets=True,
     )
+    assert engine.frame is not None
+    prompt = ThinkerEngine(
+        tiny_model_dir, derive(ThinkerEngineSettings, F32, max_batch=1, max_model_len=256)
+    ).encode_chat([{"role": "user", "content": "hello"}])
 
     def step(log: _RegionLog | None = None) -> None:
         work = engine.plan_step()
@@ -256,7 +263,7 @@ def test_a_graph_that_replays_other_values_than_its_eager_step_is_dropped_for_ea
 def test_cuda_graphs_refused_off_cuda(tiny_model_dir):
     options = LoadOptions(dtype="float32", cuda_graphs=True, static_frames=True)
     with pytest.raises(ValueError, match="CUDA graphs need a CUDA device"):
-        TalkerEngine(tiny_model_dir, options, max_batch=2, max_model_len=64)
+        TalkerEngine(tiny_model_dir, derive(TalkerEngineSettings, options, max_batch=2, max_model_len=64))
 
 
 def test_rows_decoding_at_a_rope_delta_give_the_eager_codes(tiny_model_dir):
@@ -264,10 +271,13 @@ def test_rows_decoding_at_a_rope_delta_give_the_eager_codes(tiny_model_dir):
     row without one): the static decode's positions round as the eager path's."""
 
     def frames(static: bool) -> list[list[list[int]]]:
-        engine = TalkerEngine(tiny_model_dir, F32, max_batch=2, max_model_len=256, static_frames=static)
-        prompt = ThinkerEngine(tiny_model_dir, F32, max_batch=1, max_model_len=256).encode_chat(
-            [{"role": "user", "content": "hello"}]
+        engine = TalkerEngine(
+            tiny_model_dir,
+            derive(TalkerEngineSettings, F32, max_batch=2, max_model_len=256, static_frames=static),
         )
+        prompt = ThinkerEngine(
+            tiny_model_dir, derive(ThinkerEngineSettings, F32, max_batch=1, max_model_len=256)
+        ).encode_chat([{"role": "user", "content": "hello"}])
 
         def step() -> None:
             work = engine.plan_step()

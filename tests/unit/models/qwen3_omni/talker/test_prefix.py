@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import TalkerEngineSettings, ThinkerEngineSettings, derive
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
 from omnistream.models.qwen3_omni.talker.prompt import user_positions
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
@@ -21,9 +22,13 @@ F64 = LoadOptions(dtype="float64")
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    on = TalkerEngine(tiny_model_dir, F64, max_batch=2, max_model_len=512, prefill_chunk=16)
-    off = TalkerEngine(tiny_model_dir, F64, max_batch=2, max_model_len=512, prefix_cache_bytes=0)
-    chat = ThinkerEngine(tiny_model_dir, F64, max_batch=1, max_model_len=256)
+    on = TalkerEngine(
+        tiny_model_dir, derive(TalkerEngineSettings, F64, max_batch=2, max_model_len=512, prefill_chunk=16)
+    )
+    off = TalkerEngine(
+        tiny_model_dir, derive(TalkerEngineSettings, F64, max_batch=2, max_model_len=512, prefix_cache_gib=0)
+    )
+    chat = ThinkerEngine(tiny_model_dir, derive(ThinkerEngineSettings, F64, max_batch=1, max_model_len=256))
     on.start()
     off.start()
     yield on, off, chat

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from omnistream.engine.chat_encoding import ChatEncoder
-from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.playout import Playout
+from omnistream.engine.settings import TalkerEngineSettings
 from omnistream.models.qwen3_omni.checkpoint import load_tokenizer
 from omnistream.models.qwen3_omni.talker.engine import TalkerEngine, TalkerParams
 
@@ -26,11 +26,9 @@ STREAM = [5, 6, 7, 8, 9, 10, 11, 12]  # thinker tokens after the prompt
 def engine(tiny_model_dir):
     return TalkerEngine(
         tiny_model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=3,
-        max_model_len=256,
-        max_step_batch=1,
-        prefix_cache_bytes=0,  # the prefills watched here compute every row
+        TalkerEngineSettings(
+            dtype="float32", max_batch=3, max_model_len=256, max_step_batch=1, prefix_cache_gib=0
+        ),
     )
 
 
@@ -133,9 +131,9 @@ def test_without_a_cap_every_ready_request_steps_together(talker, prompt):
 def test_frame_seconds_and_cap_validation(talker, tiny_model_dir):
     assert talker.frame_seconds == pytest.approx(1920 / 24000)  # one codec frame: 80 ms
     with pytest.raises(ValueError, match="cannot exceed max_batch"):
-        TalkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_step_batch=3)
+        TalkerEngine(tiny_model_dir, TalkerEngineSettings(dtype="float32", max_batch=2, max_step_batch=3))
     with pytest.raises(ValueError, match="max_step_batch must be at least 1"):
-        TalkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_step_batch=0)
+        TalkerEngine(tiny_model_dir, TalkerEngineSettings(dtype="float32", max_batch=2, max_step_batch=0))
 
 
 def test_while_a_playing_listener_is_near_dry_new_prompts_prefill_in_small_pieces(

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from gateway.realtime.audio import settled
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from tests.media_samples import tone
@@ -19,7 +19,9 @@ from tests.media_samples import tone
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=1, max_model_len=4096)
+    return ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float32", max_batch=1, max_model_len=4096)
+    )
 
 
 def _conversation(audios):

@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.request.errors import InternalError, InvalidRequest, Overloaded
 from tests.unit.models.qwen3_omni.prefill_helpers import long_prompt, prefill_chunk
@@ -20,11 +20,9 @@ def _engine(model_dir, max_requests: int = 6) -> ThinkerEngine:
     # own tests are test_prefix.py).
     return ThinkerEngine(
         model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=4,
-        max_model_len=256,
-        max_requests=max_requests,
-        prefix_cache_bytes=0,
+        ThinkerEngineSettings(
+            dtype="float32", max_batch=4, max_model_len=256, max_requests=max_requests, prefix_cache_gib=0
+        ),
     )
 
 
@@ -134,7 +132,9 @@ def test_admission_bound(engine):
 def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_model_dir):
     """The backstop behind validation: a batched forward that raises is retried request by request,
     and only the one that fails alone is failed; the others keep their exact greedy output."""
-    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    engine = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float32", max_batch=8, max_model_len=256)
+    )
     params = ThinkerParams(12, True)
     prompt = _prompt(engine)
     engine.start()
@@ -169,7 +169,9 @@ def test_a_step_failing_in_a_batch_fails_only_the_request_that_causes_it(tiny_mo
 def test_a_batched_token_choice_that_fails_leaves_the_lengths_for_the_retry(tiny_model_dir):
     """The choice comes after the forward: when it raises for a batch, the members are retried alone
     from the same KV lengths (nothing written twice), so the innocent ones keep their exact output."""
-    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float32"), max_batch=8, max_model_len=256)
+    engine = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float32", max_batch=8, max_model_len=256)
+    )
     params = ThinkerParams(12, True)
     prompt = _prompt(engine)
     engine.start()
@@ -263,7 +265,8 @@ def test_a_request_failing_in_its_prefill_fails_alone(tiny_model_dir):
     request prefilling in the same steps keep their exact tokens, and the failed piece left the KV
     length where the last good piece put it."""
     engine = ThinkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=4, max_model_len=256, prefill_chunk=8
+        tiny_model_dir,
+        ThinkerEngineSettings(dtype="float32", max_batch=4, max_model_len=256, prefill_chunk=8),
     )
     params = ThinkerParams(10, True)
     prompt = long_prompt(engine)
@@ -308,7 +311,8 @@ def test_the_thinker_hands_off_the_gil_after_a_first_token_a_first_text_and_an_e
     # (the talker's start), the first text (the second token when the first is a byte of an
     # unfinished character) and the last. Steps run on this thread.
     engine = ThinkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float32"), max_batch=2, max_model_len=256, prefix_cache_bytes=0
+        tiny_model_dir,
+        ThinkerEngineSettings(dtype="float32", max_batch=2, max_model_len=256, prefix_cache_gib=0),
     )
     assert not engine.hand_off_every_step
     asked: list[int] = []

@@ -21,8 +21,8 @@ from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from gateway.tools.spec import CALL_END, Function, Named, call_begin, tool_use
-from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni import tiny
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.request.structured import StructuredOutput
@@ -66,11 +66,9 @@ def _engines(checkpoints: list[tuple[int, bool]]) -> Iterator[list[ThinkerEngine
             directory = tiny.built(_CACHES / name, seed=seed, answers_end=ends)
             engine = ThinkerEngine(
                 str(directory),
-                LoadOptions(dtype="float32"),
-                max_batch=8,
-                max_model_len=1024,
-                max_requests=32,
-                prefix_cache_bytes=0,
+                ThinkerEngineSettings(
+                    dtype="float32", max_batch=8, max_model_len=1024, max_requests=32, prefix_cache_gib=0
+                ),
             )
             engine.start()
             engines.append(engine)

@@ -14,8 +14,8 @@ import jsonschema
 import pytest
 
 from gateway.tools.spec import CALL_END, Function, Named, call_begin, tool_use
-from omnistream.engine.load_options import LoadOptions
 from omnistream.engine.sampling import SamplingParams
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.request.errors import InternalError, InvalidRequest
 from omnistream.request.structured import StructuredOutput
@@ -47,11 +47,9 @@ assert NAMED_CALL is not None
 def engine(tiny_model_dir):
     e = ThinkerEngine(
         tiny_model_dir,
-        LoadOptions(dtype="float32"),
-        max_batch=4,
-        max_model_len=512,
-        max_requests=8,
-        prefix_cache_bytes=0,
+        ThinkerEngineSettings(
+            dtype="float32", max_batch=4, max_model_len=512, max_requests=8, prefix_cache_gib=0
+        ),
     )
     e.start()
     yield e

@@ -10,7 +10,7 @@ import torch
 
 import omnistream.models.qwen3_omni.thinker.media_item as module
 from gateway.realtime.audio import settled
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from omnistream.models.qwen3_omni.thinker.media_item import item_digests, media_items
 from tests.media_samples import image, tone
@@ -18,7 +18,7 @@ from tests.media_samples import image, tone
 
 @pytest.fixture(scope="module")
 def engine(tiny_model_dir):
-    return ThinkerEngine(tiny_model_dir, LoadOptions(), max_batch=2, max_model_len=1024)
+    return ThinkerEngine(tiny_model_dir, ThinkerEngineSettings(max_batch=2, max_model_len=1024))
 
 
 def _conversation(*clips):

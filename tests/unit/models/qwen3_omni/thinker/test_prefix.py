@@ -9,21 +9,23 @@ import time
 import pytest
 import torch
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker import thinker_media
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from tests.media_samples import image, tone
 
 
 def _engine(model_dir: str, **kwargs) -> ThinkerEngine:
-    e = ThinkerEngine(model_dir, LoadOptions(dtype="float64"), max_batch=4, max_model_len=512, **kwargs)
+    e = ThinkerEngine(
+        model_dir, ThinkerEngineSettings(dtype="float64", max_batch=4, max_model_len=512, **kwargs)
+    )
     e.start()
     return e
 
 
 @pytest.fixture(scope="module")
 def engines(tiny_model_dir):
-    on, off = _engine(tiny_model_dir), _engine(tiny_model_dir, prefix_cache_bytes=0)
+    on, off = _engine(tiny_model_dir), _engine(tiny_model_dir, prefix_cache_gib=0)
     yield on, off
     on.stop()
     off.stop()
@@ -79,7 +81,7 @@ def test_a_prompt_sharing_part_of_a_cached_one_and_requests_batched_match_the_ca
 
 def test_a_prefix_evicted_midway_reuses_what_is_left_and_still_matches(tiny_model_dir, engines):
     _, off = engines
-    small = _engine(tiny_model_dir, prefix_cache_bytes=1)
+    small = _engine(tiny_model_dir, prefix_cache_gib=1 / (1 << 30))  # one byte
     try:
         block = small.prefix_cache.block_size
         per_block = sum(
@@ -256,7 +258,9 @@ def test_the_prompt_is_stored_after_the_second_token_not_between_the_first_two(t
     """A prompt's store (a copy of its new KV blocks) would delay the answer's second token, which is
     the first text a client sees when the first token is a byte of an unfinished character. Steps
     run on this thread (the engine thread not started), one at a time."""
-    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=2, max_model_len=512)
+    engine = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float64", max_batch=2, max_model_len=512)
+    )
     ids = _turns(engine, ["Tell me about the tides and the moon, and why they follow each other."])[0]
 
     async def two_steps() -> list[tuple[int, int]]:

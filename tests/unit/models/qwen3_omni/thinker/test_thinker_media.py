@@ -11,7 +11,7 @@ import pytest
 import torch
 from transformers import Qwen3OmniMoeForConditionalGeneration
 
-from omnistream.engine.load_options import LoadOptions
+from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
 from omnistream.models.qwen3_omni.thinker.thinker_media import encode_slices, plan_slices
 from omnistream.request.errors import InvalidRequest
@@ -26,7 +26,8 @@ TEXT = [{"role": "user", "content": "Tell me a story about the sea."}]
 def engine(tiny_model_dir):
     # No prefix cache: these tests encode and prefill the same media again and count the steps.
     e = ThinkerEngine(
-        tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8, max_model_len=8192, prefix_cache_bytes=0
+        tiny_model_dir,
+        ThinkerEngineSettings(dtype="float64", max_batch=8, max_model_len=8192, prefix_cache_gib=0),
     )
     e.start()
     yield e
@@ -133,7 +134,9 @@ def test_media_prompt_must_match_its_ids(engine):
 
 
 def test_a_failing_encode_fails_only_its_request(tiny_model_dir):
-    engine = ThinkerEngine(tiny_model_dir, LoadOptions(dtype="float64"), max_batch=8, max_model_len=1024)
+    engine = ThinkerEngine(
+        tiny_model_dir, ThinkerEngineSettings(dtype="float64", max_batch=8, max_model_len=1024)
+    )
     params = ThinkerParams(8, True)
     text_ids = engine.encode_chat(TEXT)
     good = engine.prepare_media(_user({"type": "image", "image": image()}))
