@@ -55,7 +55,11 @@ class Client:
         await self.ws.send(json.dumps(event))
 
     async def next(self, timeout: float = 60.0) -> dict:
-        event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        try:
+            event = json.loads(await asyncio.wait_for(self.ws.recv(), timeout))
+        except websockets.ConnectionClosed as closed:  # say what the session saw before it ended
+            seen = [e.get("type") for e in self.seen]
+            raise AssertionError(f"the session closed ({closed}) after {seen}: {self.seen[-3:]}") from closed
         self.seen.append(event)
         return event
 
