@@ -39,7 +39,7 @@ from gateway.realtime.settings import ResponseFields
 from gateway.realtime.turn import ResponseSettings, build_request
 from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
-from omnistream.request.errors import OmniError, from_kind
+from omnistream.request.errors import InvalidRequest, OmniError, error_class
 from omnistream.request.generation import GenerationRequest
 
 log = logging.getLogger(__name__)
@@ -257,7 +257,7 @@ class Responder:
         try:
             await self._fit(settings.instructions, settings.max_output_tokens, context)
         except ContextFull as exc:
-            raise from_kind(CONTEXT_EXCEEDED, exc.message) from None
+            raise error_class(CONTEXT_EXCEEDED, InvalidRequest)(exc.message) from None  # a 400, as OpenAI's
         if len(self.conversation.items) == before:
             return None
         log.info(

@@ -136,8 +136,14 @@ _BY_GRPC: dict[grpc.StatusCode, type[OmniError]] = {
 
 
 def status_of(error: BaseException) -> Status:
-    kind = error.kind if isinstance(error, OmniError) else InternalError.kind
-    return STATUS_TABLE[kind]
+    """The error's status: its kind's, or for a kind the table does not know (`error_class`) the
+    status of the class it was made from; anything not an OmniError is an internal error."""
+    if isinstance(error, OmniError):
+        for cls in type(error).__mro__:
+            status = STATUS_TABLE.get(getattr(cls, "kind", ""))
+            if status is not None:
+                return status
+    return STATUS_TABLE[InternalError.kind]
 
 
 _BY_KIND: dict[str, type[OmniError]] = {

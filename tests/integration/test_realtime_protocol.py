@@ -20,7 +20,9 @@ API_KEY = "protocol-test-key"
 LIMITS = {
     "api_key": API_KEY,
     "realtime_max_sessions": 3,
-    "realtime_idle_timeout": 4.0,
+    # long enough that a session waiting on the gateway is not closed by a starved CI machine (a
+    # 25 s run saw its session idle out waiting for speech_stopped), short enough to test in seconds
+    "realtime_idle_timeout": 8.0,
     "realtime_max_buffer_seconds": 2.0,
     "realtime_append_burst_seconds": 3.0,
 }

@@ -14,6 +14,7 @@ from omnistream.request.errors import (
     error_class,
     from_grpc,
     from_kind,
+    status_of,
 )
 
 
@@ -40,3 +41,11 @@ def test_an_unknown_kind_keeps_its_name_and_the_class_its_status_names():
 
 def test_no_stage_unless_given():
     assert Unavailable("x").stage is None and Unavailable("x", stage="talker").stage == "talker"
+
+
+def test_a_kind_the_table_does_not_know_takes_the_status_of_the_class_it_was_made_from():
+    too_long = error_class("context_length_exceeded", InvalidRequest)("the turn does not fit")
+    assert too_long.kind == "context_length_exceeded"
+    assert status_of(too_long) == status_of(InvalidRequest("x"))
+    assert status_of(from_kind("some_newer_kind", "?")) == status_of(InternalError("x"))
+    assert status_of(ValueError("not ours")) == status_of(InternalError("x"))
