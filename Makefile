@@ -9,7 +9,7 @@ PROTOS := $(wildcard protos/omni/v1/*.proto)
 
 .PHONY: setup setup-vllm setup-pipecat sysdeps proto tiny-model run generate test test-parallel-args check test-slow lint bench bench-capacity bench-seed \
 	bench-engine framework-node \
-	bench-thinkers bench-conversation clean
+	bench-thinkers bench-conversation bench-v2v clean
 
 setup: $(STAMP) proto
 
@@ -175,6 +175,12 @@ bench-thinkers: tiny-model setup-vllm
 bench-conversation: tiny-model sysdeps
 	$(VENV)/bin/omnistream bench --conversation --conversation-models tiny,real-shaped --repeats 4 \
 		--output-dir bench-results/conversation
+
+# Voice-to-voice (issue 61): from the end of the user's speech to the first audio of the answer, realtime
+# clients streaming espeak-ng speech of 1, 4 and 9 s in real time, with server_vad (500 ms window) and with
+# client commits, 1 and 8 sessions at once; median and p90 (omnistream/bench/voice_to_voice.py).
+bench-v2v: tiny-model sysdeps
+	$(VENV)/bin/omnistream bench --model $(TINY) --voice-to-voice --output-dir bench-results
 
 test-slow: setup sysdeps
 	$(PY) -m pytest -q --durations=25 $(PARALLEL) -m slow

@@ -19,6 +19,7 @@ from gateway.config import STAGE_MESSAGE_HEADROOM, GatewayConfig
 from gateway.realtime.events import EventError
 from gateway.realtime.protocol import Protocol
 from gateway.realtime.vad import INPUT_RATE
+from gateway.realtime.voice_to_voice import SpokenTurn
 from omnistream.request.media import AudioInput, ImageInput, VideoInput
 
 FUNCTION_CALL, FUNCTION_CALL_OUTPUT = "function_call", "function_call_output"
@@ -42,6 +43,8 @@ class Item:
     arguments: str = ""  # JSON text
     output: str = ""
     audio_seconds: float = 0.0  # user audio it holds
+    # A committed audio turn: when its speech ended, until the response that answers it takes it
+    spoken: SpokenTurn | None = None
     # assistant items
     text: str = ""
     audio_samples_sent: int = 0  # samples of the 24 kHz stream handed to the socket, whatever the format

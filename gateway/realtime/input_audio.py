@@ -7,10 +7,15 @@ Its own owner because the buffer, the rate bucket, the detector and the item a d
 become change together, on appends, and nowhere else. The connection hands over the session's
 config (its turn_detection, read as it is now), the conversation a committed turn joins (and how it
 is added, with its events), and the responder that a turn's end starts and a barge-in stops.
+
+A committed turn carries when its speech ended (`SpokenTurn`, gateway/realtime/voice_to_voice.py):
+where the VAD found the end, or the end of the committed audio, placed in time by the arrival of the
+append that held it (the buffer keeps its appends' arrivals).
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,6 +31,7 @@ from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
 from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
+from gateway.realtime.voice_to_voice import CLIENT_COMMIT, SpokenTurn
 from gateway.serving.core import GatewayCore
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
@@ -84,6 +90,7 @@ class InputAudio:
         return self.decoder
 
     async def append(self, event: ev.BufferAppend) -> None:
+        arrived = time.monotonic()
         decoder = self._decoder()
         fmt = decoder.format
         wire = decode_base64_pcm(
@@ -98,14 +105,14 @@ class InputAudio:
                 code="input_audio_buffer_rate_exceeded",
                 error_type="rate_limit_error",
             )
-        if not self.buffer.append(pcm):
+        if not self.buffer.append(pcm, arrived):
             if self.detector is None or not self.detector.in_speech:
                 raise self._buffer_full()
             # A turn as long as the buffer (continuous speech, or a noise the VAD takes for it)
             # ends here: a server-VAD client never commits or clears, so refusing would wedge it.
             self.detector.reset()
             await self.speech_stopped(self.buffer.end)
-            if not self.buffer.append(pcm):
+            if not self.buffer.append(pcm, arrived):
                 raise self._buffer_full()
         if self.detector is None:
             return
@@ -155,10 +162,11 @@ class InputAudio:
         create_response answered unless a response is running."""
         td = self.config.turn_detection
         assert td is not None
+        decided = time.monotonic()
         item_id = self.turn_item_id or new_id("item")
         await self.send("input_audio_buffer.speech_stopped", audio_end_ms=ms_of(sample), item_id=item_id)
         try:
-            committed = await self.commit(sample, None, item_id)
+            committed = await self.commit(sample, None, item_id, (td.type, decided))
         except EventError as exc:
             if exc.code != "input_audio_buffer_commit_empty":
                 raise
@@ -166,9 +174,19 @@ class InputAudio:
         if committed and td.create_response and not self.responder.busy:
             await self.responder.start(None)
 
-    async def commit(self, until: int | None, event_id: str | None, item_id: str | None = None) -> bool:
+    async def commit(
+        self,
+        until: int | None,
+        event_id: str | None,
+        item_id: str | None = None,
+        detected: tuple[str, float] | None = None,
+    ) -> bool:
         """The buffer's audio up to stream sample `until` (all when None: input_audio_buffer.commit)
-        as a user item, decoded before it joins the conversation."""
+        as a user item, decoded before it joins the conversation. `detected`: the turn detection
+        that decided it and when (None: the client's commit, now)."""
+        detection, decided = detected or (CLIENT_COMMIT, time.monotonic())
+        ended = self.buffer.arrived_at(self.buffer.end if until is None else until)
+        spoken = None if ended is None else SpokenTurn(detection, ended, decided)
         pcm = self.buffer.take(until)
         if self.detector is not None and until is None:
             self.detector.reset()
@@ -190,6 +208,7 @@ class InputAudio:
             parts,
             [{"type": "input_audio", "transcript": None}],
             audio_seconds=len(pcm) / 2 / INPUT_RATE,
+            spoken=spoken,
         )
         previous = self.conversation.last_id()
         await self.send("input_audio_buffer.committed", previous_item_id=previous, item_id=item_id)

@@ -1,7 +1,9 @@
 """The connection's responses, one at a time: each starts with the history fitted to the thinker's
 context (gateway/realtime/context.py: the oldest items go only when the turn would not fit
 otherwise), is sent once more when the thinker still refuses its prompt as too long (`_refit`), and
-at its end shares the thinker's count of its prompt out over the items it was made of.
+at its end shares the thinker's count of its prompt out over the items it was made of. A response
+started right after a user audio turn was committed answers it, and takes when its speech ended
+(its voice-to-voice is measured, gateway/realtime/voice_to_voice.py).
 
 Its own owner because a response's turn (its settings, what its prompt was made of) lives from its
 start to its end and only these steps read it. The connection hands over the session's config and
@@ -151,6 +153,7 @@ class Responder:
         if context is None:
             context = self._copy() if out_of_band else self.conversation
         sink = context if out_of_band else self.conversation  # where the answer's items go
+        answered = self._spoken_turn() if context is self.conversation else None
         if not any(i.role == "user" for i in context.items.values()):
             raise EventError("the conversation has no user item to respond to", code="conversation_empty")
         settings = ResponseSettings.of(self.config, fields, self.core.deployment.voices)
@@ -196,8 +199,18 @@ class Responder:
             output_format=settings.output_format,
             in_conversation=not out_of_band,
             metadata=fields.metadata if fields is not None else None,
+            spoken=answered.spoken if answered is not None else None,
         )
+        if answered is not None:
+            answered.spoken = None  # taken: a second response to the turn measures nothing
         self.response.start()
+
+    def _spoken_turn(self) -> Item | None:
+        """The user audio turn a response now answers: the conversation's newest item, when it is a
+        committed turn no response has taken yet (not after a tool's result or another item)."""
+        last = self.conversation.last_id()
+        item = self.conversation.items.get(last) if last is not None else None
+        return item if item is not None and item.spoken is not None else None
 
     async def cancel(self, event: ev.ResponseCancel) -> None:
         response = self.response

@@ -36,6 +36,7 @@ from gateway.realtime.function_calls import CallOutputs, Dropped
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.vad import INPUT_RATE
+from gateway.realtime.voice_to_voice import SpokenTurn, first_audio
 from gateway.serving.core import GatewayCore
 from gateway.serving.session import Session
 from gateway.serving.tracing import realtime_entry
@@ -65,11 +66,13 @@ class ResponseRun:
         output_format: AudioFormat = PCM16,
         in_conversation: bool = True,
         metadata: dict[str, str] | None = None,
+        spoken: SpokenTurn | None = None,
     ) -> None:
         """`tools`: the answer's tool use; when it parses calls, `conversation` (where the calls'
         items go, and the answer's own item, in it since the response began) is needed.
         `in_conversation` False: an out-of-band response, whose items join none of the session's
-        conversations, so no conversation.item.* event tells of them. `metadata`: echoed."""
+        conversations, so no conversation.item.* event tells of them. `metadata`: echoed. `spoken`:
+        the user audio turn it answers, whose voice-to-voice its first audio delta measures."""
         self.core = core
         self.protocol = protocol
         self.outbound = outbound
@@ -83,6 +86,8 @@ class ResponseRun:
         self.output_format = output_format
         self.in_conversation = in_conversation
         self.metadata = metadata
+        self.spoken = spoken
+        self.voice_to_voice_s: float | None = None  # measured at the first audio delta
         self.status = "in_progress"
         self.reason: str | None = None
         self.error: OmniError | None = None
@@ -281,6 +286,9 @@ class ResponseRun:
             delta=base64.b64encode(data).decode(),
             **self._where(),
         )
+        if self.spoken is not None and self.voice_to_voice_s is None:  # handed to the socket's writer
+            span = self.session.trace if self.session is not None else None
+            self.voice_to_voice_s = first_audio(self.spoken, self.core.metrics, span)
 
     async def _piece(self, piece: Piece, text_kind: str) -> None:
         """One piece of a parsed answer: words for the answer's item, or a call's piece."""

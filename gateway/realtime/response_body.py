@@ -33,6 +33,7 @@ class Described(typing.Protocol):
     done: DoneEvent | None
     output_tokens: int
     tokens_at_first_text: int | None
+    voice_to_voice_s: float | None
     session: Session | None
     replicas: dict[str, str]
 
@@ -61,12 +62,14 @@ def timings(run: Described) -> dict[str, Any]:
     """omnistream's per-turn numbers (the playground shows them; keep the names). The listener's
     (omnistream/audio/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
     longest stall, continuity) are of the audio as the gateway handed it out, None without
-    audio."""
+    audio. `voice_to_voice_ms`: the end of the user's speech to the first audio delta, for a
+    response to a user audio turn (gateway/realtime/voice_to_voice.py), else None."""
     out: dict[str, Any] = {
         "ttft_ms": None,
         "tokens_at_first_text": run.tokens_at_first_text,  # ttft_ms: to the first token, text or not
         "ttfa_ms": None,
         "rtf": None,
+        "voice_to_voice_ms": _ms(0.0, run.voice_to_voice_s),
         "replicas": {stage: run.replicas.get(stage) for stage in STAGES},
         **dict.fromkeys(LISTENER_FIELDS),
     }

@@ -17,6 +17,8 @@ RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0)
 # 0.1 is the listener's continuity threshold: the le="0.1" bucket counts the requests that kept
 # continuity, _count all those with audio.
 UNDERRUN_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+# From a client's commit (~0.1 s) to a server VAD's silence window and more (0.5-1.5 s, then work).
+VOICE_TO_VOICE_BUCKETS = (0.05, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.6, 0.75, 1.0, 1.25, 1.5, 2.0, 3.0, 5.0)
 
 
 class GatewayMetrics:
@@ -30,6 +32,7 @@ class GatewayMetrics:
         self._listening_metrics(r)
         self._admission_metrics(r)
         self._audio_capacity_metrics(r)
+        self._realtime_metrics(r)
 
     def _latency_metrics(self, r: CollectorRegistry) -> None:
         """Client-side latencies, as `vllm bench serve` defines them."""
@@ -151,6 +154,18 @@ class GatewayMetrics:
             "Codec frames per busy second an audio stage would sustain with one more audio stream, "
             "as its step-time model says (what the audio hold admits by); 0: unknown",
             ["stage"],
+            registry=r,
+        )
+
+    def _realtime_metrics(self, r: CollectorRegistry) -> None:
+        """What a person talking over /v1/realtime feels (gateway/realtime/voice_to_voice.py)."""
+        self.voice_to_voice = Histogram(
+            "omnistream_realtime_voice_to_voice_seconds",
+            "Per realtime response to a user audio turn: the end of the user's speech, as the turn "
+            "detector located it, to the answer's first audio delta sent, by what decided the turn "
+            "(server_vad, semantic_vad; none: the client committed)",
+            ["turn_detection"],
+            buckets=VOICE_TO_VOICE_BUCKETS,
             registry=r,
         )
 

@@ -146,6 +146,11 @@ class Session:
         self._pump = asyncio.create_task(self._run_source())
 
     @property
+    def trace(self) -> RequestSpan | None:
+        """The request's span (for what its caller measures of it: `RequestSpan.note`)."""
+        return self._trace
+
+    @property
     def replica_addresses(self) -> dict[str, str]:
         """The replica serving each stage of this request (the realtime API reports them)."""
         return {replica.stage: replica.address for replica in self._replicas}

@@ -180,6 +180,12 @@ class RequestSpan:
         if self.recording:
             self.span.add_event("retry", {"attempt": attempt, "omnistream.error.kind": error.kind})
 
+    def note(self, attributes: Mapping[str, Any]) -> None:
+        """Attributes measured outside the session while the request runs (a realtime response's
+        voice-to-voice, gateway/realtime/voice_to_voice.py); nothing once the span has ended."""
+        if self.recording and not self._ended:
+            self.span.set_attributes(attributes)
+
     def stage_calls(self, peers: Mapping[str, str], request_id: str) -> StageCalls | None:
         """The CLIENT spans of one attempt's stage calls; None with tracing off."""
         return StageCalls(self.context, peers, request_id) if self.active else None

@@ -14,6 +14,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     _add_extra_measurement_arguments(p)
     _add_stack_arguments(p)
     _add_conversation_arguments(p)
+    _add_voice_to_voice_arguments(p)
     p.add_argument("--output-dir", default="bench-results")
     p.add_argument("--no-plots", action="store_true")
     p.add_argument("--seed", type=int, default=0)
@@ -175,4 +176,34 @@ def _add_conversation_arguments(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.05,
         help="the concurrency target passes when the cache's audio s/s is at least (1 - this) x without it",
+    )
+
+
+def _add_voice_to_voice_arguments(p: argparse.ArgumentParser) -> None:
+    """--voice-to-voice (instead of the latency table) and its settings."""
+    p.add_argument(
+        "--voice-to-voice",
+        action="store_true",
+        help="instead of the latency table: voice-to-voice latency (issue 61), from the end of the "
+        "user's speech to the first audio of the answer, at realtime clients streaming espeak-ng "
+        "speech in real time, with server_vad and with client commits; on a stack started on --model, "
+        "or with --gateway the HTTP URL of a running one; writes voice_to_voice.json and "
+        "voice_to_voice.md (omnistream/bench/voice_to_voice.py)",
+    )
+    p.add_argument("--v2v-seconds", default="1,4,9", help="comma list: seconds of speech of the utterances")
+    p.add_argument("--v2v-sessions", default="1,8", help="comma list: realtime sessions at once")
+    p.add_argument(
+        "--v2v-modes",
+        default="server_vad,commit",
+        help="comma list of server_vad (the server's turn detection ends the turn) and commit (the "
+        "client commits and asks for the answer at the end of its speech)",
+    )
+    p.add_argument(
+        "--v2v-turns", type=int, default=3, help="turns of each session, each on a fresh realtime session"
+    )
+    p.add_argument(
+        "--v2v-window-ms",
+        type=int,
+        default=500,
+        help="server_vad's silence_duration_ms: the silence that ends a turn",
     )

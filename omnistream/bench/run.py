@@ -317,6 +317,10 @@ async def run_bench(args: argparse.Namespace) -> int:
         from omnistream.bench.conversation import run_conversation
 
         return await run_conversation(args)
+    if getattr(args, "voice_to_voice", False):
+        from omnistream.bench.voice_to_voice import run_voice_to_voice
+
+        return await run_voice_to_voice(args)
     import torch
 
     from omnistream.models.family import family_for, model_info

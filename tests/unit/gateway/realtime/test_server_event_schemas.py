@@ -21,6 +21,7 @@ import pytest
 from gateway.config import GatewayConfig
 from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
+from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.session import Timings
 from omnistream.request.errors import InvalidRequest, Overloaded
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
@@ -63,6 +64,7 @@ class FakeSession:
         self.text, self.audio, self.hold, self.length = text, audio, hold, length
         self.replica_addresses: dict[str, str] = {}
         self.timings = Timings(0.0)
+        self.trace = None  # the request's span: none, as with tracing off
 
     async def events(self) -> AsyncIterator[Any]:
         yield TextEvent([1], self.text)
@@ -83,6 +85,7 @@ class FakeSession:
 class FakeCore:
     def __init__(self) -> None:
         self.config = GatewayConfig()
+        self.metrics = GatewayMetrics()
         self.deployment = SimpleNamespace(
             model_id="qwen3-omni",
             voices=("chelsie", "ethan", "aiden"),

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+from typing import Any
 
 import pytest
 
+from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.sampling import SamplingParams
 from omnistream.engine.settings import ThinkerEngineSettings
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine, ThinkerParams
@@ -352,18 +354,21 @@ def test_background_work_steps_only_when_nothing_else_can_and_is_unchanged_by_it
     async def run() -> tuple[list[int], list[int], list[str]]:
         order: list[str] = []
 
-        async def collect(rid: str, params: ThinkerParams) -> list[int]:
-            out = engine.add_request(rid, _prompt(engine), params)
+        async def collect(rid: str, out: OutputStream[Any]) -> list[int]:
             tokens: list[int] = []
             async for step in out:
                 order.extend(rid for _ in step.token_ids)
                 tokens.extend(step.token_ids)
             return tokens
 
-        transcribed = asyncio.create_task(collect("bg", background))
-        await asyncio.sleep(0)  # the background request is admitted first
-        answered = await collect("fg", answer)
-        return answered, await transcribed, order
+        prompt = _prompt(engine)
+        # The background request is admitted first, the answer right after it (no await between:
+        # on a loaded machine a test that tokenized the answer's prompt in between saw the
+        # engine run five background steps before the answer existed).
+        transcribing = engine.add_request("bg", prompt, background)
+        answering = engine.add_request("fg", prompt, answer)
+        answered, transcribed = await asyncio.gather(collect("fg", answering), collect("bg", transcribing))
+        return answered, transcribed, order
 
     alone = asyncio.run(_run(engine, "bg-alone", background))
     answered, transcribed, order = asyncio.run(run())

@@ -1,0 +1,345 @@
+"""`omnistream bench --voice-to-voice`: the time from the end of the user's speech to the first sound
+of the answer, measured at a realtime client as a person would feel it (issue 61).
+
+Per cell (mode x utterance seconds x sessions at once), each session speaks `--v2v-turns` turns,
+each turn on a fresh /v1/realtime session (a fresh conversation: no history, and every turn's audio
+is its own, a +-1 LSB dither seeded by the turn, so no prefix cache serves one turn's audio to the
+next; the instructions before it may be cached, as in any deployment). The sessions of a cell start
+together. A turn: 0.3 s of silence, speech (espeak-ng: speech.py's `utterance`, the prefix of its
+PASSAGE spoken in about the asked length, silent ends trimmed; the rendered length is reported), then
+silence, streamed as a microphone would, in 20 ms appends at real time (an append is sent when its
+last sample has been "spoken"). The silence before the speech is padded so that the speech ends
+exactly at the end of an append; the **end of speech** is the moment the client finished sending
+that append (after `ws.send` returned).
+
+* `server_vad`: the session's turn detection is server_vad (`--v2v-window-ms` of silence ends a
+  turn, create_response on); the silence after the speech lasts the window + 1.5 s.
+* `commit`: no turn detection; right after the end of speech the client sends
+  input_audio_buffer.commit and response.create, and streams nothing more.
+
+Per turn, at the client: **v2v_ms** = the first non-empty response.output_audio.delta's arrival -
+the end of speech; for server_vad also **detector_ms** = input_audio_buffer.speech_stopped's arrival
+- the end of speech, **after_detector_ms** = v2v_ms - detector_ms, and **detector_end_ms** = where
+the detector placed the end (its `audio_end_ms`) - where the speech ended in the stream. Answers
+are short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. One warm-up
+turn (commit, the shortest utterance) runs first, not measured.
+
+Writes voice_to_voice.json (every turn) and voice_to_voice.md (median and p90 per cell) to
+`--output-dir`. Starts its own stack on `--model` (`omnistream up`'s start_stack) unless
+`--gateway` gives a running gateway's HTTP URL (API key: $OMNISTREAM_API_KEY).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from omnistream.bench.speech import RATE, Utterance, dithered, pieces, silence_pcm16, utterance
+from omnistream.bench.stats import _describe
+
+if TYPE_CHECKING:
+    from websockets.asyncio.client import ClientConnection
+
+MODES = ("server_vad", "commit")
+PIECE_MS = 20
+LEAD_S = 0.3  # silence before the speech (at least; padded to end the speech on a piece boundary)
+AFTER_WINDOW_S = 1.5  # server_vad: the silence after the speech is the window + this
+MAX_TOKENS, AUDIO_FRAMES = 16, 24
+TURN_TIMEOUT_S = 120.0
+INSTRUCTIONS = "You are a helpful voice assistant. Keep your answers short."
+METRICS = ("v2v_ms", "detector_ms", "after_detector_ms", "detector_end_ms")
+
+
+def layout(speech: bytes, trailing_s: float) -> tuple[bytes, int]:
+    """The stream of a turn: silence (>= LEAD_S, padded so the speech ends on a piece boundary),
+    the speech, `trailing_s` of silence; and the index of the piece holding the speech's end."""
+    piece = RATE * PIECE_MS // 1000 * 2
+    lead = len(silence_pcm16(LEAD_S))
+    lead += (-(lead + len(speech))) % piece
+    stream = bytes(lead) + speech + silence_pcm16(trailing_s)
+    return stream, (lead + len(speech)) // piece - 1
+
+
+@dataclass
+class Turn:
+    mode: str
+    session: int
+    turn: int
+    speech_s: float
+    v2v_ms: float | None = None
+    detector_ms: float | None = None
+    after_detector_ms: float | None = None
+    detector_end_ms: float | None = None
+    status: str = ""
+    error: str = ""
+
+
+def session_config(mode: str, window_ms: int, seed: int) -> dict[str, Any]:
+    detection = (
+        {"type": "server_vad", "silence_duration_ms": window_ms, "create_response": True}
+        if mode == "server_vad"
+        else None
+    )
+    return {
+        "type": "realtime",
+        "instructions": INSTRUCTIONS,
+        "output_modalities": ["audio", "text"],
+        "audio": {"input": {"turn_detection": detection}},
+        "max_output_tokens": MAX_TOKENS,
+        "temperature": 0.0,
+        "omnistream": {"ignore_eos": True, "seed": seed, "max_audio_frames": AUDIO_FRAMES},
+    }
+
+
+def _append(piece: bytes) -> str:
+    return json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(piece).decode()})
+
+
+async def _speak(ws: ClientConnection, stream: bytes, last: int, commit: bool) -> float:
+    """Stream `stream` at real time, each piece once it is all "spoken"; the perf_counter time
+    the piece `last` (the end of speech) was sent. `commit`: commit and ask for the answer then,
+    and stop there."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    end = 0.0
+    for i, piece in enumerate(pieces(stream, PIECE_MS)):
+        delay = start + (i + 1) * PIECE_MS / 1000 - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        await ws.send(_append(piece))
+        if i == last:
+            end = time.perf_counter()
+            if commit:
+                await ws.send(json.dumps({"type": "input_audio_buffer.commit"}))
+                await ws.send(json.dumps({"type": "response.create"}))
+                break
+    return end
+
+
+async def _listen(ws: ClientConnection, turn: Turn) -> dict[str, float]:
+    """Server events until response.done: the arrival times of the first audio delta and of
+    speech_stopped (and its audio_end_ms)."""
+    seen: dict[str, float] = {}
+    async for raw in ws:
+        now = time.perf_counter()
+        event = json.loads(raw)
+        kind = event["type"]
+        if kind == "response.output_audio.delta" and event.get("delta") and "audio" not in seen:
+            seen["audio"] = now
+        elif kind == "input_audio_buffer.speech_stopped" and "stopped" not in seen:
+            seen["stopped"], seen["audio_end_ms"] = now, float(event.get("audio_end_ms", 0))
+        elif kind == "error" and not turn.error:
+            turn.error = str(event["error"].get("message", "error"))[:200]
+        elif kind == "response.done":
+            turn.status = event["response"].get("status", "")
+            return seen
+    raise ConnectionError("the session closed before response.done")
+
+
+async def one_turn(url: str, mode: str, speech: Utterance, window_ms: int, turn: Turn, seed: int) -> Turn:
+    import websockets
+
+    key = os.environ.get("OMNISTREAM_API_KEY")
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    trailing = window_ms / 1000 + AFTER_WINDOW_S if mode == "server_vad" else 0.0
+    stream, last = layout(dithered(speech.pcm, seed), trailing)
+    try:
+        async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
+            await ws.send(
+                json.dumps({"type": "session.update", "session": session_config(mode, window_ms, seed)})
+            )
+            async with asyncio.timeout(TURN_TIMEOUT_S):
+                async for raw in ws:
+                    if json.loads(raw)["type"] in ("session.updated", "error"):
+                        break
+                speaking = asyncio.create_task(_speak(ws, stream, last, mode == "commit"))
+                try:
+                    seen = await _listen(ws, turn)
+                    end = await speaking
+                finally:
+                    speaking.cancel()
+    except Exception as exc:  # a refused or closed connection, a timeout: the turn failed
+        turn.error = turn.error or f"{type(exc).__name__}: {exc}"[:200]
+        return turn
+    speech_end_ms = (len(stream) - len(silence_pcm16(trailing))) / 2 / RATE * 1000
+    if "audio" in seen:
+        turn.v2v_ms = (seen["audio"] - end) * 1000
+    elif not turn.error:
+        turn.error = f"no audio (response {turn.status})"
+    if "stopped" in seen:
+        turn.detector_ms = (seen["stopped"] - end) * 1000
+        turn.detector_end_ms = seen["audio_end_ms"] - speech_end_ms
+        if turn.v2v_ms is not None:
+            turn.after_detector_ms = turn.v2v_ms - turn.detector_ms
+    return turn
+
+
+@dataclass(frozen=True)
+class Cell:
+    mode: str
+    seconds: float  # as asked
+    sessions: int
+
+
+def cells(args: argparse.Namespace) -> list[Cell]:
+    """The flags' cells, in run order (mode, then utterance length, then sessions)."""
+    modes = [m.strip() for m in args.v2v_modes.split(",") if m.strip()]
+    if not modes or any(m not in MODES for m in modes):
+        raise ValueError(f"--v2v-modes takes a comma list of {', '.join(MODES)}, got {args.v2v_modes!r}")
+    seconds = [float(s) for s in args.v2v_seconds.split(",") if s.strip()]
+    sessions = [int(s) for s in args.v2v_sessions.split(",") if s.strip()]
+    if not seconds or not sessions or min(seconds) <= 0 or min(sessions) < 1 or args.v2v_turns < 1:
+        raise ValueError("--v2v-seconds, --v2v-sessions and --v2v-turns must be positive")
+    return [Cell(m, s, n) for m in modes for s in seconds for n in sessions]
+
+
+async def run_cell(
+    url: str, cell: Cell, speech: Utterance, args: argparse.Namespace, seed: int
+) -> list[Turn]:
+    """`cell.sessions` clients at once, each `--v2v-turns` turns one after another."""
+
+    async def client(k: int) -> list[Turn]:
+        done = []
+        for t in range(args.v2v_turns):
+            turn = Turn(cell.mode, k, t, speech.seconds)
+            turn_seed = seed + k * args.v2v_turns + t
+            done.append(await one_turn(url, cell.mode, speech, args.v2v_window_ms, turn, turn_seed))
+        return done
+
+    per_session = await asyncio.gather(*(client(k) for k in range(cell.sessions)))
+    return [t for turns in per_session for t in turns]
+
+
+def summarize(cell: Cell, speech: Utterance, window_ms: int, turns: list[Turn]) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "mode": cell.mode,
+        "seconds": cell.seconds,
+        "speech_s": speech.seconds,
+        "text": speech.text,
+        "sessions": cell.sessions,
+        "window_ms": window_ms if cell.mode == "server_vad" else None,
+        "turns": len(turns),
+        "failed": sum(1 for t in turns if t.error or t.v2v_ms is None),
+        "errors": sorted({t.error for t in turns if t.error})[:5],
+    }
+    for name in METRICS:
+        out[name] = _describe([v for t in turns if (v := getattr(t, name)) is not None], 1.0)
+    out["per_turn"] = [asdict(t) for t in turns]
+    return out
+
+
+def _pair(stats: dict[str, Any]) -> str:
+    if not stats.get("samples"):
+        return "-"
+    return f"{stats['median']:.0f} / {stats['p90']:.0f}"
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    """The cells as a markdown table: median / p90 of each time (ms)."""
+    lines = [
+        "| mode | speech s | sessions | turns ok | v2v ms | detector ms | after detector ms "
+        "| detector end ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in rows:
+        mode = f"server_vad {r['window_ms']} ms" if r["mode"] == "server_vad" else r["mode"]
+        lines.append(
+            f"| {mode} | {r['speech_s']:.2f} | {r['sessions']} | {r['turns'] - r['failed']}/{r['turns']} | "
+            + " | ".join(_pair(r[name]) for name in METRICS)
+            + " |"
+        )
+    return "\n".join(lines) + "\n\n(median / p90 of the turns; times from the end of speech at the client)\n"
+
+
+async def measure(
+    url: str, args: argparse.Namespace, plan: list[Cell], speech: dict[float, Utterance]
+) -> list[dict[str, Any]]:
+    """A warm-up turn, then every cell (`speech`: the utterance of each length asked for)."""
+    shortest = speech[min(speech)]
+    warm = await one_turn(url, "commit", shortest, args.v2v_window_ms, Turn("commit", 0, 0, 0.0), 10**6)
+    if warm.error:
+        print(f"voice-to-voice bench: warm-up turn: {warm.error}", file=sys.stderr)
+    rows, seed = [], args.seed * 10**7
+    for cell in plan:
+        label = f"{cell.mode}, {speech[cell.seconds].seconds:.2f} s of speech, {cell.sessions} at once"
+        print(f"voice-to-voice bench: {label}", file=sys.stderr)
+        turns = await run_cell(url, cell, speech[cell.seconds], args, seed)
+        seed += cell.sessions * args.v2v_turns
+        rows.append(summarize(cell, speech[cell.seconds], args.v2v_window_ms, turns))
+    return rows
+
+
+def _gateway_url(given: str) -> str:
+    base = given if "://" in given else f"http://{given}"
+    return base.replace("http", "ws", 1).rstrip("/") + "/v1/realtime"
+
+
+async def _on_own_stack(
+    args: argparse.Namespace, plan: list[Cell], speech: dict[float, Utterance]
+) -> list[dict[str, Any]]:
+    """`omnistream up`'s stack on --model (with --gateway-args, --prefill-chunk, --thinker-nice)."""
+    import shlex
+
+    from omnistream.bench.cells import audio_holds
+    from omnistream.cli.launcher import ServiceProcess
+    from omnistream.cli.up import start_stack, stop_stack
+
+    extra: dict[str, Any] = {}
+    if args.prefill_chunk is not None:
+        extra["prefill_chunk"] = args.prefill_chunk
+    if args.thinker_nice is not None:
+        extra["thinker_nice"] = args.thinker_nice
+    services: dict[str, ServiceProcess] = {}
+    try:
+        gateway = await asyncio.to_thread(
+            start_stack,
+            args.model,
+            services,
+            audio_hold=audio_holds(args.audio_hold)[0],
+            gateway_flags=shlex.split(args.gateway_args),
+            **extra,
+        )
+        return await measure(_gateway_url(f"127.0.0.1:{gateway.http_port}"), args, plan, speech)
+    finally:
+        await asyncio.to_thread(stop_stack, services)
+
+
+async def run_voice_to_voice(args: argparse.Namespace) -> int:
+    from omnistream.bench import report
+    from omnistream.bench.machine import machine_info
+
+    try:
+        plan = cells(args)
+        speech = {s: utterance(s) for s in dict.fromkeys(c.seconds for c in plan)}
+    except ValueError as exc:
+        print(f"omnistream bench: {exc}", file=sys.stderr)
+        return 2
+    out_dir = Path(args.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    machine = machine_info()
+    if args.gateway:
+        rows = await measure(_gateway_url(args.gateway), args, plan, speech)
+    else:
+        rows = await _on_own_stack(args, plan, speech)
+    text = table(rows)
+    payload = {
+        "machine": machine,
+        "args": {k: (v if v != float("inf") else "inf") for k, v in vars(args).items() if k != "func"},
+        "wall_seconds": time.perf_counter() - t0,
+        "load_after": os.getloadavg(),
+        "cells": rows,
+    }
+    report.write_json(out_dir / "voice_to_voice.json", payload)
+    (out_dir / "voice_to_voice.md").write_text(text)
+    print(text)
+    print(f"wrote voice_to_voice.json, voice_to_voice.md to {out_dir}")
+    return 1 if any(r["failed"] for r in rows) else 0
