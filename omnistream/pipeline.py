@@ -80,12 +80,12 @@ class Pipeline:
         self._pieces = TokenPieces(self.thinker.tokenizer)
 
     def start(self) -> Pipeline:
-        for engine in (self.thinker, self.talker, self.code2wav):
+        for engine in self.engines:
             engine.start()
         return self
 
     def stop(self) -> None:
-        for engine in (self.thinker, self.talker, self.code2wav):
+        for engine in self.engines:
             engine.stop()
 
     def __enter__(self) -> Pipeline:
@@ -140,10 +140,8 @@ class Pipeline:
         try:
             async for item in relay(run, maxsize=1024):
                 yield item
-        finally:
+        finally:  # the chain closed its links (aborting the request in every engine) before relay returned
             self._active -= 1
-            for engine in self.engines:
-                engine.abort(rid)
 
 
 @dataclass

@@ -161,3 +161,18 @@ def test_ignore_eos_runs_to_max_tokens(pipeline):
     result = asyncio.run(collect(pipeline, _request(PROMPTS[0], ignore_eos=True)))
     assert len(result.output_ids) == MAX_TOKENS
     assert result.done.finish_reason == "length"
+
+
+def test_leaving_mid_answer_frees_the_request_in_every_engine(pipeline):
+    """A consumer that stops reading (closes the stream) ends the request in all three engines: the
+    chain closes its links before the stream's close returns."""
+
+    async def leave_after_first_audio() -> None:
+        stream = pipeline.generate(_request(PROMPTS[0], ignore_eos=True), "leaver")
+        async for event in stream:
+            if isinstance(event, AudioEvent):
+                break
+        await stream.aclose()
+
+    asyncio.run(leave_after_first_audio())
+    assert not any(engine.has_request("leaver") for engine in pipeline.engines)

@@ -38,12 +38,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from omnistream.engine.api import FatalListener, StepListener
 from omnistream.engine.chat_encoding import Tools
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.requests import RequestBook
 from omnistream.engine.settings import ThinkerEngineSettings
-from omnistream.engine.stats import EngineStats
 from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText, spoken_piece
 from omnistream.models.qwen3_omni.thinker.vllm_launch import resolve_load, start_async_llm
@@ -101,21 +99,15 @@ class VllmThinkerEngine(RequestBook[_Request]):
         vLLM loads; no prefix cache budget: vLLM keeps its own)."""
         from transformers import AutoConfig, AutoTokenizer
 
+        super().__init__(settings.request_limit)  # the request book's fields
         self.settings = settings
         self.config = AutoConfig.from_pretrained(str(model_dir))
         self.tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
         self.text = ThinkerText(self.config, self.tokenizer, settings.max_model_len)
         self.max_model_len = settings.max_model_len
         self.max_batch = settings.max_batch
-        self.max_requests = settings.request_limit
         self.output_capacity = output_capacity
         self.input_modalities = INPUT_MODALITIES
-        self.stats = EngineStats()
-        self.poisoned: BaseException | None = None
-        self._requests: dict[str, _Request] = {}
-        self._step_listeners: list[StepListener] = []
-        self._fatal_listeners: list[FatalListener] = []
-        self._stopping = False
         self._last_record: float | None = None  # end of the last step, or when work arrived
         # vLLM's own view, from its scheduler's stats each engine step (tests and metrics read it).
         self.vllm_running = 0

@@ -13,9 +13,6 @@ import time
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from gateway.realtime.voice_to_voice import SpokenTurn, first_audio
 from gateway.serving import tracing
@@ -100,15 +97,6 @@ def test_a_client_commit_is_measured_once_from_its_last_append_and_other_respons
     assert measured[0] is None and measured[1] > 0 and measured[2:] == [None, None]
     assert [r["status"] for r in responses] == ["completed"] * 4
     assert count(metrics, "none") == 1 and count(metrics, "server_vad") == 0
-
-
-@pytest.fixture
-def spans(monkeypatch) -> InMemorySpanExporter:
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "tracer", provider.get_tracer("test"))
-    return exporter
 
 
 def test_the_first_audio_sets_the_voice_to_voice_on_the_responses_span(spans):

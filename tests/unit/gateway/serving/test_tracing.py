@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import SpanKind, StatusCode
 
@@ -21,16 +19,6 @@ from gateway.serving import tracing
 from omnistream.audio.listener import listen
 from omnistream.request.errors import DeadlineExceeded, Unavailable
 from omnistream.request.generation import DoneEvent, GenerationRequest
-
-
-@pytest.fixture
-def spans(monkeypatch) -> InMemorySpanExporter:
-    """A recording tracer for this test only (the process's global provider stays unset)."""
-    exporter = InMemorySpanExporter()
-    provider = TracerProvider()
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    monkeypatch.setattr(tracing, "tracer", provider.get_tracer("test"))
-    return exporter
 
 
 def _request() -> GenerationRequest:
