@@ -233,6 +233,16 @@ class GatewayConfig:
     realtime_append_burst_seconds: float = setting(
         10.0, group=REALTIME, help="seconds appends may run ahead of real time"
     )
+    # With server turn detection, the answer is started this long before the detector's window
+    # would end (gateway/realtime/speculation.py): once the silence has lasted the window less this,
+    # on the turn's audio, its output held until the decision. Longer: ready sooner under load, more
+    # work wasted on pauses the user speaks after; 0: off.
+    realtime_speculation_lead_ms: int = setting(
+        300,
+        group=REALTIME,
+        help="ms before the turn detector decides that the answer is started, speculatively, its "
+        "output held until the decision (0: off; a lead as long as the window: at once)",
+    )
     realtime_context_tokens: int | None = setting(
         None,
         group=REALTIME,
@@ -287,6 +297,8 @@ class GatewayConfig:
             raise ValueError("tls_client_ca (mTLS) needs tls_cert and tls_key")
         if bool(self.stage_tls_cert) != bool(self.stage_tls_key):
             raise ValueError("stage_tls_cert and stage_tls_key go together")
+        if self.realtime_speculation_lead_ms < 0:
+            raise ValueError("realtime_speculation_lead_ms must be at least 0")
         if self.audio_hold_margin < 0:
             raise ValueError("audio_hold_margin must be at least 0")
         if self.audio_start_guard < 0:

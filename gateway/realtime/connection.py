@@ -32,6 +32,7 @@ from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.responder import Responder
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.speculation import UNUSED
 from gateway.serving.core import GatewayCore
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import OmniError
@@ -196,7 +197,7 @@ class Connection:
             exc.event_id = event.event_id
             await self.error(exc)
         if self.config.turn_detection != before:
-            self.input_audio.detection_changed()
+            await self.input_audio.detection_changed()
         await self.send("session.updated", session=self._session())
 
     # -- conversation --------------------------------------------------------------------------
@@ -273,6 +274,7 @@ class Connection:
     async def close(self) -> None:
         """The client went away (or the session ends): cancel what runs, so every stage is freed,
         and release the session's cache scope in the stages that cached its prefixes."""
+        await self.responder.drop_speculation(UNUSED)
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         await self.transcriber.close()

@@ -8,6 +8,10 @@ become change together, on appends, and nowhere else. The connection hands over 
 config (its turn_detection, read as it is now), the conversation a committed turn joins (and how it
 is added, with its events), and the responder that a turn's end starts and a barge-in stops.
 
+With server turn detection, a pause in the speech long enough (the window less the gateway's
+`realtime_speculation_lead_ms`) starts the turn's answer speculatively on the audio the commit will
+hold, which the decision releases and resumed speech cancels (gateway/realtime/speculation.py).
+
 A committed turn carries when its speech ended (`SpokenTurn`, gateway/realtime/voice_to_voice.py):
 where the VAD found the end, or the end of the committed audio, placed in time by the arrival of the
 append that held it (the buffer keeps its appends' arrivals).
@@ -17,7 +21,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from gateway.realtime import events as ev
 from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
@@ -30,6 +33,7 @@ from gateway.realtime.items import check_modality, decode_parts
 from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
 from gateway.realtime.session_config import SessionConfig
+from gateway.realtime.speculation import RESUMED, UNUSED, Parts
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from gateway.realtime.voice_to_voice import CLIENT_COMMIT, SpokenTurn
 from gateway.serving.core import GatewayCore
@@ -72,11 +76,15 @@ class InputAudio:
         if td is None:
             return None
         served = td.served()  # semantic_vad: the silence window of its eagerness
-        return SpeechDetector(served.threshold, served.silence_duration_ms)
+        lead = self.core.config.realtime_speculation_lead_ms
+        speculates = lead > 0 and td.create_response
+        pause = max(0, served.silence_duration_ms - lead) if speculates else None
+        return SpeechDetector(served.threshold, served.silence_duration_ms, pause)
 
-    def detection_changed(self) -> None:
+    async def detection_changed(self) -> None:
         """session.update changed turn_detection: a turn under way is forgotten, and the new
         detector counts from the buffer's end (its positions are stream samples, as the buffer's)."""
+        await self.responder.drop_speculation(UNUSED)
         self.detector = self._detector()
         if self.detector is not None:
             self.detector.position = self.buffer.end
@@ -119,6 +127,10 @@ class InputAudio:
         for found in self.detector.process(pcm):
             if found.kind == "started":
                 await self.speech_started(found.sample)
+            elif found.kind == "paused":
+                self.speech_paused(found.sample)
+            elif found.kind == "resumed":
+                await self.responder.drop_speculation(RESUMED)
             else:
                 await self.speech_stopped(found.sample)
         if not self.detector.in_speech and self.config.turn_detection is not None:
@@ -133,6 +145,7 @@ class InputAudio:
         )
 
     async def clear(self) -> None:
+        await self.responder.drop_speculation(UNUSED)
         self.buffer.clear()
         if self.detector is not None:
             self.detector.reset()
@@ -144,6 +157,7 @@ class InputAudio:
         running response stops first (a barge-in)."""
         td = self.config.turn_detection
         assert td is not None
+        await self.responder.drop_speculation(RESUMED)
         self.turn_item_id = new_id("item")
         self.buffer.keep_from(sample - td.prefix_padding_ms * INPUT_RATE // 1000)
         response = self.responder.response
@@ -157,6 +171,21 @@ class InputAudio:
             self.on_barge_in()
             await response.wait()
 
+    def speech_paused(self, sample: int) -> None:
+        """The speech has paused since stream `sample` long enough that the turn may end there:
+        its answer is started, held, on the audio a commit at `sample` would hold, when the
+        decision would start one."""
+        td = self.config.turn_detection
+        modalities = self.core.deployment.input_modalities
+        if td is None or not td.create_response or self.responder.busy:
+            return
+        if modalities is not None and "audio" not in modalities:
+            return
+        pcm = self.buffer.peek(sample)
+        if len(pcm) // 2 < MIN_COMMIT_MS * INPUT_RATE // 1000:
+            return
+        self.responder.speculate(sample, pcm, lambda: self._decoded(pcm, None))
+
     async def speech_stopped(self, sample: int) -> None:
         """The server VAD heard the turn end at stream `sample`: it is committed, and with
         create_response answered unless a response is running."""
@@ -167,12 +196,14 @@ class InputAudio:
         await self.send("input_audio_buffer.speech_stopped", audio_end_ms=ms_of(sample), item_id=item_id)
         try:
             committed = await self.commit(sample, None, item_id, (td.type, decided))
+            if committed and td.create_response and not self.responder.busy:
+                await self.responder.start(None)  # takes the speculation made of this turn
         except EventError as exc:
             if exc.code != "input_audio_buffer_commit_empty":
                 raise
-            return  # a blip too short to be a turn: dropped, not the client's error
-        if committed and td.create_response and not self.responder.busy:
-            await self.responder.start(None)
+            # a blip too short to be a turn: dropped, not the client's error
+        finally:
+            await self.responder.drop_speculation(UNUSED)
 
     async def commit(
         self,
@@ -187,10 +218,15 @@ class InputAudio:
         detection, decided = detected or (CLIENT_COMMIT, time.monotonic())
         ended = self.buffer.arrived_at(self.buffer.end if until is None else until)
         spoken = None if ended is None else SpokenTurn(detection, ended, decided)
+        end = self.buffer.end if until is None else min(until, self.buffer.end)
         pcm = self.buffer.take(until)
         if self.detector is not None and until is None:
             self.detector.reset()
         self.turn_item_id = None
+        # The speculation made of exactly this audio gives its decoding (a client's commit: none)
+        speculation = await self.responder.speculation_for(end, pcm) if detected else None
+        if speculation is None:
+            await self.responder.drop_speculation(UNUSED)
         if len(pcm) // 2 < MIN_COMMIT_MS * INPUT_RATE // 1000:
             raise EventError(
                 f"the input audio buffer holds {ms_of(len(pcm) // 2)} ms; "
@@ -200,8 +236,9 @@ class InputAudio:
             )
         check_modality(self.core.deployment.input_modalities, "audio", "input_audio_buffer")
         item_id = item_id or new_id("item")
-        parts: list[dict[str, Any]] = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
-        await decode_parts(self.core.media, parts, event_id)
+        parts = await speculation.parts() if speculation is not None else None
+        if parts is None:
+            parts = await self._decoded(pcm, event_id)
         item = Item(
             item_id,
             "user",
@@ -216,3 +253,9 @@ class InputAudio:
         if self.config.transcription is not None:
             self.transcriber.start(item, self.config.transcription)
         return True
+
+    async def _decoded(self, pcm: bytes, event_id: str | None) -> Parts:
+        """A turn's pcm16 as its item's parts, its audio decoded (for the thinker)."""
+        parts: Parts = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
+        await decode_parts(self.core.media, parts, event_id)
+        return parts

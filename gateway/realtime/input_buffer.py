@@ -104,6 +104,10 @@ class InputBuffer:
             self.start += cut
             self._forget()
 
+    def peek(self, until: int) -> bytes:
+        """The audio `take(until)` would give, left in the buffer."""
+        return bytes(self.data[: min(len(self.data), max(0, until - self.start) * 2)])
+
     def take(self, until: int | None = None) -> bytes:
         """The buffer's audio up to stream sample `until` (all when None); the rest stays."""
         cut = len(self.data) if until is None else min(len(self.data), max(0, until - self.start) * 2)

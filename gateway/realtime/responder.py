@@ -38,8 +38,11 @@ from gateway.realtime.protocol import Protocol, new_id
 from gateway.realtime.response import ResponseRun
 from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.settings import ResponseFields
-from gateway.realtime.turn import ResponseSettings, build_request
+from gateway.realtime.speculation import CHANGED, Parts, Speculation
+from gateway.realtime.turn import ResponseSettings, answer_item, build_request
+from gateway.realtime.vad import INPUT_RATE
 from gateway.serving.core import GatewayCore
+from gateway.serving.tracing import realtime_entry
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import InvalidRequest, OmniError, error_class
 from omnistream.request.generation import GenerationRequest
@@ -93,6 +96,7 @@ class Responder:
         # thinker's count of it is shared out over its items when it ends).
         self.turn: tuple[ResponseSettings, ServingDefaults] | None = None
         self.shape: PromptShape | None = None
+        self.speculation: Speculation | None = None  # the response prepared during a silence
 
     @property
     def busy(self) -> bool:
@@ -148,7 +152,8 @@ class Responder:
         """Start a response (response.create's `fields`, or None: a detected turn's, the session's).
         It is made from `context` (a response's own `input`), or else from the conversation; with
         `conversation: "none"` (out-of-band) its items join no conversation of the session's: the
-        conversation stays as it was, and no conversation.item.* event tells of them."""
+        conversation stays as it was, and no conversation.item.* event tells of them. A speculative
+        response whose request is the very one this response makes is taken (`_held_for`)."""
         out_of_band = fields is not None and fields.conversation == "none"
         if context is None:
             context = self._copy() if out_of_band else self.conversation
@@ -156,18 +161,10 @@ class Responder:
         answered = self._spoken_turn() if context is self.conversation else None
         if not any(i.role == "user" for i in context.items.values()):
             raise EventError("the conversation has no user item to respond to", code="conversation_empty")
-        settings = ResponseSettings.of(self.config, fields, self.core.deployment.voices)
+        settings, serving = self._settings(fields)
         tool_use = settings.tool_use  # a choice that does not fit the tools: refused before it starts
-        limit = self.core.config.max_tokens_limit
-        if settings.max_output_tokens is None or settings.max_output_tokens > limit:
-            settings.max_output_tokens = min(
-                settings.max_output_tokens or self.core.config.default_max_tokens, limit
-            )
-        deployment = self.core.deployment
-        serving = ServingDefaults.of(self.core.config, deployment.voices, deployment.default_voice)
         assert settings.max_output_tokens is not None
-        kind = "output_audio" if settings.speaks else "output_text"
-        item = Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
+        item = answer_item(settings)
         previous = sink.last_id()
         # The answer's item first (the history's caps count it), then the prompt fitted to the context.
         await self._dropped(sink.add(item))
@@ -200,10 +197,84 @@ class Responder:
             in_conversation=not out_of_band,
             metadata=fields.metadata if fields is not None else None,
             spoken=answered.spoken if answered is not None else None,
+            held=await self._held_for(request),
         )
         if answered is not None:
             answered.spoken = None  # taken: a second response to the turn measures nothing
         self.response.start()
+
+    def _settings(self, fields: ResponseFields | None) -> tuple[ResponseSettings, ServingDefaults]:
+        """A response's settings (the session's with `fields`), its answer capped to the limit."""
+        settings = ResponseSettings.of(self.config, fields, self.core.deployment.voices)
+        limit = self.core.config.max_tokens_limit
+        if settings.max_output_tokens is None or settings.max_output_tokens > limit:
+            settings.max_output_tokens = min(
+                settings.max_output_tokens or self.core.config.default_max_tokens, limit
+            )
+        deployment = self.core.deployment
+        serving = ServingDefaults.of(self.core.config, deployment.voices, deployment.default_voice)
+        return settings, serving
+
+    # -- speculation (gateway/realtime/speculation.py) -----------------------------------------
+    def speculate(self, end: int, pcm: bytes, decode: Callable[[], Awaitable[Parts]]) -> None:
+        """Start, held, the response a turn committed from `pcm` (the buffer up to stream sample
+        `end`, decoded by `decode`) would start; at most one at a time."""
+        if self.speculation is not None:
+            return
+        seconds = len(pcm) / 2 / INPUT_RATE
+        self.speculation = Speculation(
+            end,
+            pcm,
+            self.core.metrics,
+            decode,
+            lambda parts: self._speculative_request(parts, seconds),
+            lambda request: self.core.open(request, trace=realtime_entry("speculative"), held=True),
+        )
+
+    async def _speculative_request(self, parts: Parts, seconds: float) -> GenerationRequest | None:
+        """The request `start(None)` will build once the turn of `parts` is committed, built now on
+        a copy of the conversation with the turn in it (None: that start would refuse it)."""
+        context = Conversation(self.conversation.limits)
+        context.items.update(self.conversation.items)
+        context.system_tokens = self.conversation.system_tokens
+        turn = Item(new_id("item"), "user", parts, [{"type": "input_audio", "transcript": None}])
+        turn.audio_seconds = seconds
+        context.add(turn)
+        settings, serving = self._settings(None)
+        settings.tool_use  # noqa: B018  # what the response refuses, so does this (an EventError)
+        assert settings.max_output_tokens is not None
+        context.add(answer_item(settings))
+        try:
+            await self._fit(settings.instructions, settings.max_output_tokens, conversation=context)
+        except ContextFull:
+            return None
+        return build_request(context, self.config, settings, serving, self.cache_scope)
+
+    async def speculation_for(self, end: int, pcm: bytes) -> Speculation | None:
+        """The speculation made of exactly the committed `pcm` (up to `end`); any other is
+        cancelled: the turn it prepared is not the one committed."""
+        speculation = self.speculation
+        if speculation is None or speculation.holds(end, pcm):
+            return speculation
+        await self.drop_speculation(CHANGED)
+        return None
+
+    async def drop_speculation(self, outcome: str) -> None:
+        """Cancel the speculation (if any) in every stage, counted as `outcome`."""
+        speculation, self.speculation = self.speculation, None
+        if speculation is not None:
+            await speculation.cancel(outcome)
+
+    async def _held_for(self, request: GenerationRequest) -> Speculation | None:
+        """The speculation whose request is `request` (the response takes it); any other is
+        cancelled."""
+        speculation, self.speculation = self.speculation, None
+        if speculation is None:
+            return None
+        if await speculation.matches(request):
+            return speculation
+        await speculation.cancel(CHANGED)
+        return None
 
     def _spoken_turn(self) -> Item | None:
         """The user audio turn a response now answers: the conversation's newest item, when it is a

@@ -35,6 +35,7 @@ from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import CallOutputs, Dropped
 from gateway.realtime.outbound import Outbound
 from gateway.realtime.protocol import Protocol, new_id
+from gateway.realtime.speculation import UNUSED, Speculation
 from gateway.realtime.vad import INPUT_RATE
 from gateway.realtime.voice_to_voice import SpokenTurn, first_audio
 from gateway.serving.core import GatewayCore
@@ -67,12 +68,15 @@ class ResponseRun:
         in_conversation: bool = True,
         metadata: dict[str, str] | None = None,
         spoken: SpokenTurn | None = None,
+        held: Speculation | None = None,
     ) -> None:
         """`tools`: the answer's tool use; when it parses calls, `conversation` (where the calls'
         items go, and the answer's own item, in it since the response began) is needed.
         `in_conversation` False: an out-of-band response, whose items join none of the session's
         conversations, so no conversation.item.* event tells of them. `metadata`: echoed. `spoken`:
-        the user audio turn it answers, whose voice-to-voice its first audio delta measures."""
+        the user audio turn it answers, whose voice-to-voice its first audio delta measures.
+        `held`: the speculation that ran its request during the silence before the turn was
+        decided (gateway/realtime/speculation.py): its session is taken instead of opening one."""
         self.core = core
         self.protocol = protocol
         self.outbound = outbound
@@ -87,6 +91,7 @@ class ResponseRun:
         self.in_conversation = in_conversation
         self.metadata = metadata
         self.spoken = spoken
+        self.held = held
         self.voice_to_voice_s: float | None = None  # measured at the first audio delta
         self.status = "in_progress"
         self.reason: str | None = None
@@ -100,6 +105,7 @@ class ResponseRun:
         self.session: Session | None = None
         self.replicas: dict[str, str] = {}
         self.last_audio_sent: float | None = None
+        self.began = 0.0  # when `_run` began (time.perf_counter(): the sessions' clock)
         self.task: asyncio.Task[None] | None = None
         self._finishing = False
         self._running = False  # `_run` has begun (a task cancelled before that never runs its try)
@@ -181,6 +187,7 @@ class ResponseRun:
 
     async def _run(self) -> None:
         self._running = True
+        self.began = time.perf_counter()
         status = "completed"
         try:
             await self._begin()
@@ -201,6 +208,8 @@ class ResponseRun:
             self.outbound.purge(self)
         self._finishing = True  # from here the response ends as decided: a cancel waits for it
         try:
+            if self.held is not None:  # stopped before it took the speculation's session
+                await self.held.cancel(UNUSED)
             await self._finish(status)
         finally:
             await self.on_end(self)
@@ -230,6 +239,12 @@ class ResponseRun:
 
     async def _open(self) -> Session:
         try:
+            if self.held is not None:
+                held, self.held = self.held, None
+                session = await held.session(since=self.began)
+                if session.trace is not None:
+                    session.trace.note({"omnistream.realtime.response_id": self.id})
+                return session
             return await self.core.open(self.request, trace=realtime_entry(self.id))
         except OmniError as exc:
             request = await self.refit(exc) if self.refit is not None else None

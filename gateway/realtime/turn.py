@@ -21,6 +21,7 @@ from gateway.api.openai.voices import speaker_for
 from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.formats import PCM16, AudioFormat
 from gateway.realtime.function_calls import joined, prompt_message
+from gateway.realtime.protocol import new_id
 from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.settings import ResponseFields
 from gateway.realtime.shared_fields import apply_shared_fields, voice_error
@@ -80,6 +81,12 @@ class ResponseSettings:
             settings.tools_from = "response"
         apply_shared_fields(settings, fields)
         return settings
+
+
+def answer_item(settings: ResponseSettings) -> Item:
+    """A response's own item, in the conversation (and its caps) from the response's start."""
+    kind = "output_audio" if settings.speaks else "output_text"
+    return Item(new_id("item"), "assistant", [], [{"type": kind}], status="in_progress")
 
 
 def message_of(item: Item) -> dict[str, Any] | None:

@@ -20,6 +20,11 @@ answers soonest (400 ms, shorter than server_vad's default 500 ms), `medium`/`au
 lets a speaker pause for breath (800 ms), `low` lets them pause mid-thought (1.5 s). Longer windows
 than these would make every turn that much slower, since silence alone cannot tell a finished
 sentence from a pause.
+
+Between the two, a pause: once a turn's silence has lasted `pause_ms` (its window less the
+gateway's speculation lead), the detector says so (`paused`, at the same end as the `stopped` that
+follows unless speech resumes first, `resumed`), so the answer can be prepared during the rest of
+the silence (gateway/realtime/speculation.py).
 """
 
 from __future__ import annotations
@@ -46,15 +51,22 @@ def aggressiveness(threshold: float) -> int:
 
 @dataclass(frozen=True)
 class VadEvent:
-    kind: str  # "started" | "stopped"
-    sample: int  # where speech started / ended, in input samples since the session began
+    kind: str  # "started" | "paused" | "resumed" | "stopped"
+    sample: int  # where speech started / ended / resumed, in input samples since the session began
 
 
 class SpeechDetector:
-    def __init__(self, threshold: float = 0.5, silence_duration_ms: int = 500) -> None:
+    def __init__(
+        self, threshold: float = 0.5, silence_duration_ms: int = 500, pause_ms: int | None = None
+    ) -> None:
+        """`pause_ms`: the silence after which a turn is reported `paused` (None, or not shorter
+        than the window: never)."""
         self._vad = webrtcvad.Vad(aggressiveness(threshold))
         self.silence_duration_ms = silence_duration_ms
         self._silence_frames = max(1, -(-silence_duration_ms // FRAME_MS))
+        pause = None if pause_ms is None else max(1, -(-pause_ms // FRAME_MS))
+        self._pause_frames = pause if pause is not None and pause < self._silence_frames else None
+        self.paused = False  # `paused` was reported in this silence
         self._pending = b""
         self.position = 0  # samples consumed (whole frames)
         self.in_speech = False
@@ -89,16 +101,22 @@ class SpeechDetector:
                     events.append(VadEvent("started", first))
             elif voiced:
                 self._silence = 0
+                if self.paused:
+                    self.paused = False
+                    events.append(VadEvent("resumed", start))
             else:
                 self._silence += 1
                 if self._silence >= self._silence_frames:
-                    self.in_speech = False
+                    self.in_speech = self.paused = False
                     self._silence = 0
                     events.append(VadEvent("stopped", self._last_voiced_end))
+                elif self._silence == self._pause_frames:
+                    self.paused = True
+                    events.append(VadEvent("paused", self._last_voiced_end))
         return events
 
     def reset(self) -> None:
         """Forget a turn in progress (the buffer was cleared or committed by the client)."""
-        self.in_speech = False
+        self.in_speech = self.paused = False
         self._silence = 0
         self._window.clear()

@@ -59,6 +59,7 @@ class _Run:
     kinds: frozenset[str]  # the media kinds the thinker picked must take
     timeout: float
     deadline: float  # the event loop's time
+    held: bool  # its output waits for `Session.release` (a speculative request)
 
 
 class GatewayCore:
@@ -178,27 +179,28 @@ class GatewayCore:
         request_id: str | None = None,
         timeout: float | None = None,
         trace: Incoming | None = None,
+        held: bool = False,
     ) -> Session:
         """The admitted, running request (`Session`), or the error that refused it. `trace`: the
         entry point's span name and the caller's trace context (gateway/serving/tracing.py): the
         request's span starts here, so a refusal ends it with its status, and the session ends it
-        otherwise."""
+        otherwise. `held`: a speculative request, whose output waits for `Session.release`."""
         rid = request_id or uuid.uuid4().hex
         span = RequestSpan(trace, rid, request)
         try:
-            return await self._open(request, validate_request_id(rid), timeout, span)
+            return await self._open(request, validate_request_id(rid), timeout, span, held)
         except BaseException as exc:
             span.refused(exc)
             raise
 
     async def _open(
-        self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan
+        self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan, held: bool
     ) -> Session:
         """Admit, then attempt on picked replicas until the stages take the request: an attempt
         refused before any output is retried (`_retry`) with a new permit."""
         permit = await self._admit(request, rid)
         self.metrics.in_flight.inc()
-        run = self._admitted(request, rid, permit, timeout, span)
+        run = self._admitted(request, rid, permit, timeout, span, held)
         # A replica that is down is found when its stage does not accept the open message; nothing
         # has reached the client then, so the request moves to another replica.
         attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in run.stages))
@@ -262,6 +264,7 @@ class GatewayCore:
         permit: Permit,
         timeout: float | None,
         span: RequestSpan,
+        held: bool = False,
     ) -> _Run:
         """What every attempt of the admitted request shares: its plan (and start need), stages,
         the media kinds its thinker must take, its timeout and deadline."""
@@ -274,7 +277,7 @@ class GatewayCore:
         kinds = media_kinds(request.messages)  # the thinker picked must take them all
         timeout = min(timeout or self.config.request_timeout, self.config.request_timeout)
         deadline = asyncio.get_running_loop().time() + timeout
-        return _Run(request, rid, span, plan, stages, kinds, timeout, deadline)
+        return _Run(request, rid, span, plan, stages, kinds, timeout, deadline, held)
 
     def _pick(self, run: _Run, permit: Permit) -> list[Replica]:
         """A replica of each of the request's stages, counted as serving it; with a stage that has
@@ -321,6 +324,7 @@ class GatewayCore:
             first_chunk_s=first_chunk_s if run.request.return_audio else None,
             start_guard=self.config.audio_start_guard if self.config.audio_hold else 0.0,
             trace=run.span,
+            held=run.held,
         )
         session.start()
         return session

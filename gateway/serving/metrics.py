@@ -168,6 +168,20 @@ class GatewayMetrics:
             buckets=VOICE_TO_VOICE_BUCKETS,
             registry=r,
         )
+        # gateway/realtime/speculation.py: answers prepared during the silence before a decision.
+        self.speculations = Counter(
+            "omnistream_realtime_speculations",
+            "Speculative realtime responses by how they ended: released (the decided turn's "
+            "response took it), resumed (the user spoke again), changed (the session changed before "
+            "the decision), unused (no response followed), failed (its open failed)",
+            ["outcome"],
+            registry=r,
+        )
+        self.speculation_wasted = Counter(
+            "omnistream_realtime_speculation_wasted_seconds",
+            "Seconds the speculative responses that were not released ran in the stages",
+            registry=r,
+        )
 
     def watch_limits(self, limits: Callable[[], Limits]) -> None:
         """Point the limit gauge at admission's limits (read at each scrape)."""

@@ -34,10 +34,12 @@ MarkFailed = Callable[[Replica], None]
 
 
 class _Collector:
-    """Between the stages and one client: text deltas merge while the reader lags, audio never drops
-    (when `AUDIO_BUFFER` chunks wait, reading from the stages pauses: backpressure, not loss)."""
+    """Between the stages and one client: text deltas merge while the reader lags (not while the
+    session is held: its reader has not begun, and gets the deltas as they were made), audio never
+    drops (when `AUDIO_BUFFER` chunks wait, reading from the stages pauses: backpressure, not loss)."""
 
-    def __init__(self) -> None:
+    def __init__(self, merge_text: bool = True) -> None:
+        self.merge_text = merge_text
         self._items: deque[Event | BaseException] = deque()
         self._audio = 0
         self._changed = asyncio.Event()
@@ -46,7 +48,12 @@ class _Collector:
         self.closed = False
 
     async def put(self, item: Event | BaseException) -> None:
-        if isinstance(item, TextEvent) and self._items and isinstance(self._items[-1], TextEvent):
+        if (
+            isinstance(item, TextEvent)
+            and self.merge_text
+            and self._items
+            and isinstance(self._items[-1], TextEvent)
+        ):
             last = self._items[-1]
             self._items[-1] = TextEvent(last.token_ids + item.token_ids, last.delta + item.delta)
         else:
@@ -97,6 +104,7 @@ class Session:
         first_chunk_s: float | None = None,
         start_guard: float = 0.0,
         trace: RequestSpan | None = None,
+        held: bool = False,
     ) -> None:
         """`metrics`: where the request's latencies and end go; `mark_failed`: called for each of its
         replicas whose stage said it is unavailable (the core takes it out of rotation). Passed in,
@@ -105,7 +113,10 @@ class Session:
         a stream that started with less than `start_guard` seconds has less than that in hand, new
         audio starts wait (the start guard, gateway/admission/start_guard.py).
         `trace`: the request's span (gateway/serving/tracing.py), ended by `aclose` once `prime`
-        succeeded; before that the core ends it (a failed attempt may be retried on another replica)."""
+        succeeded; before that the core ends it (a failed attempt may be retried on another replica).
+        `held`: a speculative request (gateway/realtime/speculation.py), run ahead of its caller's
+        decision: what it makes waits here, unmeasured, until `release` (its timings count from
+        there, as the caller's request)."""
         self._metrics = metrics
         self._mark_failed = mark_failed
         self.request_id = request_id
@@ -113,7 +124,7 @@ class Session:
         self._replicas = replicas
         self._body = body  # runs the request, emitting into the collector: its one buffer
         self._deadline = deadline
-        self._collector = _Collector()
+        self._collector = _Collector(merge_text=not held)
         self._pump: asyncio.Task[None] | None = None
         self.timings = Timings(time.perf_counter())
         self.done: DoneEvent | None = None
@@ -124,6 +135,8 @@ class Session:
         self._owns_trace = False
         self._first: Event | None = None
         self._start_guard = StartGuard(permit, first_chunk_s, start_guard)
+        self.held = held
+        self._held_audio_s = 0.0  # audio made while held
 
     def _audio_in_hand(self, now: float) -> float:
         """Seconds of audio the listener has received but not yet played (listener model)."""
@@ -135,12 +148,20 @@ class Session:
     async def _run_source(self) -> None:
         try:
             async with asyncio.timeout_at(self._deadline):
-                done = await self._body(self._collector.put)
+                done = await self._body(self._put)
             await self._collector.put(done)
         except TimeoutError:
             await self._collector.put(DeadlineExceeded("the request exceeded its timeout"))
         except BaseException as exc:  # handed to the reader, which raises it
             await self._collector.put(exc)
+
+    async def _put(self, item: Event | BaseException) -> None:
+        """What the stages made, into the collector. While held, its audio is all in hand (none
+        plays before the release): the start guard counts it as it is made."""
+        if self.held and isinstance(item, AudioEvent):
+            self._held_audio_s += item.audio.size / item.sample_rate
+            self._start_guard.on_audio(lambda: self._held_audio_s)
+        await self._collector.put(item)
 
     def start(self) -> None:
         self._pump = asyncio.create_task(self._run_source())
@@ -155,6 +176,20 @@ class Session:
         """The replica serving each stage of this request (the realtime API reports them)."""
         return {replica.stage: replica.address for replica in self._replicas}
 
+    def release(self, since: float | None = None) -> float:
+        """A held session becomes its caller's request now: its clock starts at `since` (the
+        caller's request began: time.perf_counter(); None: now) and what it made while held is
+        measured as arriving now. Returns the seconds it was held."""
+        assert self.held, "only a held session is released"
+        now = time.perf_counter()
+        held_s = now - self.timings.started
+        self.held = False
+        self._collector.merge_text = True
+        self.timings.started = now if since is None else min(since, now)
+        if self._first is not None:
+            self._observe(self._first, now)
+        return held_s
+
     async def next_event(self) -> Event:
         item = await self._collector.get()
         if isinstance(item, BaseException):
@@ -162,7 +197,12 @@ class Session:
             if isinstance(item, OmniError):
                 self._note_failure(item)
             raise item
-        now = time.perf_counter()
+        if not self.held:
+            self._observe(item, time.perf_counter())
+        return item
+
+    def _observe(self, item: Event, now: float) -> None:
+        """An event reaches the caller at `now`: the request's timings and latency metrics."""
         t = self.timings
         m = self._metrics
         if isinstance(item, TextEvent):
@@ -190,7 +230,6 @@ class Session:
             if heard.heard:
                 m.observe_listening(heard)
             self._status = "ok"
-        return item
 
     @property
     def status(self) -> str:

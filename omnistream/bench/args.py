@@ -207,3 +207,10 @@ def _add_voice_to_voice_arguments(p: argparse.ArgumentParser) -> None:
         default=500,
         help="server_vad's silence_duration_ms: the silence that ends a turn",
     )
+    p.add_argument(
+        "--v2v-gap-ms",
+        type=int,
+        default=0,
+        help="ms of silence in the middle of each utterance: a pause the speaker goes on after (with "
+        "server_vad, one that wastes a speculation when it outlasts the window less the lead)",
+    )

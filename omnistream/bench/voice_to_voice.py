@@ -17,12 +17,20 @@ that append (after `ws.send` returned).
 * `commit`: no turn detection; right after the end of speech the client sends
   input_audio_buffer.commit and response.create, and streams nothing more.
 
+`--v2v-gap-ms` N puts N ms of silence in the middle of each utterance: a pause the speaker goes on
+after. With server_vad a pause longer than the window less the gateway's speculation lead
+(gateway/realtime/speculation.py) starts an answer that the speech after it cancels: each turn
+then wastes a speculation, which must cost no other session a stall.
+
 Per turn, at the client: **v2v_ms** = the first non-empty response.output_audio.delta's arrival -
 the end of speech; for server_vad also **detector_ms** = input_audio_buffer.speech_stopped's arrival
 - the end of speech, **after_detector_ms** = v2v_ms - detector_ms, and **detector_end_ms** = where
 the detector placed the end (its `audio_end_ms`) - where the speech ended in the stream. Answers
-are short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. One warm-up
-turn (commit, the shortest utterance) runs first, not measured.
+are short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. Per cell also
+**continuity**: the share of answers whose audio, as the gateway handed it out, never fell more
+than 100 ms behind a player (response.done's `continuity_ok`), and the gateway's speculations by
+outcome over the cell (its /metrics, `omnistream_realtime_speculations_total`). One warm-up turn
+(commit, the shortest utterance) runs first, not measured.
 
 Writes voice_to_voice.json (every turn) and voice_to_voice.md (median and p90 per cell) to
 `--output-dir`. Starts its own stack on `--model` (`omnistream up`'s start_stack) unless
@@ -58,9 +66,13 @@ INSTRUCTIONS = "You are a helpful voice assistant. Keep your answers short."
 METRICS = ("v2v_ms", "detector_ms", "after_detector_ms", "detector_end_ms")
 
 
-def layout(speech: bytes, trailing_s: float) -> tuple[bytes, int]:
+def layout(speech: bytes, trailing_s: float, gap_ms: int = 0) -> tuple[bytes, int]:
     """The stream of a turn: silence (>= LEAD_S, padded so the speech ends on a piece boundary),
-    the speech, `trailing_s` of silence; and the index of the piece holding the speech's end."""
+    the speech (with `gap_ms` of silence in its middle), `trailing_s` of silence; and the index of
+    the piece holding the speech's end."""
+    if gap_ms:
+        middle = len(speech) // 4 * 2
+        speech = speech[:middle] + silence_pcm16(gap_ms / 1000) + speech[middle:]
     piece = RATE * PIECE_MS // 1000 * 2
     lead = len(silence_pcm16(LEAD_S))
     lead += (-(lead + len(speech))) % piece
@@ -78,6 +90,7 @@ class Turn:
     detector_ms: float | None = None
     after_detector_ms: float | None = None
     detector_end_ms: float | None = None
+    continuity_ok: bool | None = None  # response.done's: None without audio
     status: str = ""
     error: str = ""
 
@@ -140,17 +153,20 @@ async def _listen(ws: ClientConnection, turn: Turn) -> dict[str, float]:
             turn.error = str(event["error"].get("message", "error"))[:200]
         elif kind == "response.done":
             turn.status = event["response"].get("status", "")
+            turn.continuity_ok = (event["response"].get("omnistream") or {}).get("continuity_ok")
             return seen
     raise ConnectionError("the session closed before response.done")
 
 
-async def one_turn(url: str, mode: str, speech: Utterance, window_ms: int, turn: Turn, seed: int) -> Turn:
+async def one_turn(
+    url: str, mode: str, speech: Utterance, window_ms: int, turn: Turn, seed: int, gap_ms: int = 0
+) -> Turn:
     import websockets
 
     key = os.environ.get("OMNISTREAM_API_KEY")
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     trailing = window_ms / 1000 + AFTER_WINDOW_S if mode == "server_vad" else 0.0
-    stream, last = layout(dithered(speech.pcm, seed), trailing)
+    stream, last = layout(dithered(speech.pcm, seed), trailing, gap_ms)
     try:
         async with websockets.connect(url, additional_headers=headers, max_size=None) as ws:
             await ws.send(
@@ -211,14 +227,18 @@ async def run_cell(
         for t in range(args.v2v_turns):
             turn = Turn(cell.mode, k, t, speech.seconds)
             turn_seed = seed + k * args.v2v_turns + t
-            done.append(await one_turn(url, cell.mode, speech, args.v2v_window_ms, turn, turn_seed))
+            done.append(
+                await one_turn(url, cell.mode, speech, args.v2v_window_ms, turn, turn_seed, args.v2v_gap_ms)
+            )
         return done
 
     per_session = await asyncio.gather(*(client(k) for k in range(cell.sessions)))
     return [t for turns in per_session for t in turns]
 
 
-def summarize(cell: Cell, speech: Utterance, window_ms: int, turns: list[Turn]) -> dict[str, Any]:
+def summarize(
+    cell: Cell, speech: Utterance, window_ms: int, turns: list[Turn], speculations: dict[str, float] | None
+) -> dict[str, Any]:
     out: dict[str, Any] = {
         "mode": cell.mode,
         "seconds": cell.seconds,
@@ -232,6 +252,9 @@ def summarize(cell: Cell, speech: Utterance, window_ms: int, turns: list[Turn]) 
     }
     for name in METRICS:
         out[name] = _describe([v for t in turns if (v := getattr(t, name)) is not None], 1.0)
+    judged = [t.continuity_ok for t in turns if t.continuity_ok is not None]
+    out["continuity"] = sum(judged) / len(judged) if judged else None
+    out["speculations"] = speculations  # outcome -> count over the cell (None: not read)
     out["per_turn"] = [asdict(t) for t in turns]
     return out
 
@@ -242,19 +265,29 @@ def _pair(stats: dict[str, Any]) -> str:
     return f"{stats['median']:.0f} / {stats['p90']:.0f}"
 
 
+def _share(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0%}"
+
+
+def _outcomes(counts: dict[str, float] | None) -> str:
+    if counts is None:
+        return "-"
+    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none"
+
+
 def table(rows: list[dict[str, Any]]) -> str:
     """The cells as a markdown table: median / p90 of each time (ms)."""
     lines = [
         "| mode | speech s | sessions | turns ok | v2v ms | detector ms | after detector ms "
-        "| detector end ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        "| detector end ms | continuity | speculations |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         mode = f"server_vad {r['window_ms']} ms" if r["mode"] == "server_vad" else r["mode"]
         lines.append(
             f"| {mode} | {r['speech_s']:.2f} | {r['sessions']} | {r['turns'] - r['failed']}/{r['turns']} | "
             + " | ".join(_pair(r[name]) for name in METRICS)
-            + " |"
+            + f" | {_share(r['continuity'])} | {_outcomes(r['speculations'])} |"
         )
     return "\n".join(lines) + "\n\n(median / p90 of the turns; times from the end of speech at the client)\n"
 
@@ -271,10 +304,30 @@ async def measure(
     for cell in plan:
         label = f"{cell.mode}, {speech[cell.seconds].seconds:.2f} s of speech, {cell.sessions} at once"
         print(f"voice-to-voice bench: {label}", file=sys.stderr)
+        before = await asyncio.to_thread(speculations_at, url)
         turns = await run_cell(url, cell, speech[cell.seconds], args, seed)
+        after = await asyncio.to_thread(speculations_at, url)
         seed += cell.sessions * args.v2v_turns
-        rows.append(summarize(cell, speech[cell.seconds], args.v2v_window_ms, turns))
+        grew = None
+        if before is not None and after is not None:
+            grew = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        rows.append(summarize(cell, speech[cell.seconds], args.v2v_window_ms, turns, grew))
     return rows
+
+
+def speculations_at(url: str) -> dict[str, float] | None:
+    """The gateway's speculations so far by outcome (its /metrics, next to `url`'s /v1/realtime);
+    None when it cannot be read (an API key on /metrics, an older gateway)."""
+    import re
+    import urllib.request
+
+    metrics = url.replace("ws", "http", 1).removesuffix("/v1/realtime") + "/metrics"
+    try:
+        body = urllib.request.urlopen(metrics, timeout=5).read().decode()
+    except OSError:
+        return None
+    pattern = r'^omnistream_realtime_speculations_total\{outcome="(\w+)"\} (\S+)$'
+    return {k: float(v) for k, v in re.findall(pattern, body, re.M)}
 
 
 def _gateway_url(given: str) -> str:

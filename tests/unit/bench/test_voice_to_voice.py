@@ -22,6 +22,14 @@ def test_the_speech_ends_with_the_piece_the_end_of_speech_is_timed_at():
     assert len(stream) - len(spoken) == 2 * round(0.7 * RATE)
 
 
+def test_a_gap_is_silence_in_the_middle_of_the_speech_which_still_ends_with_its_piece():
+    speech = np.full(RATE, 1000, dtype="<i2").tobytes()
+    stream, last = v2v.layout(speech, trailing_s=0.7, gap_ms=350)
+    spoken = b"".join(pieces(stream, v2v.PIECE_MS)[: last + 1])
+    half = len(speech) // 2
+    assert spoken.endswith(speech[:half] + bytes(2 * round(0.35 * RATE)) + speech[half:])
+
+
 def test_trimmed_and_dithered_speech():
     samples = np.array([0, 3, -50, 4000, -200, 7, 0], dtype="<i2")
     assert np.frombuffer(trimmed(samples.tobytes()), "<i2").tolist() == [4000, -200]
@@ -50,12 +58,24 @@ def test_cells_run_mode_by_length_by_sessions_and_refuse_nonsense():
 
 def test_the_table_gives_median_and_p90_and_a_dash_without_samples():
     turns = [
-        v2v.Turn("server_vad", 0, i, 0.9, v2v_ms=700.0 + i, detector_ms=600.0, after_detector_ms=100.0 + i)
+        v2v.Turn(
+            "server_vad",
+            0,
+            i,
+            0.9,
+            v2v_ms=700.0 + i,
+            detector_ms=600.0,
+            after_detector_ms=100.0 + i,
+            continuity_ok=i > 0,
+        )
         for i in range(3)
     ]
     turns.append(v2v.Turn("server_vad", 0, 3, 0.9, error="no audio"))
     speech = Utterance("Hello.", bytes(2 * RATE))
-    row = v2v.summarize(v2v.Cell("server_vad", 1.0, 1), speech, 500, turns)
+    row = v2v.summarize(v2v.Cell("server_vad", 1.0, 1), speech, 500, turns, {"released": 3.0, "resumed": 0.0})
     assert row["failed"] == 1 and row["errors"] == ["no audio"] and row["v2v_ms"]["samples"] == 3
     text = v2v.table([row])
-    assert "| server_vad 500 ms | 1.00 | 1 | 3/4 | 701 / 702 | 600 / 600 | 101 / 102 | - |" in text
+    times = "701 / 702 | 600 / 600 | 101 / 102 | -"
+    assert f"| server_vad 500 ms | 1.00 | 1 | 3/4 | {times} | 67% | released 3 |" in text
+    unread = v2v.summarize(v2v.Cell("commit", 1.0, 1), speech, 500, turns[3:], None)
+    assert v2v.table([unread]).splitlines()[2].endswith("| - | - | - | - | - | - |")

@@ -25,6 +25,14 @@ from gateway.realtime.vad import INPUT_RATE
 from omnistream.request.media import AudioInput
 
 
+async def _none(*args: Any) -> None:
+    return None
+
+
+async def _no_speculation(end: int, pcm: bytes) -> None:
+    return None
+
+
 class Harness:
     """An InputAudio with its session's turn detection off, the events it sends and the items it adds."""
 
@@ -37,7 +45,9 @@ class Harness:
             media=SimpleNamespace(decode=self._decode),
         )
         self.config = SessionConfig(turn_detection=None)
-        responder = SimpleNamespace(response=None, busy=False)
+        responder = SimpleNamespace(
+            response=None, busy=False, speculation_for=_no_speculation, drop_speculation=_none
+        )
         self.transcribing: list[tuple[str, Any]] = []  # (item id, the transcription asked)
         transcriber = SimpleNamespace(start=lambda item, asked: self.transcribing.append((item.id, asked)))
         self.audio = InputAudio(
@@ -119,7 +129,7 @@ def test_a_turn_detection_change_starts_the_new_detector_at_the_buffers_end():
         await h.append(0.3)
         h.audio.turn_item_id = "item_x"
         h.config.turn_detection = TurnDetection()
-        h.audio.detection_changed()
+        await h.audio.detection_changed()
         return h
 
     h = asyncio.run(run())
@@ -133,7 +143,7 @@ def test_a_turn_detection_change_starts_the_new_detector_at_the_buffers_end():
 def test_semantic_vad_is_served_by_the_detector_with_its_eagerness_window(eagerness, window):
     h = Harness()
     h.config.turn_detection = TurnDetection(type="semantic_vad", eagerness=eagerness)
-    h.audio.detection_changed()
+    asyncio.run(h.audio.detection_changed())
     assert h.audio.detector is not None and h.audio.detector.silence_duration_ms == window
 
 

@@ -136,3 +136,65 @@ async def test_a_stream_with_a_short_first_chunk_holds_new_starts_until_it_has_t
     permit = await admission.acquire(audio=True)
     await _play(monkeypatch, timeline, permit, (1.28, 1.0), lambda: fragile.append(admission.audio_starting))
     assert fragile[6:] == [0] * 6
+
+
+async def test_a_held_session_is_measured_from_its_release_as_its_callers_request(monkeypatch):
+    """A speculative request (gateway/realtime/speculation.py) runs before its caller decides: what
+    it made while held (its first text, read by `prime`) counts as arriving at the release, and
+    its latencies count from there. Its text deltas wait as they were made (not merged)."""
+    clock = Clock()
+    monkeypatch.setattr(gateway.serving.session.time, "perf_counter", clock)
+    events = [TextEvent([1], "a"), TextEvent([2], "b"), TextEvent([3], "c"), _audio(0.5), _done()]
+
+    async def body(emit):
+        for event in events[:-1]:
+            await emit(event)
+        return events[-1]
+
+    metrics = GatewayMetrics()
+    loop = asyncio.get_running_loop()
+    session = Session(metrics, lambda _: None, "r", Permit(), [], body, loop.time() + 30, held=True)  # type: ignore[arg-type]
+    metrics.in_flight.inc()
+    session.start()
+    clock.now = 0.3
+    await session.prime()  # the first text came while held: not measured
+    assert _sample(metrics, "omnistream_time_to_first_token_seconds_count") == 0
+    clock.now = 0.8
+    assert session.release() == pytest.approx(0.8)
+    clock.now = 0.85
+    handed = [event async for event in session.events()]
+    assert [e.delta for e in handed if isinstance(e, TextEvent)] == ["a", "b", "c"]
+    t = session.timings
+    assert (t.started, t.first_text, t.first_audio) == (0.8, 0.8, 0.85)
+    assert _sample(metrics, "omnistream_time_to_first_token_seconds_sum") == pytest.approx(0.0)
+    assert _sample(metrics, "omnistream_time_to_first_audio_seconds_sum") == pytest.approx(0.05)
+
+
+async def test_a_held_stream_settles_its_start_guard_with_the_audio_it_made():
+    """Nothing of a held session plays before its release, so all the audio it made is in hand: a
+    fragile start settles once that reaches the guard, without waiting for a reader (a held
+    speculation would otherwise hold every other start until its decision)."""
+    from gateway.admission.permits import Admission
+
+    admission = Admission(16, audio_gate=lambda running, need: True)
+    made = asyncio.Event()
+    chunks = [_audio(0.16), _audio(0.32), _audio(0.64)]  # 0.16, 0.48, 1.12 s in hand
+
+    async def body(emit):
+        for chunk in chunks:
+            await emit(chunk)
+            fragile.append(admission.audio_starting)
+        made.set()
+        await asyncio.Event().wait()  # a long answer: still running at the check
+
+    fragile: list[int] = []
+    permit = await admission.acquire(audio=True)
+    loop = asyncio.get_running_loop()
+    session = Session(
+        GatewayMetrics(), lambda _: None, "r", permit, [], body, loop.time() + 30, 0.16, 1.0, held=True
+    )  # type: ignore[arg-type]
+    session.start()
+    await made.wait()
+    assert fragile == [1, 1, 0]
+    await session.aclose()
+    assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)
