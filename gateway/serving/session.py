@@ -134,7 +134,9 @@ class Session:
         self._trace = trace
         self._owns_trace = False
         self._first: Event | None = None
-        self._start_guard = StartGuard(permit, first_chunk_s, start_guard)
+        # A held stream plays nothing before its release, so it cannot stall: not fragile until then
+        self._first_chunk_s, self._guard_s = first_chunk_s, start_guard
+        self._start_guard = StartGuard(permit, None if held else first_chunk_s, start_guard)
         self.held = held
         self._held_audio_s = 0.0  # audio made while held
 
@@ -156,11 +158,10 @@ class Session:
             await self._collector.put(exc)
 
     async def _put(self, item: Event | BaseException) -> None:
-        """What the stages made, into the collector. While held, its audio is all in hand (none
-        plays before the release): the start guard counts it as it is made."""
+        """What the stages made, into the collector (the audio made while held is counted: the
+        listener has all of it in hand at the release)."""
         if self.held and isinstance(item, AudioEvent):
             self._held_audio_s += item.audio.size / item.sample_rate
-            self._start_guard.on_audio(lambda: self._held_audio_s)
         await self._collector.put(item)
 
     def start(self) -> None:
@@ -185,6 +186,10 @@ class Session:
         held_s = now - self.timings.started
         self.held = False
         self._collector.merge_text = True
+        # Its listener starts now, with what was made in hand: fragile if that is under the guard.
+        if self._first_chunk_s is not None:
+            in_hand = self._held_audio_s or self._first_chunk_s
+            self._start_guard = StartGuard(self._permit, in_hand, self._guard_s)
         self.timings.started = now if since is None else min(since, now)
         if self._first is not None:
             self._observe(self._first, now)

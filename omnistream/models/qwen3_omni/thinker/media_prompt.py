@@ -111,6 +111,11 @@ class MediaPromptBuilder:
         # A lone audio item's replacement by its feature frames (`_settled_audio`); None: that path
         # found the processor disagreeing once, and every prompt goes through the processor.
         self._audio_replacements: dict[int, str] | None = {}
+        # Is a count's replacement the audio placeholder times the encoder's rows of it
+        # (`audio_tokens`, the processor's rule)? Checked on the first count the processor gave
+        # (None: not yet); then a new count needs no processor call (a realtime turn's length is
+        # new every turn, and that call computes its features once more, a cost that grows with it).
+        self._replacement_rule: bool | None = None
         # Are an audio-only prompt's M-RoPE positions its sequence indexes (delta 0)? The model's
         # rule gives audio and text consecutive positions; checked on the first such prompt against
         # `get_rope_index` (None: not yet), which runs for every prompt when it is not so.
@@ -180,6 +185,8 @@ class MediaPromptBuilder:
             rows, _ = extractor.item(samples, AUDIO_SAMPLE_RATE)  # [mels, n], [n]: its frames only
             n = int(rows.shape[1])
             replacement = self._audio_replacements.get(n)
+            if replacement is None and self._replacement_rule:
+                replacement = self._audio_replacements[n] = self._counted_replacement(n)
             if replacement is None:
                 replacement = self._audio_replacement(samples, rows, n)
                 if replacement is None:
@@ -206,7 +213,17 @@ class MediaPromptBuilder:
             return None
         replacement = str(out["text_replacement_offsets"][0][0]["replacement"])
         self._audio_replacements[n] = replacement
+        if self._replacement_rule is None:
+            self._replacement_rule = self._counted_replacement(n) == replacement
         return replacement
+
+    def _counted_replacement(self, n: int) -> str:
+        """The processor's rule for an audio item of `n` frames: its placeholder once per row the
+        encoder makes of them."""
+        from omnistream.models.qwen3_omni.thinker.thinker_media import audio_tokens  # it imports this
+
+        audio = str(self._placeholder_text[self.processor.tokenizer.audio_token_id])
+        return audio * audio_tokens(n, int(self.thinker.config.audio_config.n_window))
 
     def _expand(self, ids: list[int], replacements: list[str]) -> list[int]:
         """Each template placeholder (in order) becomes the ids of the processor's replacement."""

@@ -32,6 +32,17 @@ def _audio(seconds: float, rate: int = 24_000) -> AudioEvent:
     return AudioEvent(np.zeros(round(seconds * rate), np.float32), 0, rate)
 
 
+def _scripted(events: list):
+    """A stage body that emits `events` and ends with the last (a DoneEvent)."""
+
+    async def body(emit):
+        for event in events[:-1]:
+            await emit(event)
+        return events[-1]
+
+    return body
+
+
 async def _play(
     monkeypatch,
     timeline: list[tuple[float, object]],
@@ -43,13 +54,7 @@ async def _play(
     (first chunk seconds, start guard seconds); `after_each()` runs after every event handed out."""
     clock = Clock()
     monkeypatch.setattr(gateway.serving.session.time, "perf_counter", clock)
-    events = [event for _, event in timeline]
-
-    async def body(emit):
-        for event in events[:-1]:
-            await emit(event)
-        return events[-1]
-
+    body = _scripted([event for _, event in timeline])
     metrics = GatewayMetrics()
     loop = asyncio.get_running_loop()
     permit = permit or Permit()
@@ -144,13 +149,7 @@ async def test_a_held_session_is_measured_from_its_release_as_its_callers_reques
     its latencies count from there. Its text deltas wait as they were made (not merged)."""
     clock = Clock()
     monkeypatch.setattr(gateway.serving.session.time, "perf_counter", clock)
-    events = [TextEvent([1], "a"), TextEvent([2], "b"), TextEvent([3], "c"), _audio(0.5), _done()]
-
-    async def body(emit):
-        for event in events[:-1]:
-            await emit(event)
-        return events[-1]
-
+    body = _scripted([TextEvent([1], "a"), TextEvent([2], "b"), TextEvent([3], "c"), _audio(0.5), _done()])
     metrics = GatewayMetrics()
     loop = asyncio.get_running_loop()
     session = Session(metrics, lambda _: None, "r", Permit(), [], body, loop.time() + 30, held=True)  # type: ignore[arg-type]
@@ -170,22 +169,27 @@ async def test_a_held_session_is_measured_from_its_release_as_its_callers_reques
     assert _sample(metrics, "omnistream_time_to_first_audio_seconds_sum") == pytest.approx(0.05)
 
 
-async def test_a_held_stream_settles_its_start_guard_with_the_audio_it_made():
-    """Nothing of a held session plays before its release, so all the audio it made is in hand: a
-    fragile start settles once that reaches the guard, without waiting for a reader (a held
-    speculation would otherwise hold every other start until its decision)."""
+@pytest.mark.parametrize(("made", "fragile_at_release"), [(1.12, 0), (0.48, 1)])
+async def test_a_held_stream_is_fragile_only_from_its_release_with_what_it_made_in_hand(
+    made, fragile_at_release
+):
+    """Nothing of a held session plays before its release, so it cannot stall and holds no other
+    start back (a held speculation would otherwise hold every start beside it until its decision);
+    at the release its listener has all it made in hand: fragile only when that is under the guard,
+    until what it is handed reaches it."""
     from gateway.admission.permits import Admission
 
     admission = Admission(16, audio_gate=lambda running, need: True)
-    made = asyncio.Event()
-    chunks = [_audio(0.16), _audio(0.32), _audio(0.64)]  # 0.16, 0.48, 1.12 s in hand
+    chunks = [_audio(0.16), _audio(made - 0.16)]
+    more = asyncio.Event()
 
     async def body(emit):
         for chunk in chunks:
             await emit(chunk)
             fragile.append(admission.audio_starting)
-        made.set()
-        await asyncio.Event().wait()  # a long answer: still running at the check
+        await more.wait()
+        await emit(_audio(1.0))
+        return _done()
 
     fragile: list[int] = []
     permit = await admission.acquire(audio=True)
@@ -194,7 +198,15 @@ async def test_a_held_stream_settles_its_start_guard_with_the_audio_it_made():
         GatewayMetrics(), lambda _: None, "r", permit, [], body, loop.time() + 30, 0.16, 1.0, held=True
     )  # type: ignore[arg-type]
     session.start()
-    await made.wait()
-    assert fragile == [1, 1, 0]
+    await session.prime()
+    while len(fragile) < 2:
+        await asyncio.sleep(0)
+    assert fragile == [0, 0]  # held: never fragile
+    session.release()
+    assert admission.audio_starting == fragile_at_release
+    await session.next_event()
+    more.set()
+    await session.next_event()  # 1 s more handed out: in hand past the guard whatever was made
+    assert admission.audio_starting == 0
     await session.aclose()
     assert (admission.active, admission.audio_active, admission.audio_starting) == (0, 0, 0)

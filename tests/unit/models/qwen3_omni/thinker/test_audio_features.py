@@ -142,6 +142,49 @@ def test_a_prompt_of_settled_audio_only_skips_the_processor_and_is_its_prompt(en
     assert len(calls) == 1
 
 
+class CountingProcessor:
+    """The engine's processor, its calls counted."""
+
+    def __init__(self, processor) -> None:
+        self.processor = processor
+        self.calls: list[dict] = []
+
+    def __getattr__(self, name):
+        return getattr(self.processor, name)
+
+    def __call__(self, *args, **kwargs):
+        self.calls.append(kwargs)
+        return self.processor(*args, **kwargs)
+
+
+@pytest.mark.parametrize("rule_holds", [True, False])
+def test_a_turn_of_a_length_never_seen_needs_no_processor_call_once_the_rule_was_checked(
+    engine, monkeypatch, rule_holds
+):
+    """A realtime turn's length is new every turn: once the processor's replacement for one count
+    was its placeholder times the encoder's rows (`audio_tokens`), a new count's replacement is
+    that rule's, with no processor call (which would compute the item's features again), and the
+    prompt is the processor's. A rule that disagrees on the checked count is never used."""
+    builder = engine.media_prompts
+    monkeypatch.setattr(builder, "_audio_replacements", {})
+    monkeypatch.setattr(builder, "_replacement_rule", None)
+    if not rule_holds:
+        monkeypatch.setattr(builder, "_counted_replacement", lambda n: "<wrong>")
+    first = _conversation([settled(tone(1.37, seed=41))])
+    _same(_prepared(engine, first, cached=True), _prepared(engine, first, cached=False))
+    assert builder._replacement_rule is rule_holds
+    counting = CountingProcessor(builder.processor)
+    monkeypatch.setattr(builder, "processor", counting)
+    for seconds in (0.93, 2.61, 4.07):  # counts never seen, across encoder chunks
+        messages = _conversation([settled(tone(seconds, seed=42))])
+        calls = len(counting.calls)
+        got = engine.prepare_media(messages)
+        assert (len(counting.calls) == calls) is rule_holds
+        monkeypatch.setattr(builder, "processor", counting.processor)
+        _same(got, _prepared(engine, messages, cached=False))
+        monkeypatch.setattr(builder, "processor", counting)
+
+
 def test_an_item_the_processor_sees_otherwise_turns_the_shortcut_off(engine, monkeypatch):
     builder = engine.media_prompts
     monkeypatch.setattr(builder, "_audio_replacements", {})
