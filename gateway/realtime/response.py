@@ -241,10 +241,8 @@ class ResponseRun:
         try:
             if self.held is not None:
                 held, self.held = self.held, None
-                session = await held.session(since=self.began)
-                if session.trace is not None:
-                    session.trace.note({"omnistream.realtime.response_id": self.id})
-                return session
+                asked = self.spoken.decided_perf() if self.spoken is not None else self.began
+                return await held.session(min(asked, self.began), self.id)  # timed from the decision
             return await self.core.open(self.request, trace=realtime_entry(self.id))
         except OmniError as exc:
             request = await self.refit(exc) if self.refit is not None else None

@@ -113,10 +113,12 @@ class Speculation:
     async def matches(self, request: GenerationRequest) -> bool:
         """Is `request` (a response's, built as always) the one it runs?"""
         made = await self._request
+        if self.task.done() and not self.task.cancelled() and self.task.exception() is not None:
+            return False  # its open was refused earlier: the response's own open may not be
         return made is not None and same(made, request)
 
-    async def session(self, since: float | None = None) -> Session:
-        """Its session, released to the response that takes it, which began at `since`
+    async def session(self, since: float | None = None, response_id: str = "") -> Session:
+        """Its session, released to the response `response_id` that takes it, asked for at `since`
         (time.perf_counter(); its latencies count from there); the open's error, if it failed."""
         self.outcome = RELEASED
         try:
@@ -129,7 +131,8 @@ class Speculation:
         held_s = session.release(since)
         self.metrics.speculations.labels(outcome=RELEASED).inc()
         if session.trace is not None:
-            session.trace.note({"omnistream.realtime.speculation_held": held_s})
+            noted = {"omnistream.realtime.response_id": response_id}
+            session.trace.note({**noted, "omnistream.realtime.speculation_held": held_s})
         return session
 
     async def cancel(self, outcome: str) -> None:

@@ -32,6 +32,10 @@ class SpokenTurn:
     speech_ended_at: float
     decided_at: float
 
+    def decided_perf(self) -> float:
+        """`decided_at` on time.perf_counter()'s clock (the gateway sessions' timings)."""
+        return time.perf_counter() - (time.monotonic() - self.decided_at)
+
 
 class Traced(Protocol):
     """The response's request span (gateway/serving/tracing.py `RequestSpan`)."""

@@ -20,8 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
+from omnistream.models.qwen3_omni.thinker.audio_rows import audio_tokens
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
-from omnistream.models.qwen3_omni.thinker.thinker_media import AUDIO, IMAGE, VIDEO, _grids, audio_tokens
+from omnistream.models.qwen3_omni.thinker.thinker_media import AUDIO, IMAGE, VIDEO, _grids
 
 KINDS = (AUDIO, IMAGE, VIDEO)
 

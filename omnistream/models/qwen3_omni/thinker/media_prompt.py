@@ -21,6 +21,7 @@ import torch
 from omnistream.engine.chat_encoding import ChatEncoder, Tools
 from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
+from omnistream.models.qwen3_omni.thinker.audio_rows import audio_tokens
 from omnistream.models.qwen3_omni.thinker.frame_video import FrameVideoProcessor
 from omnistream.models.qwen3_omni.thinker.media_checks import Collected, check_media, processor_inputs
 from omnistream.request.errors import InvalidRequest
@@ -220,8 +221,6 @@ class MediaPromptBuilder:
     def _counted_replacement(self, n: int) -> str:
         """The processor's rule for an audio item of `n` frames: its placeholder once per row the
         encoder makes of them."""
-        from omnistream.models.qwen3_omni.thinker.thinker_media import audio_tokens  # it imports this
-
         audio = str(self._placeholder_text[self.processor.tokenizer.audio_token_id])
         return audio * audio_tokens(n, int(self.thinker.config.audio_config.n_window))
 

@@ -21,18 +21,11 @@ from typing import Any
 import torch
 
 from omnistream.engine.engine import present
+from omnistream.models.qwen3_omni.thinker.audio_rows import audio_tokens
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt
 from omnistream.request.errors import InvalidRequest
 
 AUDIO, IMAGE, VIDEO = "audio", "image", "video"
-
-
-def audio_tokens(frames: int, n_window: int) -> int:
-    """Rows the audio encoder makes of `frames` mel frames (the processor's count)."""
-    chunk = n_window * 2
-    rest = frames % chunk
-    feat = (rest - 1) // 2 + 1
-    return ((feat - 1) // 2 + 1 - 1) // 2 + 1 + (frames // chunk) * 13
 
 
 @dataclass

@@ -13,7 +13,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from gateway.realtime.speculation import RELEASED, RESUMED, Speculation, same
+from gateway.admission.permits import Rejected
+from gateway.realtime.speculation import CHANGED, FAILED, RELEASED, RESUMED, Speculation, same
 from gateway.serving.metrics import GatewayMetrics
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import AudioInput
@@ -51,8 +52,10 @@ class FakeSession:
 class Script:
     """Decode, build and open as the responder gives them; `opened` lets the open finish."""
 
-    def __init__(self, *, decode_fails: bool = False, build_fails: bool = False) -> None:
-        self.decode_fails, self.build_fails = decode_fails, build_fails
+    def __init__(
+        self, *, decode_fails: bool = False, build_fails: bool = False, open_fails: bool = False
+    ) -> None:
+        self.decode_fails, self.build_fails, self.open_fails = decode_fails, build_fails, open_fails
         self.opened = asyncio.Event()
         self.session = FakeSession()
         self.open_cancelled = False
@@ -69,6 +72,8 @@ class Script:
         return request(parts[0]["audio"].samples)
 
     async def open(self, made: GenerationRequest) -> Any:
+        if self.open_fails:
+            raise Rejected("the queue is full", "queue_full", 1)
         try:
             await self.opened.wait()
         except asyncio.CancelledError:
@@ -126,3 +131,13 @@ async def test_a_speculation_whose_decode_or_build_failed_is_never_taken(fails):
     assert not await speculation.matches(request(script.samples))
     await speculation.cancel(RESUMED)
     assert counted(metrics, RESUMED) == 1 and not script.session.closed
+
+
+async def test_a_speculation_whose_open_was_refused_is_not_taken():
+    """Refused earlier (a full queue), it leaves the response to open its own, which may get in."""
+    metrics, script = GatewayMetrics(), Script(open_fails=True)
+    speculation = script.speculation(metrics)
+    await asyncio.wait({speculation.task})
+    assert not await speculation.matches(request(script.samples))
+    await speculation.cancel(CHANGED)
+    assert counted(metrics, FAILED) == 1 and counted(metrics, CHANGED) == 0
