@@ -104,13 +104,17 @@ class InputBuffer:
             self.start += cut
             self._forget()
 
+    def _cut(self, until: int | None) -> int:
+        """Bytes of the buffer's audio before stream sample `until` (all when None)."""
+        return len(self.data) if until is None else min(len(self.data), max(0, until - self.start) * 2)
+
     def peek(self, until: int) -> bytes:
         """The audio `take(until)` would give, left in the buffer."""
-        return bytes(self.data[: min(len(self.data), max(0, until - self.start) * 2)])
+        return bytes(self.data[: self._cut(until)])
 
     def take(self, until: int | None = None) -> bytes:
         """The buffer's audio up to stream sample `until` (all when None); the rest stays."""
-        cut = len(self.data) if until is None else min(len(self.data), max(0, until - self.start) * 2)
+        cut = self._cut(until)
         out = bytes(self.data[:cut])
         del self.data[:cut]
         self.start += cut // 2

@@ -113,7 +113,7 @@ class Speculation:
     async def matches(self, request: GenerationRequest) -> bool:
         """Is `request` (a response's, built as always) the one it runs?"""
         made = await self._request
-        if self.task.done() and not self.task.cancelled() and self.task.exception() is not None:
+        if self._failed():
             return False  # its open was refused earlier: the response's own open may not be
         return made is not None and same(made, request)
 
@@ -135,6 +135,10 @@ class Speculation:
             session.trace.note({**noted, "omnistream.realtime.speculation_held": held_s})
         return session
 
+    def _failed(self) -> bool:
+        """Its run ended with an error (its open was refused)."""
+        return self.task.done() and not self.task.cancelled() and self.task.exception() is not None
+
     async def cancel(self, outcome: str) -> None:
         """Stop it in every stage (its session closed), counted as `outcome`."""
         if self.outcome is not None:
@@ -142,7 +146,7 @@ class Speculation:
         self.outcome = outcome
         self.task.cancel()
         await asyncio.wait({self.task})
-        if not self.task.cancelled() and self.task.exception() is not None:
+        if self._failed():
             outcome = FAILED
         elif not self.task.cancelled() and (session := self.task.result()) is not None:
             await session.aclose()

@@ -65,6 +65,10 @@ class _Collector:
             self._items.append(item)
         self._changed.set()
 
+    def audio_seconds(self) -> float:
+        """Seconds of the audio waiting in it."""
+        return sum(i.audio.size / i.sample_rate for i in self._items if isinstance(i, AudioEvent))
+
     async def get(self) -> Event | BaseException:
         while not self._items:
             self._changed.clear()
@@ -138,7 +142,6 @@ class Session:
         self._first_chunk_s, self._guard_s = first_chunk_s, start_guard
         self._start_guard = StartGuard(permit, None if held else first_chunk_s, start_guard)
         self.held = held
-        self._held_audio_s = 0.0  # audio made while held
 
     def _audio_in_hand(self, now: float) -> float:
         """Seconds of audio the listener has received but not yet played (listener model)."""
@@ -150,19 +153,12 @@ class Session:
     async def _run_source(self) -> None:
         try:
             async with asyncio.timeout_at(self._deadline):
-                done = await self._body(self._put)
+                done = await self._body(self._collector.put)
             await self._collector.put(done)
         except TimeoutError:
             await self._collector.put(DeadlineExceeded("the request exceeded its timeout"))
         except BaseException as exc:  # handed to the reader, which raises it
             await self._collector.put(exc)
-
-    async def _put(self, item: Event | BaseException) -> None:
-        """What the stages made, into the collector (the audio made while held is counted: the
-        listener has all of it in hand at the release)."""
-        if self.held and isinstance(item, AudioEvent):
-            self._held_audio_s += item.audio.size / item.sample_rate
-        await self._collector.put(item)
 
     def start(self) -> None:
         self._pump = asyncio.create_task(self._run_source())
@@ -186,9 +182,13 @@ class Session:
         held_s = now - self.timings.started
         self.held = False
         self._collector.merge_text = True
-        # Its listener starts now, with what was made in hand: fragile if that is under the guard.
+        # Its listener starts now with all it made in hand (the first event and what waits in the
+        # collector: nothing was read while held): fragile if that is under the guard.
         if self._first_chunk_s is not None:
-            in_hand = self._held_audio_s or self._first_chunk_s
+            first = self._first
+            made = self._collector.audio_seconds()
+            made += first.audio.size / first.sample_rate if isinstance(first, AudioEvent) else 0.0
+            in_hand = made or self._first_chunk_s
             self._start_guard = StartGuard(self._permit, in_hand, self._guard_s)
         self.timings.started = now if since is None else min(since, now)
         if self._first is not None:
