@@ -63,6 +63,12 @@ class GatewayConfig:
     codec_left_context_frames: int = setting(
         DEFAULTS.codec_left_context_frames, help="codec frames of left context each chunk is decoded with"
     )
+    seed: int | None = setting(
+        None,
+        shown="from the OS",
+        help="seed of the stream the gateway draws a seed from for each sampled request that gives "
+        "none (fixed: the n-th such request always gets the same, so sampled answers repeat run to run)",
+    )
     # Admission (docs/serving.md "Admission", gateway/admission/limits.py): unset, the limits follow
     # what the stages' replicas in rotation report they hold; set, the operator's cap wins.
     max_concurrency: int | None = setting(

@@ -269,6 +269,8 @@ class GatewayServicer(gateway_pb2_grpc.GatewayServicer):
             message.key.CopyFrom(ChunkKey(session.request_id, Stage.GATEWAY, index).to_proto())
             with contextlib.suppress(Exception):
                 await context.write(message)
+            # Freed before the status goes out: a client that retries on it finds the permit back.
+            await session.aclose()
             await abort_with(context, exc, GATEWAY_ORIGIN)
         finally:
             await session.aclose()

@@ -28,6 +28,7 @@ from gateway.media.decode_pool import MediaDecoder
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.request_checks import check_message_size, check_prompt_size, unsupported_media
 from gateway.serving.sent_audio import SentAudio
+from gateway.serving.server_seeds import ServerSeeds
 from gateway.serving.session import Session
 from gateway.serving.stage_calls import StageStubs, run_stages
 from gateway.serving.tracing import Incoming, RequestSpan
@@ -95,6 +96,7 @@ class GatewayCore:
             self.admission.audio_gate = self.planner.admits
         self.media = MediaDecoder(config.media_limits)
         self.sent_audio = SentAudio()  # what each thinker replica holds of a scope's audio
+        self.seeds = ServerSeeds(config.seed)
         planner = self.planner
         self.metrics.watch_audio(
             tuple(self.replicas.sets),
@@ -186,6 +188,7 @@ class GatewayCore:
         request's span starts here, so a refusal ends it with its status, and the session ends it
         otherwise. `held`: a speculative request, whose output waits for `Session.release`."""
         rid = request_id or uuid.uuid4().hex
+        request = await self.seeds.apply(request)
         span = RequestSpan(trace, rid, request)
         try:
             return await self._open(request, validate_request_id(rid), timeout, span, held)

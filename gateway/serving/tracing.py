@@ -154,6 +154,8 @@ class RequestSpan:
                     "omnistream.audio.requested": request.return_audio,
                 }
             )
+            if s.seed is not None:
+                self.span.set_attribute("gen_ai.request.seed", s.seed)
             if request.return_audio:
                 self.span.set_attribute("omnistream.audio.max_frames", request.max_audio_frames)
                 self.span.set_attribute("omnistream.audio.voice", request.speaker)

@@ -74,6 +74,13 @@ def stack_beside(
             service.stop()
 
 
+# The gateway's `seed` setting, for tests whose clients sample with their defaults and cannot send a
+# seed (agent frameworks): a turn's sampled answer is then the same every run (the setting derives a
+# request's seed from its content), not now and then an edge case of a random checkpoint (an answer
+# that ends at its first token).
+REPEATABLE_ANSWERS = {"seed": 20261206}
+
+
 @contextlib.contextmanager
 def gateway_process(stages: dict, *extra: str) -> Iterator[ServiceProcess]:
     """A gateway of its own over `stages` (with `extra` flags), stopped however the test ends."""

@@ -16,7 +16,8 @@ silently) and validate against the published schemas (tests/realtime_schemas.py)
 The stages are the ending tiny checkpoint's (`ending_stages`): the SDK leaves `max_output_tokens` at
 its default (`inf`: the gateway's 256 tokens and 2,048 codec frames), and the never-ending
 checkpoint's answers run to those limits (164 s of audio, minutes on a CPU) where a real model's, and
-the ending checkpoint's, end after a sentence. So the gateway's settings stay its defaults too."""
+the ending checkpoint's, end after a sentence. So the gateway's settings stay its defaults too, but
+for `seed`, which makes its sampled answers repeat (tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ from typing import Any
 
 import pytest
 
-from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.integration.conftest import REPEATABLE_ANSWERS, configured_gateway, gateway_idle, wait_for
 from tests.realtime_schemas import check_server_events
 from tests.speech import silence_pcm16, speech_pcm16
 
@@ -47,7 +48,7 @@ TRAILING_SILENCE = 1.5
 @pytest.fixture(scope="module")
 def gateway(ending_stages, tmp_path_factory):
     with configured_gateway(
-        ending_stages, tmp_path_factory.mktemp("agents-node"), {"api_key": API_KEY}
+        ending_stages, tmp_path_factory.mktemp("agents-node"), {"api_key": API_KEY, **REPEATABLE_ANSWERS}
     ) as gw:
         yield gw
 

@@ -14,7 +14,8 @@ published schemas too (tests/realtime_schemas.py). The SDK's tracing is off: not
 The stages are the ending tiny checkpoint's (`ending_stages`, as `make run` serves): the SDK leaves
 `max_output_tokens` at its default, `inf` (the gateway's default, 256 tokens and 2,048 codec frames),
 and the never-ending checkpoint's answers run to those limits (164 s of audio, minutes on a CPU),
-where a real model's, and the ending checkpoint's, end after a sentence."""
+where a real model's, and the ending checkpoint's, end after a sentence. The gateway's `seed` setting
+makes its sampled answers repeat (tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ from agents import function_tool, set_tracing_disabled
 from agents.realtime import RealtimeAgent, RealtimeRunner, RealtimeSession
 
 from omnistream.cli.launcher import ServiceProcess
-from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.integration.conftest import REPEATABLE_ANSWERS, configured_gateway, gateway_idle, wait_for
 from tests.realtime_schemas import check_server_events
 from tests.speech import pieces, silence_pcm16, speech_pcm16
 
@@ -44,7 +45,8 @@ TRAILING_SILENCE = 1.5
 @pytest.fixture(scope="module")
 def gateway(ending_stages: dict, tmp_path_factory: pytest.TempPathFactory) -> Iterator[ServiceProcess]:
     """The module's own gateway with an API key, as a deployment the SDK reaches would have."""
-    with configured_gateway(ending_stages, tmp_path_factory.mktemp("agents-sdk"), {"api_key": API_KEY}) as gw:
+    config = {"api_key": API_KEY, **REPEATABLE_ANSWERS}
+    with configured_gateway(ending_stages, tmp_path_factory.mktemp("agents-sdk"), config) as gw:
         yield gw
 
 

@@ -13,7 +13,8 @@ unmodified, against the real stack: its default settings, the base URL and the A
 
 pipecat treats any server `error` event as fatal (its receive loop ends), so not one may come. The
 gateway caps a response's audio at 20 codec frames (its deployment setting, not pipecat's): the
-tiny model's answers run to their limits, and 2048 frames would take minutes on a shared CPU."""
+tiny model's answers run to their limits, and 2048 frames would take minutes on a shared CPU. Its
+`seed` setting makes the sampled answers repeat (tests/integration/conftest.py)."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import configured_gateway, gateway_idle, wait_for
+from tests.integration.conftest import REPEATABLE_ANSWERS, configured_gateway, gateway_idle, wait_for
 from tests.speech import silence_pcm16, speech_pcm16
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -40,7 +41,7 @@ TRANSCRIBED = "conversation.item.input_audio_transcription.completed"
 
 @pytest.fixture(scope="module")
 def gateway(stages, tmp_path_factory):
-    config = {"api_key": API_KEY, "max_audio_frames": 20}
+    config = {"api_key": API_KEY, "max_audio_frames": 20, **REPEATABLE_ANSWERS}
     with configured_gateway(stages, tmp_path_factory.mktemp("framework-pipecat"), config) as gw:
         yield gw
 
