@@ -249,6 +249,14 @@ class GatewayConfig:
         help="ms before the turn detector decides that the answer is started, speculatively, its "
         "output held until the decision (0: off; a lead as long as the window: at once)",
     )
+    # gateway/realtime/work_ahead.py: a turn's whole audio encoder windows encoded while it is
+    # spoken. Shorter: a window is found sooner after it is complete, at more sends; 0: off.
+    realtime_work_ahead_ms: int = setting(
+        1000,
+        group=REALTIME,
+        help="ms of new audio in a turn after which the audio so far goes to the thinker to encode "
+        "its complete encoder windows ahead of the commit (0: off)",
+    )
     realtime_context_tokens: int | None = setting(
         None,
         group=REALTIME,
@@ -305,6 +313,8 @@ class GatewayConfig:
             raise ValueError("stage_tls_cert and stage_tls_key go together")
         if self.realtime_speculation_lead_ms < 0:
             raise ValueError("realtime_speculation_lead_ms must be at least 0")
+        if self.realtime_work_ahead_ms < 0:
+            raise ValueError("realtime_work_ahead_ms must be at least 0")
         if self.audio_hold_margin < 0:
             raise ValueError("audio_hold_margin must be at least 0")
         if self.audio_start_guard < 0:

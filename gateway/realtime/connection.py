@@ -278,5 +278,6 @@ class Connection:
         if self.response is not None:
             await self.response.cancel("client_cancelled")
         await self.transcriber.close()
+        await self.input_audio.work_ahead.close()
         self.core.replicas.release_cache_soon(self.cache_scope)
         self.core.sent_audio.release(self.cache_scope)

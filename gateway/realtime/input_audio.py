@@ -36,6 +36,7 @@ from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.speculation import RESUMED, UNUSED, Parts
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from gateway.realtime.voice_to_voice import CLIENT_COMMIT, SpokenTurn
+from gateway.realtime.work_ahead import WorkAhead
 from gateway.serving.core import GatewayCore
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
@@ -70,6 +71,9 @@ class InputAudio:
         self.detector = self._detector()
         self.turn_item_id: str | None = None  # the user item a detected turn will become
         self.decoder = InputDecoder(config.input_format)  # the wire's format -> pcm16 24 kHz
+        # The turn's audio encoded while it is spoken (work_ahead.py).
+        every = c.realtime_work_ahead_ms * INPUT_RATE // 1000 * 2
+        self.work_ahead = WorkAhead(core, responder.cache_scope, every)
 
     def _detector(self) -> SpeechDetector | None:
         td = self.config.turn_detection
@@ -123,6 +127,7 @@ class InputAudio:
             if not self.buffer.append(pcm, arrived):
                 raise self._buffer_full()
         if self.detector is None:
+            self._ahead()
             return
         for found in self.detector.process(pcm):
             if found.kind == "started":
@@ -136,6 +141,14 @@ class InputAudio:
         if not self.detector.in_speech and self.config.turn_detection is not None:
             prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
             self.buffer.keep_from(self.buffer.end - prefix)
+        else:
+            self._ahead()
+
+    def _ahead(self) -> None:
+        """The turn's audio so far to work ahead, when enough is new: all of the buffer, from where
+        the turn's item will start (server VAD: while in speech, the buffer's start stays)."""
+        if self.work_ahead.due(len(self.buffer.data)):
+            self.work_ahead.update(self.buffer.peek(self.buffer.end))
 
     def _buffer_full(self) -> EventError:
         return EventError(
@@ -147,6 +160,7 @@ class InputAudio:
     async def clear(self) -> None:
         await self.responder.drop_speculation(UNUSED)
         self.buffer.clear()
+        self.work_ahead.restart()
         if self.detector is not None:
             self.detector.reset()
         self.turn_item_id = None
@@ -160,6 +174,7 @@ class InputAudio:
         await self.responder.drop_speculation(RESUMED)
         self.turn_item_id = new_id("item")
         self.buffer.keep_from(sample - td.prefix_padding_ms * INPUT_RATE // 1000)
+        self.work_ahead.restart()
         response = self.responder.response
         # Stopped before speech_started is queued: none of its audio can follow that event.
         barge_in = td.interrupt_response and response is not None and response.stop("turn_detected")
@@ -220,6 +235,7 @@ class InputAudio:
         spoken = None if ended is None else SpokenTurn(detection, ended, decided)
         end = self.buffer.end if until is None else min(until, self.buffer.end)
         pcm = self.buffer.take(until)
+        self.work_ahead.restart()
         if self.detector is not None and until is None:
             self.detector.reset()
         self.turn_item_id = None

@@ -182,6 +182,14 @@ class GatewayMetrics:
             "Seconds the speculative responses that were not released ran in the stages",
             registry=r,
         )
+        # gateway/realtime/work_ahead.py: a turn's audio encoded while it is spoken.
+        self.work_ahead = Counter(
+            "omnistream_realtime_work_ahead",
+            "Realtime turns' audio sent to the thinker while spoken, its whole encoder windows encoded "
+            "ahead of the commit, by outcome (done; failed: refused or lost, the commit encodes all)",
+            ["outcome"],
+            registry=r,
+        )
 
     def watch_limits(self, limits: Callable[[], Limits]) -> None:
         """Point the limit gauge at admission's limits (read at each scrape)."""

@@ -65,6 +65,10 @@ class GenerationRequest:
     # Background work (a transcription of the user's audio): the thinker steps it only when no
     # other request can, so it never delays an answer (ThinkerOpen.background).
     background: bool = False
+    # Work ahead (a realtime turn's audio while it is still spoken): the thinker encodes the
+    # media's whole audio windows and keeps their rows for the request that will follow, and the
+    # request ends answering nothing (ThinkerOpen.encode_only). Text only, one stage.
+    encode_only: bool = False
 
     def validate(self) -> None:
         if self.mode not in MODES:

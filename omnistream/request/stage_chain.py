@@ -50,6 +50,9 @@ class ThinkerParams:
     # The grammar the output follows (ThinkerOpen.structured_output); None: free text.
     structured_output: StructuredOutput | None = None
     background: bool = False  # steps only when no other request can (ThinkerOpen.background)
+    encode_only: bool = (
+        False  # work ahead: its media's whole windows encoded, no answer (ThinkerOpen.encode_only)
+    )
 
 
 @dataclass(frozen=True)
@@ -94,6 +97,7 @@ def stage_opens(request: GenerationRequest, plan: ChunkPlan | None) -> StageOpen
             request.cache_scope,
             request.structured_output,
             request.background,
+            request.encode_only,
         ),
         talker=talker if audio else None,
         plan=plan if audio else None,

@@ -15,6 +15,7 @@ from prometheus_client import (
 )
 
 from omnistream.engine.prefix_cache import PrefixCache
+from omnistream.service.encoded_window_metrics import EncodedWindowsCollector
 from omnistream.service.prefix_metrics import PrefixCacheCollector
 
 if TYPE_CHECKING:
@@ -153,6 +154,9 @@ class StageMetrics:
         prefix = getattr(engine, "prefix_cache", None)
         if isinstance(prefix, PrefixCache):
             r.register(PrefixCacheCollector(self.stage, prefix))
+        windows = getattr(engine, "encoded_windows", None)
+        if windows is not None:  # the transformers thinker's (models/qwen3_omni/thinker/encoded_windows.py)
+            r.register(EncodedWindowsCollector(self.stage, windows))
 
     def track_streams(self, servicer: _Streams) -> None:
         """The lifecycle invariant, observable: every engine request has an open stream."""

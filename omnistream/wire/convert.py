@@ -179,6 +179,7 @@ def thinker_open_proto(
         assistant_text=params.assistant_text or "",
         cache_scope=params.cache_scope,
         background=params.background,
+        encode_only=params.encode_only,
     )
     if params.structured_output is not None:
         open_.structured_output.CopyFrom(structured_output_proto(params.structured_output))

@@ -86,6 +86,8 @@ class ThinkerServicer(StageServicer):
             scope = checked_cache_scope(open_.cache_scope)
 
             def prepare() -> Any:
+                if open_.encode_only:  # a turn still spoken: nothing of it is the scope's yet
+                    return self.engine.prepare_media(messages, open_.use_audio_in_video, tools)
                 # Digests become the scope's kept audio, and its new audio is kept (scope_audio.py).
                 resolved = self.scope_audio.resolve(messages, scope)
                 memo = self.token_memos.get(scope)
@@ -113,6 +115,7 @@ class ThinkerServicer(StageServicer):
                 else None
             ),
             background=open_.background,
+            encode_only=open_.encode_only,
         )
         prompt_ids, media = await self._prompt(open_)
         spoken = grammar = None

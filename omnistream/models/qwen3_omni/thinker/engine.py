@@ -46,6 +46,7 @@ from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
 from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.decode import ThinkerDecode
+from omnistream.models.qwen3_omni.thinker.encoded_windows import EncodedWindows, ahead_slices, encode_keeping
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_item import item_digests
 from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
@@ -56,7 +57,6 @@ from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput, ThinkerText
 from omnistream.models.qwen3_omni.thinker.thinker_media import (
     Slice,
     check_media_prompt,
-    encode_slices,
     plan_slices,
 )
 from omnistream.request.errors import InvalidRequest
@@ -121,6 +121,8 @@ class ThinkerEngine(ThinkerDecode):
         audio = tc.audio_config
         self.audio_window = audio.n_window_infer
         self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
+        # Windows a realtime turn's audio had encoded while it was spoken (encoded_windows.py).
+        self.encoded_windows = EncodedWindows()
         # Prompt positions prefilled per step, all requests together (at least one piece a step).
         self.prefill_chunk = settings.prefill_chunk
         self.cache = SlotKVCache.for_text_config(text, max_batch, max_model_len, self.dtype, self.device)
@@ -230,8 +232,15 @@ class ThinkerEngine(ThinkerDecode):
             merge = self.config.thinker_config.vision_config.spatial_merge_size
             state.slices = plan_slices(media, self.audio_window, self.encode_budget, merge)
             state.rope_delta = media.rope_delta
+        if params.encode_only:
+            state.slices = ahead_slices(state.slices, self.audio_window)
+            state.prefix_planned = True  # nothing of it is prefilled
         self.admit(state)
         return state.output
+
+    def release_cache_scope(self, scope: bytes) -> None:
+        super().release_cache_scope(scope)
+        self.encoded_windows.release(scope)
 
     # --- engine thread ------------------------------------------------------------------------------
     def stop(self) -> None:
@@ -274,6 +283,9 @@ class ThinkerEngine(ThinkerDecode):
                     budget -= piece.cost
                     encode.append((state, piece))
                 continue
+            if state.params.encode_only:  # its windows are kept: it ends, answering nothing
+                spoken.append(state)
+                continue
             if state.slot is None or state.next_token is None:
                 # Not (fully) prefilled yet. Oldest first, each takes what is left of the budget.
                 if positions > 0 and (state.slot is not None or free > 0):
@@ -306,6 +318,22 @@ class ThinkerEngine(ThinkerDecode):
         seen.update((id(s), s) for s in work.decode)  # given answers run alone in `_row`: never suspects
         return list(seen.values())
 
+    def _encode(
+        self, pieces: list[tuple[_ThinkerState, Slice]]
+    ) -> list[tuple[torch.Tensor, list[torch.Tensor] | None]]:
+        """Each piece's rows, whole audio windows encoded ahead taken from `encoded_windows`."""
+        asked = [(state.params.cache_scope, state.params.encode_only, piece) for state, piece in pieces]
+        return encode_keeping(self.thinker.model, self.encoded_windows, self.audio_window, asked)
+
+    def _encoded_ahead(self, state: _ThinkerState) -> None:
+        """Work ahead is done: it ends with an empty answer (finish "stop"), its prompt ids first."""
+        output = ThinkerOutput(
+            token_ids=[], text_delta="", index=0, finished=True, finish_reason="stop",
+            prompt_ids=list(state.prompt_ids),
+        )  # fmt: skip
+        state.output.put(output)
+        self.finish(state)
+
     def _step_failed(self, work: _Step, error: Exception) -> None:
         # Slices taken for a step that raised before their rows were kept go back for a retry.
         if not work.encoded:
@@ -319,11 +347,12 @@ class ThinkerEngine(ThinkerDecode):
             self._plan_prefix(state)
         for state in work.spoken:
             with self.row(state):
-                if speak_next(state):
+                if state.params.encode_only:
+                    self._encoded_ahead(state)
+                elif speak_next(state):
                     self.finish(state)
         if work.encode:
-            results = encode_slices(self.thinker.model, [piece for _, piece in work.encode])
-            for (state, piece), (rows, deep) in zip(work.encode, results, strict=True):
+            for (state, piece), (rows, deep) in zip(work.encode, self._encode(work.encode), strict=True):
                 state.encoded.add(piece, rows, deep)
             work.encoded = True
         for state, take in work.prefill:

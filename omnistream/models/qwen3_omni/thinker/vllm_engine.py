@@ -184,6 +184,8 @@ class VllmThinkerEngine(RequestBook[_Request]):
         the request reaches it, and a refusal fails the stream)."""
         if media is not None:
             raise InvalidRequest(TEXT_ONLY, field="messages")
+        if params.encode_only:  # work ahead is media work
+            raise InvalidRequest(f"encode_only: {TEXT_ONLY}", field="encode_only")
         self.text.check_ids(prompt_ids)
         spoken = self.text.check_budget(prompt_ids, params, spoken)
         if self.poisoned is None and self.llm.errored:  # died while idle: nothing had noticed

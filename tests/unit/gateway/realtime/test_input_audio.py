@@ -22,6 +22,9 @@ from gateway.realtime.input_audio import InputAudio
 from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.settings import InputTranscription, TurnDetection
 from gateway.realtime.vad import INPUT_RATE
+from gateway.serving.metrics import GatewayMetrics
+from omnistream.request.errors import Unavailable
+from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import AudioInput
 
 
@@ -39,20 +42,31 @@ class Harness:
     def __init__(self, **config: Any) -> None:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.added: list[tuple[Item, str | None]] = []
+        self.ahead: list[GenerationRequest] = []  # what work ahead asked the thinker
         core = SimpleNamespace(
             config=GatewayConfig(**config),
-            deployment=SimpleNamespace(input_modalities=None),
+            deployment=SimpleNamespace(input_modalities=None, voices=None, default_voice=None),
             media=SimpleNamespace(decode=self._decode),
+            open=self._open,
+            metrics=GatewayMetrics(),
         )
         self.config = SessionConfig(turn_detection=None)
         responder = SimpleNamespace(
-            response=None, busy=False, speculation_for=_no_speculation, drop_speculation=_none
+            response=None,
+            busy=False,
+            speculation_for=_no_speculation,
+            drop_speculation=_none,
+            cache_scope=b"the session's",
         )
         self.transcribing: list[tuple[str, Any]] = []  # (item id, the transcription asked)
         transcriber = SimpleNamespace(start=lambda item, asked: self.transcribing.append((item.id, asked)))
         self.audio = InputAudio(
             core, self.config, self._send, Conversation(), self._add, responder, transcriber
         )  # type: ignore[arg-type]
+
+    async def _open(self, request: GenerationRequest, **_: Any) -> None:
+        self.ahead.append(request)
+        raise Unavailable("no thinker here")  # only the requests are looked at
 
     async def _send(self, kind: str, **fields: Any) -> None:
         self.sent.append((kind, fields))
@@ -161,3 +175,45 @@ def test_a_committed_turn_is_transcribed_only_when_the_session_asks():
     second = h.added[1][0]
     assert [item_id for item_id, _ in h.transcribing] == [second.id]
     assert h.transcribing[0][1].language == "en"
+
+
+def test_a_turn_s_audio_goes_ahead_each_second_of_it_from_the_item_s_start():
+    """Work ahead (gateway/realtime/work_ahead.py): the audio so far, at each realtime_work_ahead_ms
+    of new audio, as an encode-only thinker request in the session's scope; one in flight at once;
+    a commit starts the count again."""
+
+    async def run() -> Harness:
+        h = Harness(realtime_work_ahead_ms=1000)
+        await h.append(0.6)
+        await asyncio.sleep(0)
+        assert h.ahead == []
+        await h.append(0.6)  # 1.2 s: sent
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await h.append(1.2)  # 2.4 s: sent again
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await h.audio.commit(None, "c")
+        await h.append(0.5)  # a new turn: nothing yet
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return h
+
+    h = asyncio.run(run())
+    assert len(h.ahead) == 2
+    for request in h.ahead:
+        assert request.encode_only and not request.return_audio and request.cache_scope == b"the session's"
+        (part,) = request.messages[0]["content"]
+        assert part["type"] == "audio" and isinstance(part["audio"], AudioInput)
+    failed = h.audio.core.metrics.work_ahead.labels(outcome="failed")._value.get()
+    assert failed == 2
+
+
+def test_without_the_setting_nothing_goes_ahead():
+    async def run() -> Harness:
+        h = Harness(realtime_work_ahead_ms=0)
+        await h.append(2.5)
+        await asyncio.sleep(0)
+        return h
+
+    assert asyncio.run(run()).ahead == []

@@ -130,7 +130,7 @@ def test_media_in_a_cached_prefix_is_not_encoded_again_and_its_deep_rows_come_ba
         encoded.extend(s.kind for s in slices)
         return real(model, slices)
 
-    monkeypatch.setattr("omnistream.models.qwen3_omni.thinker.engine.encode_slices", counting)
+    monkeypatch.setattr("omnistream.models.qwen3_omni.thinker.encoded_windows.encode_slices", counting)
     hits = on.prefix_cache.stats.hits
     tokens, hidden = _run(on, "media-2", follow.prompt_ids, follow)
     assert encoded == []  # both items lie in the reused prefix

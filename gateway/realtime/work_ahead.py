@@ -1,0 +1,113 @@
+"""A turn's audio encoded while it is still spoken (ThinkerParams.encode_only).
+
+The thinker's audio encoder attends within windows (`n_window_infer` mel frames: 8 s on
+Qwen3-Omni), so a window's rows are final once its audio is. Each time the turn's audio has grown by
+`realtime_work_ahead_ms`, the audio so far goes to the thinker as work ahead: it encodes the whole
+windows whose frames are final and keeps their rows in the session's cache scope
+(omnistream/models/qwen3_omni/thinker/encoded_windows.py). The committed turn's request finds them
+by their features, so what is left to encode at the commit is at most the last window, whatever the
+turn's length; a window whose features came out differently is encoded again, so the answer is
+always the one it would have been.
+
+The audio sent is decoded as the commit decodes it (the same WAV through the same FFmpeg
+resampler), less its last `RESAMPLER_TAIL` samples: the resampler's filter still holds those, and
+the commit's decode gives them from the samples that follow. At most one is in flight per session;
+one that fails or is refused (a full gateway) only leaves the commit its whole work.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+
+from gateway.realtime.audio import encoded_turn
+from gateway.serving.core import GatewayCore
+from gateway.serving.tracing import Incoming
+from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
+from omnistream.request.errors import OmniError
+from omnistream.request.generation import GenerationRequest
+from omnistream.request.media import AudioInput
+
+log = logging.getLogger(__name__)
+
+# 16 kHz samples at the end of a decoded prefix that its full decode may give otherwise: the
+# resampler's filter delay (16 measured), with room.
+RESAMPLER_TAIL = 256
+SPAN = Incoming("realtime work ahead", face="websocket")
+
+
+class WorkAhead:
+    """One session's work ahead: `update` on each append with the turn's audio so far."""
+
+    def __init__(self, core: GatewayCore, cache_scope: bytes, every_bytes: int) -> None:
+        self.core = core
+        self.cache_scope = cache_scope
+        self.every_bytes = every_bytes  # pcm16 bytes of new audio between sends (0: off)
+        self._sent = 0  # bytes of the current turn's audio the last send held
+        self._task: asyncio.Task[None] | None = None
+
+    def restart(self) -> None:
+        """The turn's audio starts anew (a commit, a clear, a new turn's start)."""
+        self._sent = 0
+
+    def due(self, length: int) -> bool:
+        """Is a turn's audio of `length` pcm16 bytes to be sent now?"""
+        if self.every_bytes <= 0 or length - self._sent < self.every_bytes:
+            return False
+        return self._task is None or self._task.done()
+
+    def update(self, pcm: bytes) -> None:
+        """`pcm`: the turn's pcm16 24 kHz audio so far, from the sample its item will start at."""
+        if not self.due(len(pcm)):
+            return
+        modalities = self.core.deployment.input_modalities
+        if modalities is not None and "audio" not in modalities:
+            return
+        self._sent = len(pcm)
+        self._task = asyncio.create_task(self._run(pcm), name="realtime work ahead")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self, pcm: bytes) -> None:
+        outcome = "failed"
+        try:
+            request = await self._request(pcm)
+            if request is None:
+                return
+            session = await self.core.open(request, trace=SPAN)
+            try:
+                async for _ in session.events():
+                    pass
+            finally:
+                await session.aclose()
+            outcome = "done"
+        except OmniError as exc:
+            log.debug("realtime work ahead not done: %s", exc)
+        except Exception:  # a bug: the commit still encodes what this would have
+            log.exception("realtime work ahead failed")
+        finally:
+            self.core.metrics.work_ahead.labels(outcome=outcome).inc()
+
+    async def _request(self, pcm: bytes) -> GenerationRequest | None:
+        parts = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
+        await self.core.media.decode([{"role": "user", "content": parts}], False)
+        audio = parts[0]["audio"]
+        assert isinstance(audio, AudioInput)
+        if audio.samples.size <= RESAMPLER_TAIL:
+            return None
+        exact = AudioInput(audio.samples[:-RESAMPLER_TAIL], audio.sample_rate)
+        known = self.core.deployment
+        given = RequestInput(
+            messages=[{"role": "user", "content": [{"type": "audio", "audio": exact}]}],
+            max_tokens=1,
+            temperature=0.0,
+            return_audio=False,
+        )
+        request = resolve(given, ServingDefaults.of(self.core.config, known.voices, known.default_voice))
+        return dataclasses.replace(request, cache_scope=self.cache_scope, encode_only=True)
