@@ -252,7 +252,7 @@ class GatewayConfig:
     # gateway/realtime/work_ahead.py: a turn's whole audio encoder windows encoded while it is
     # spoken. Shorter: a window is found sooner after it is complete, at more sends; 0: off.
     realtime_work_ahead_ms: int = setting(
-        1000,
+        2000,
         group=REALTIME,
         help="ms of new audio in a turn after which the audio so far goes to the thinker to encode "
         "its complete encoder windows ahead of the commit (0: off)",

@@ -205,12 +205,14 @@ def predicted_stalls(
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
     jitter: float = 0.0,
+    head_start: float = 0.0,
 ) -> int:
     """Stalls the listener model predicts for a stream made `headroom` times faster than real time
     and cut into `plan`'s windows (module docstring), over its first `PREDICTED_WINDOWS` windows;
     every window after the first arrives `pause + jitter` seconds later still (`pause`: the other
     streams' work that runs between two of this one's, `code2wav_pause`; `jitter`: the start
-    jitter allowance)."""
+    jitter allowance). `head_start`: the listener starts no sooner than this (a held speculation,
+    released then), with whatever arrived by then in hand."""
     if headroom <= 0:
         return PREDICTED_WINDOWS
     made = headroom * frame_rate  # frames a second
@@ -219,8 +221,8 @@ def predicted_stalls(
     for index, length in enumerate(plan.window_lengths(PREDICTED_WINDOWS)):
         end += length
         seconds = length / frame_rate - (FIRST_CHUNK_HOLDBACK_S if index == 0 else 0.0)
-        late = pause + jitter if index else 0.0
-        arrivals.append(AudioArrival(end / made + late, max(0, round(seconds * rate)), rate))
+        arrival = end / made + pause + jitter if index else max(end / made, head_start)
+        arrivals.append(AudioArrival(arrival, max(0, round(seconds * rate)), rate))
     return listen(arrivals).stalls
 
 
@@ -248,13 +250,14 @@ def initial_frames_for(
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
     jitter: float = DEFAULT_START_JITTER_S,
+    head_start: float = 0.0,
 ) -> int:
     """The smallest first chunk of the load rule's sizes under which the predicted listener never
     waits, with `jitter` to spare (module docstring); the largest when none does."""
     sizes = chunk_sizes(chunk)
     for size in sizes:
         plan = ChunkPlan(size, chunk, schedule=schedule)
-        if predicted_stalls(headroom, plan, frame_rate, pause, jitter) == 0:
+        if predicted_stalls(headroom, plan, frame_rate, pause, jitter, head_start) == 0:
             return size
     return sizes[-1]
 
@@ -267,16 +270,17 @@ def headroom_needed(
     frame_rate: float = DEFAULT_FRAME_RATE,
     pause: float = 0.0,
     jitter: float = DEFAULT_START_JITTER_S,
+    head_start: float = 0.0,
 ) -> float:
     """The smallest headroom at which `plan`'s listener is predicted never to wait (to 1%; at most
     MAX_NEEDED_HEADROOM): what a starting stream of that plan needs the others to leave it (the
     start guard, start_guard.py). More headroom never adds a stall, so a bisection finds it."""
-    if predicted_stalls(MAX_NEEDED_HEADROOM, plan, frame_rate, pause, jitter):
+    if predicted_stalls(MAX_NEEDED_HEADROOM, plan, frame_rate, pause, jitter, head_start):
         return MAX_NEEDED_HEADROOM
     low, high = 0.0, MAX_NEEDED_HEADROOM
     while high - low > 0.01 * high:
         mid = (low + high) / 2
-        if predicted_stalls(mid, plan, frame_rate, pause, jitter):
+        if predicted_stalls(mid, plan, frame_rate, pause, jitter, head_start):
             low = mid
         else:
             high = mid

@@ -138,11 +138,14 @@ class AudioPlanner:
             fits += 1
         return fits
 
-    def chunk_plan(self, request: GenerationRequest, permit: Permit | None = None) -> ChunkPlan:
+    def chunk_plan(
+        self, request: GenerationRequest, permit: Permit | None = None, head_start: float = 0.0
+    ) -> ChunkPlan:
         """The request's codec chunk plan. Its first chunk: the request's own, else the smallest
         the measured headroom allows for the audio streams it will play beside (`sizing_streams`,
         audio_capacity.py), else (speed unknown) the load rule on the requests running beside it.
-        Without `permit`: as if it were admitted now (what `open` checks before admission)."""
+        Without `permit`: as if it were admitted now (what `open` checks before admission).
+        `head_start`: seconds before its listener can start (a held speculation's release)."""
         initial = request.initial_codec_chunk_frames
         if initial is None:
             admitted = permit is not None
@@ -155,17 +158,20 @@ class AudioPlanner:
             else:
                 fps, pause, jitter = self._start_allowances(streams, chunk)
                 schedule = request.codec_chunk_schedule
-                initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter)
+                initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter, head_start)
         return request.chunk_plan(initial)
 
-    def start_need(self, request: GenerationRequest, plan: ChunkPlan, permit: Permit) -> float | None:
+    def start_need(
+        self, request: GenerationRequest, plan: ChunkPlan, permit: Permit, head_start: float = 0.0
+    ) -> float | None:
         """The headroom an admitted audio stream of `plan` needs while it starts (the start guard,
         gateway/admission/start_guard.py): the smallest at which its listener is predicted never to
         wait, with the same allowances its first chunk was sized with. None where the gateway did not
         size it (the request chose its first chunk, or the speed is unknown)."""
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
-        return headroom_needed(plan, *self._start_allowances(self.sizing_streams(permit), plan.chunk))
+        allowances = self._start_allowances(self.sizing_streams(permit), plan.chunk)
+        return headroom_needed(plan, *allowances, head_start)
 
     def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
         """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio

@@ -141,7 +141,7 @@ class InputAudio:
         if not self.detector.in_speech and self.config.turn_detection is not None:
             prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
             self.buffer.keep_from(self.buffer.end - prefix)
-        else:
+        elif not self.detector.paused:  # after the pause, the speculation encodes what is left
             self._ahead()
 
     def _ahead(self) -> None:

@@ -13,6 +13,7 @@ conversation, and is told of items dropped from the history and of each response
 from __future__ import annotations
 
 import logging
+import time
 import typing
 from collections.abc import Awaitable, Callable
 
@@ -42,6 +43,7 @@ from gateway.realtime.speculation import CHANGED, Parts, Speculation
 from gateway.realtime.turn import ResponseSettings, answer_item, build_request
 from gateway.realtime.vad import INPUT_RATE
 from gateway.serving.core import GatewayCore
+from gateway.serving.session import Session
 from gateway.serving.tracing import realtime_entry
 from omnistream.request.defaults import ServingDefaults
 from omnistream.request.errors import InvalidRequest, OmniError, error_class
@@ -222,13 +224,23 @@ class Responder:
         if self.speculation is not None:
             return
         seconds = len(pcm) / 2 / INPUT_RATE
+        # The decision comes a lead after the pause: nothing plays before it, so the first chunk
+        # is sized for a listener who starts then (GatewayCore.open's head_start).
+        decision = time.monotonic() + self.core.config.realtime_speculation_lead_ms / 1000
+
+        def open_held(request: GenerationRequest) -> Awaitable[Session]:
+            head_start = max(0.0, decision - time.monotonic())
+            return self.core.open(
+                request, trace=realtime_entry("speculative"), held=True, head_start=head_start
+            )
+
         self.speculation = Speculation(
             end,
             pcm,
             self.core.metrics,
             decode,
             lambda parts: self._speculative_request(parts, seconds),
-            lambda request: self.core.open(request, trace=realtime_entry("speculative"), held=True),
+            open_held,
         )
 
     async def _speculative_request(self, parts: Parts, seconds: float) -> GenerationRequest | None:

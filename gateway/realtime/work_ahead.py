@@ -2,7 +2,8 @@
 
 The thinker's audio encoder attends within windows (`n_window_infer` mel frames: 8 s on
 Qwen3-Omni), so a window's rows are final once its audio is. Each time the turn's audio has grown by
-`realtime_work_ahead_ms`, the audio so far goes to the thinker as work ahead: it encodes the whole
+`realtime_work_ahead_ms` (2 s by default: a window on the tiny checkpoints, a quarter of one on the
+real model), the audio so far goes to the thinker as work ahead: it encodes the whole
 windows whose frames are final and keeps their rows in the session's cache scope
 (omnistream/models/qwen3_omni/thinker/encoded_windows.py). The committed turn's request finds them
 by their features, so what is left to encode at the commit is at most the last window, whatever the
@@ -11,8 +12,10 @@ always the one it would have been.
 
 The audio sent is decoded as the commit decodes it (the same WAV through the same FFmpeg
 resampler), less its last `RESAMPLER_TAIL` samples: the resampler's filter still holds those, and
-the commit's decode gives them from the samples that follow. At most one is in flight per session;
-one that fails or is refused (a full gateway) only leaves the commit its whole work.
+the commit's decode gives them from the samples that follow. At most one is in flight per session,
+none is sent once the server VAD has heard the pause that starts the speculation (which encodes
+what is left itself), and a commit cancels the one in flight; one that fails or is refused (a full
+gateway) only leaves the commit its whole work.
 """
 
 from __future__ import annotations
@@ -49,8 +52,11 @@ class WorkAhead:
         self._task: asyncio.Task[None] | None = None
 
     def restart(self) -> None:
-        """The turn's audio starts anew (a commit, a clear, a new turn's start)."""
+        """The turn's audio starts anew (a commit, a clear, a new turn's start): one in flight is
+        cancelled, its work now the commit's own (or of audio no request will hold)."""
         self._sent = 0
+        if self._task is not None:
+            self._task.cancel()
 
     def due(self, length: int) -> bool:
         """Is a turn's audio of `length` pcm16 bytes to be sent now?"""
@@ -87,6 +93,9 @@ class WorkAhead:
             finally:
                 await session.aclose()
             outcome = "done"
+        except asyncio.CancelledError:
+            outcome = "cancelled"
+            raise
         except OmniError as exc:
             log.debug("realtime work ahead not done: %s", exc)
         except Exception:  # a bug: the commit still encodes what this would have

@@ -182,28 +182,37 @@ class GatewayCore:
         timeout: float | None = None,
         trace: Incoming | None = None,
         held: bool = False,
+        head_start: float = 0.0,
     ) -> Session:
         """The admitted, running request (`Session`), or the error that refused it. `trace`: the
         entry point's span name and the caller's trace context (gateway/serving/tracing.py): the
         request's span starts here, so a refusal ends it with its status, and the session ends it
-        otherwise. `held`: a speculative request, whose output waits for `Session.release`."""
+        otherwise. `held`: a speculative request, whose output waits for `Session.release`, expected
+        `head_start` seconds from now: its listener starts no sooner, so its first chunk is sized
+        with what the stages make meanwhile in hand (AudioPlanner.chunk_plan)."""
         rid = request_id or uuid.uuid4().hex
         request = await self.seeds.apply(request)
         span = RequestSpan(trace, rid, request)
         try:
-            return await self._open(request, validate_request_id(rid), timeout, span, held)
+            return await self._open(request, validate_request_id(rid), timeout, span, held, head_start)
         except BaseException as exc:
             span.refused(exc)
             raise
 
     async def _open(
-        self, request: GenerationRequest, rid: str, timeout: float | None, span: RequestSpan, held: bool
+        self,
+        request: GenerationRequest,
+        rid: str,
+        timeout: float | None,
+        span: RequestSpan,
+        held: bool,
+        head_start: float = 0.0,
     ) -> Session:
         """Admit, then attempt on picked replicas until the stages take the request: an attempt
         refused before any output is retried (`_retry`) with a new permit."""
         permit = await self._admit(request, rid)
         self.metrics.in_flight.inc()
-        run = self._admitted(request, rid, permit, timeout, span, held)
+        run = self._admitted(request, rid, permit, timeout, span, held, head_start)
         # A replica that is down is found when its stage does not accept the open message; nothing
         # has reached the client then, so the request moves to another replica.
         attempts = max(1, *(len(self.replicas.sets[s].replicas) for s in run.stages))
@@ -268,13 +277,14 @@ class GatewayCore:
         timeout: float | None,
         span: RequestSpan,
         held: bool = False,
+        head_start: float = 0.0,
     ) -> _Run:
         """What every attempt of the admitted request shares: its plan (and start need), stages,
         the media kinds its thinker must take, its timeout and deadline."""
         # Chosen once admitted: a request that was held gets the first chunk of the speed it got in at.
-        plan = self.planner.chunk_plan(request, permit)
+        plan = self.planner.chunk_plan(request, permit, head_start)
         if permit.audio:
-            permit.need = self.planner.start_need(request, plan, permit)
+            permit.need = self.planner.start_need(request, plan, permit, head_start)
         span.admitted(permit, self.deployment.model_id, plan.initial if request.return_audio else None)
         stages = stages_for(request)
         kinds = media_kinds(request.messages)  # the thinker picked must take them all

@@ -186,7 +186,8 @@ class GatewayMetrics:
         self.work_ahead = Counter(
             "omnistream_realtime_work_ahead",
             "Realtime turns' audio sent to the thinker while spoken, its whole encoder windows encoded "
-            "ahead of the commit, by outcome (done; failed: refused or lost, the commit encodes all)",
+            "ahead of the commit, by outcome (done; cancelled: by the commit; failed: refused or "
+            "lost, the commit encodes all)",
             ["outcome"],
             registry=r,
         )

@@ -96,6 +96,17 @@ def test_the_predicted_listener_is_the_listener_model():
     assert predicted_stalls(0.0, ChunkPlan(2, 25)) > 0
 
 
+def test_a_listener_who_starts_later_needs_a_smaller_first_chunk():
+    """A held speculation plays from its release: what the stages made before it is in hand."""
+    # 3x real time, 2 then 25 frames: the 25 arrive at 0.72 s; a listener who starts at 0.7 s has
+    # the first 2 frames to play past it.
+    assert predicted_stalls(3.0, ChunkPlan(2, 25, schedule="fixed"), head_start=0.7) == 0
+    assert initial_frames_for(8.0, 25, "fixed") == 8
+    assert initial_frames_for(8.0, 25, "fixed", head_start=0.3) == 2
+    plan = ChunkPlan(2, 25, schedule="fixed")
+    assert headroom_needed(plan, head_start=0.3) < headroom_needed(plan)
+
+
 def test_the_speed_of_a_stage_is_known_only_when_every_replica_in_rotation_measured_it():
     class R:
         def __init__(self, load, in_rotation=True):

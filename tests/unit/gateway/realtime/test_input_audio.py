@@ -43,6 +43,7 @@ class Harness:
         self.sent: list[tuple[str, dict[str, Any]]] = []
         self.added: list[tuple[Item, str | None]] = []
         self.ahead: list[GenerationRequest] = []  # what work ahead asked the thinker
+        self.opening: asyncio.Event | None = None
         core = SimpleNamespace(
             config=GatewayConfig(**config),
             deployment=SimpleNamespace(input_modalities=None, voices=None, default_voice=None),
@@ -66,6 +67,8 @@ class Harness:
 
     async def _open(self, request: GenerationRequest, **_: Any) -> None:
         self.ahead.append(request)
+        if self.opening is not None:  # a thinker that takes its time
+            await self.opening.wait()
         raise Unavailable("no thinker here")  # only the requests are looked at
 
     async def _send(self, kind: str, **fields: Any) -> None:
@@ -177,7 +180,7 @@ def test_a_committed_turn_is_transcribed_only_when_the_session_asks():
     assert h.transcribing[0][1].language == "en"
 
 
-def test_a_turn_s_audio_goes_ahead_each_second_of_it_from_the_item_s_start():
+def test_a_turn_s_audio_goes_ahead_at_each_interval_of_it_from_the_item_s_start():
     """Work ahead (gateway/realtime/work_ahead.py): the audio so far, at each realtime_work_ahead_ms
     of new audio, as an encode-only thinker request in the session's scope; one in flight at once;
     a commit starts the count again."""
@@ -217,3 +220,21 @@ def test_without_the_setting_nothing_goes_ahead():
         return h
 
     assert asyncio.run(run()).ahead == []
+
+
+def test_a_commit_cancels_the_work_ahead_in_flight():
+    async def run() -> Harness:
+        h = Harness(realtime_work_ahead_ms=1000)
+        h.opening = asyncio.Event()  # never set: the thinker is still at it
+        await h.append(1.2)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        await h.append(1.2)  # due again, but one is in flight
+        await h.audio.commit(None, "c")
+        for _ in range(3):
+            await asyncio.sleep(0)
+        return h
+
+    h = asyncio.run(run())
+    assert len(h.ahead) == 1
+    assert h.audio.core.metrics.work_ahead.labels(outcome="cancelled")._value.get() == 1

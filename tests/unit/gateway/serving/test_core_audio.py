@@ -101,6 +101,8 @@ async def test_measured_speeds_choose_the_first_chunk_and_hold_the_stream_that_d
         assert plan(audio(initial_codec_chunk_frames=3)).initial == 3  # the request's own wins
         playing = [await core.admission.acquire(audio=True) for _ in range(4)]
         assert core.planner.chunk_plan(audio(), playing[-1]).initial == 16  # 4 streams: 1.2x real time
+        # A held speculation released 1.5 s from now: what is made meanwhile (1.8 s) is in hand.
+        assert core.planner.chunk_plan(audio(), playing[-1], head_start=1.5).initial == 2
         held = asyncio.create_task(core.admission.acquire(audio=True))
         await asyncio.sleep(0.01)
         assert not held.done()
