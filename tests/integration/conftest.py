@@ -100,14 +100,21 @@ def configured_gateway(stages: dict, directory, config: dict) -> Iterator[Servic
         yield gateway
 
 
-@pytest.fixture(scope="session")
-def stages(tiny_model_dir):
-    services = start_services({s: stage_args(s, tiny_model_dir) for s in STAGES})
+@contextlib.contextmanager
+def stages_on(model_dir: str) -> Iterator[dict[str, ServiceProcess]]:
+    """The three stages on `model_dir`, stopped however the caller ends."""
+    services = start_services({s: stage_args(s, model_dir) for s in STAGES})
     try:
         yield services
     finally:
         for service in services.values():
             service.stop()
+
+
+@pytest.fixture(scope="session")
+def stages(tiny_model_dir):
+    with stages_on(tiny_model_dir) as services:
+        yield services
 
 
 @pytest.fixture(scope="session")
@@ -124,12 +131,8 @@ def local_pipeline(tiny_model_dir):
 def ending_stages(ending_tiny_model_dir):
     """The three stages on the tiny checkpoint `make run` serves, whose answers end by themselves
     (the `stages` fixture's run to their limits, for fixed lengths)."""
-    services = start_services({s: stage_args(s, ending_tiny_model_dir) for s in STAGES})
-    try:
+    with stages_on(ending_tiny_model_dir) as services:
         yield services
-    finally:
-        for service in services.values():
-            service.stop()
 
 
 def metric(service: ServiceProcess, name: str, timeout: float = 5.0) -> float:

@@ -15,13 +15,11 @@ import urllib.request
 
 import pytest
 
-from omnistream.cli.launcher import start_services
 from tests.integration.conftest import (
-    STAGES,
     configured_gateway,
     gateway_idle,
     gateway_url,
-    stage_args,
+    stages_on,
     wait_for,
 )
 from tests.integration.test_realtime_protocol import Client, b64, connect, opened
@@ -119,14 +117,11 @@ def test_a_decided_turn_is_answered_by_its_speculation_as_an_ordinary_commit_wou
 @pytest.mark.slow
 @pytest.mark.parametrize("build", ["other_tiny_model_dir", "real_shaped_model_dir"])
 def test_on_another_build_too(build, request, tmp_path):
-    model_dir = request.getfixturevalue(build)
-    stages = start_services({s: stage_args(s, model_dir) for s in STAGES})
-    try:
-        with configured_gateway(stages, tmp_path, {"api_key": API_KEY}) as gw:
-            released_as_committed(gw, stages)
-    finally:
-        for service in stages.values():
-            service.stop()
+    with (
+        stages_on(request.getfixturevalue(build)) as stages,
+        configured_gateway(stages, tmp_path, {"api_key": API_KEY}) as gw,
+    ):
+        released_as_committed(gw, stages)
 
 
 def test_speech_resumed_after_a_pause_cancels_its_speculation_and_the_turn_answers_as_without(gateway):

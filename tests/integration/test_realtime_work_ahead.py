@@ -14,15 +14,13 @@ from pathlib import Path
 
 import pytest
 
-from omnistream.cli.launcher import start_services
 from tests.integration.conftest import (
-    STAGES,
     configured_gateway,
     gateway_idle,
     gateway_url,
     metric,
     metric_at,
-    stage_args,
+    stages_on,
     wait_for,
 )
 from tests.integration.test_realtime_protocol import Client, b64, connect, opened
@@ -95,11 +93,5 @@ def test_a_turn_encoded_while_spoken_answers_as_one_encoded_at_its_commit(deploy
 @pytest.mark.slow
 @pytest.mark.parametrize("build", ["other_tiny_model_dir", "real_shaped_model_dir"])
 def test_on_another_build_too(build, request, tmp_path):
-    model_dir = request.getfixturevalue(build)
-    stages = start_services({s: stage_args(s, model_dir) for s in STAGES})
-    try:
-        with gateways(stages, tmp_path) as (on, off):
-            worked_ahead_as_without(on, off, stages)
-    finally:
-        for service in stages.values():
-            service.stop()
+    with stages_on(request.getfixturevalue(build)) as stages, gateways(stages, tmp_path) as (on, off):
+        worked_ahead_as_without(on, off, stages)
