@@ -66,8 +66,8 @@ class GatewayConfig:
     seed: int | None = setting(
         None,
         shown="from the OS",
-        help="seed of the stream the gateway draws a seed from for each sampled request that gives "
-        "none (fixed: the n-th such request always gets the same, so sampled answers repeat run to run)",
+        help="a sampled request that gives no seed gets one derived from this and its content, so the "
+        "same request gets the same sampled answer (unset: a fresh seed from the OS each time)",
     )
     # Admission (docs/serving.md "Admission", gateway/admission/limits.py): unset, the limits follow
     # what the stages' replicas in rotation report they hold; set, the operator's cap wins.

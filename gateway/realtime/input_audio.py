@@ -148,7 +148,7 @@ class InputAudio:
         """The turn's audio so far to work ahead, when enough is new: all of the buffer, from where
         the turn's item will start (server VAD: while in speech, the buffer's start stays)."""
         if self.work_ahead.due(len(self.buffer.data)):
-            self.work_ahead.update(self.buffer.peek(self.buffer.end))
+            self.work_ahead.send(self.buffer.peek(self.buffer.end))
 
     def _buffer_full(self) -> EventError:
         return EventError(

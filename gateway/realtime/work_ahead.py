@@ -42,7 +42,7 @@ SPAN = Incoming("realtime work ahead", face="websocket")
 
 
 class WorkAhead:
-    """One session's work ahead: `update` on each append with the turn's audio so far."""
+    """One session's work ahead: on each append, `send` the turn's audio so far when `due`."""
 
     def __init__(self, core: GatewayCore, cache_scope: bytes, every_bytes: int) -> None:
         self.core = core
@@ -64,10 +64,9 @@ class WorkAhead:
             return False
         return self._task is None or self._task.done()
 
-    def update(self, pcm: bytes) -> None:
-        """`pcm`: the turn's pcm16 24 kHz audio so far, from the sample its item will start at."""
-        if not self.due(len(pcm)):
-            return
+    def send(self, pcm: bytes) -> None:
+        """`pcm` (`due` by its length): the turn's pcm16 24 kHz audio so far, from the sample its
+        item will start at."""
         modalities = self.core.deployment.input_modalities
         if modalities is not None and "audio" not in modalities:
             return

@@ -50,9 +50,8 @@ class ThinkerParams:
     # The grammar the output follows (ThinkerOpen.structured_output); None: free text.
     structured_output: StructuredOutput | None = None
     background: bool = False  # steps only when no other request can (ThinkerOpen.background)
-    encode_only: bool = (
-        False  # work ahead: its media's whole windows encoded, no answer (ThinkerOpen.encode_only)
-    )
+    # Work ahead: its media's whole audio windows encoded and kept, no answer (ThinkerOpen.encode_only).
+    encode_only: bool = False
 
 
 @dataclass(frozen=True)

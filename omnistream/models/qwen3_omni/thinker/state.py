@@ -53,6 +53,7 @@ class _Step:
     encode: list[tuple[_ThinkerState, Slice]]
     prefill: list[tuple[_ThinkerState, int]]  # (request, positions of its prompt this step)
     decode: list[_ThinkerState]
-    spoken: list[_ThinkerState] = field(default_factory=list)  # given answers: no model work
+    # Given answers, and work ahead whose windows are encoded: no model work, an output each.
+    spoken: list[_ThinkerState] = field(default_factory=list)
     encoded: bool = False  # the encode results are in their states (a later failure keeps them)
     plan: list[_ThinkerState] = field(default_factory=list)  # new requests: their prefix looked up
