@@ -83,6 +83,16 @@ class MediaDecoder:
             part[part["type"]] = media
         return size
 
+    def check_audio(self, encoded_bytes: int, samples: int, field: str) -> None:
+        """Audio decoded elsewhere (a realtime turn, resampled as it arrived: gateway/realtime/
+        turn_resampler.py), `samples` at 16 kHz from `encoded_bytes` of input, against the limits
+        its decode here would have kept, with the same errors."""
+        if encoded_bytes > self.limits.max_media_bytes:
+            raise _too_many_bytes(self.limits, field)
+        Tally(self.limits).add_audio(samples, field)
+        if not samples:
+            raise InvalidRequest("the audio is empty (no samples)", field=field)
+
     async def _acquire_slot(self) -> None:
         """A decoding slot, waiting at most `decode_timeout` behind at most `MAX_WAITING_PER_WORKER`
         requests per worker; else 429 (the gateway is busy decoding, not the request at fault)."""

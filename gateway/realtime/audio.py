@@ -75,10 +75,18 @@ def settled(audio: AudioInput) -> AudioInput:
     return AudioInput(padded, audio.sample_rate)
 
 
+WAV_HEADER = 44  # bytes of `wav_of`'s header
+
+
 def wav_of(pcm: bytes, rate: int = INPUT_RATE) -> bytes:
     fmt = struct.pack("<HHIIHH", 1, 1, rate, rate * 2, 2, 16)
     body = b"WAVE" + b"fmt " + struct.pack("<I", 16) + fmt + b"data" + struct.pack("<I", len(pcm)) + pcm
     return b"RIFF" + struct.pack("<I", len(body)) + body
+
+
+def wav_size(pcm: bytes) -> int:
+    """The bytes `wav_of(pcm)` takes: what a turn counts against the media byte limit."""
+    return WAV_HEADER + len(pcm)
 
 
 def encoded_turn(pcm: bytes, field: str) -> EncodedMedia:

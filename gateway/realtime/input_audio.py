@@ -12,6 +12,10 @@ With server turn detection, a pause in the speech long enough (the window less t
 `realtime_speculation_lead_ms`) starts the turn's answer speculatively on the audio the commit will
 hold, which the decision releases and resumed speech cancels (gateway/realtime/speculation.py).
 
+The buffer's audio is resampled for the thinker as it arrives while a turn is open
+(gateway/realtime/turn_resampler.py), so a commit, the speculation and the work ahead take their
+audio from it at a cost that does not grow with the turn.
+
 A committed turn carries when its speech ended (`SpokenTurn`, gateway/realtime/voice_to_voice.py):
 where the VAD found the end, or the end of the committed audio, placed in time by the arrival of the
 append that held it (the buffer keeps its appends' arrivals).
@@ -19,25 +23,29 @@ append that held it (the buffer keeps its appends' arrivals).
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable
 
 from gateway.realtime import events as ev
-from gateway.realtime.audio import decode_base64_pcm, encoded_turn, ms_of
+from gateway.realtime.audio import decode_base64_pcm, ms_of, settled, wav_size
 from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.events import EventError
 from gateway.realtime.formats import InputDecoder
 from gateway.realtime.input_buffer import AppendRate, InputBuffer
 from gateway.realtime.input_transcription import InputTranscriber
-from gateway.realtime.items import check_modality, decode_parts
+from gateway.realtime.items import check_modality
 from gateway.realtime.protocol import new_id
 from gateway.realtime.responder import Responder
 from gateway.realtime.session_config import SessionConfig
 from gateway.realtime.speculation import RESUMED, UNUSED, Parts
+from gateway.realtime.turn_resampler import TurnResampler, resample_whole
 from gateway.realtime.vad import INPUT_RATE, SpeechDetector
 from gateway.realtime.voice_to_voice import CLIENT_COMMIT, SpokenTurn
 from gateway.realtime.work_ahead import WorkAhead
 from gateway.serving.core import GatewayCore
+from omnistream.request.errors import OmniError
+from omnistream.request.media import AudioInput
 
 MIN_COMMIT_MS = 100  # OpenAI refuses to commit less
 
@@ -71,6 +79,7 @@ class InputAudio:
         self.detector = self._detector()
         self.turn_item_id: str | None = None  # the user item a detected turn will become
         self.decoder = InputDecoder(config.input_format)  # the wire's format -> pcm16 24 kHz
+        self.resampled = TurnResampler()  # the open turn's audio at 16 kHz, as it arrives
         # The turn's audio encoded while it is spoken (work_ahead.py).
         every = c.realtime_work_ahead_ms * INPUT_RATE // 1000 * 2
         self.work_ahead = WorkAhead(core, responder.cache_scope, every)
@@ -127,7 +136,7 @@ class InputAudio:
             if not self.buffer.append(pcm, arrived):
                 raise self._buffer_full()
         if self.detector is None:
-            self._ahead()
+            self._follow()
             return
         for found in self.detector.process(pcm):
             if found.kind == "started":
@@ -141,14 +150,17 @@ class InputAudio:
         if not self.detector.in_speech and self.config.turn_detection is not None:
             prefix = self.config.turn_detection.prefix_padding_ms * INPUT_RATE // 1000
             self.buffer.keep_from(self.buffer.end - prefix)
-        elif not self.detector.paused:  # after the pause, the speculation encodes what is left
-            self._ahead()
+        else:
+            self._follow()
 
-    def _ahead(self) -> None:
-        """The turn's audio so far to work ahead, when enough is new: all of the buffer, from where
-        the turn's item will start (server VAD: while in speech, the buffer's start stays)."""
-        if self.work_ahead.due(len(self.buffer.data)):
-            self.work_ahead.send(self.buffer.peek(self.buffer.end))
+    def _follow(self) -> None:
+        """A turn is open (in speech, or no turn detection): its audio so far, from where its item
+        will start (server VAD: while in speech, the buffer's start stays), is resampled, and goes
+        to work ahead when enough is new (after the pause, the speculation encodes what is left)."""
+        self.resampled.advance(self.buffer.start, self.buffer.data)
+        paused = self.detector is not None and self.detector.paused
+        if not paused and self.work_ahead.due(len(self.buffer.data)):
+            self.work_ahead.send(len(self.buffer.data), self.resampled.settled())
 
     def _buffer_full(self) -> EventError:
         return EventError(
@@ -196,10 +208,10 @@ class InputAudio:
             return
         if modalities is not None and "audio" not in modalities:
             return
-        pcm = self.buffer.peek(sample)
+        pcm, start = self.buffer.peek(sample), self.buffer.start
         if len(pcm) // 2 < MIN_COMMIT_MS * INPUT_RATE // 1000:
             return
-        self.responder.speculate(sample, pcm, lambda: self._decoded(pcm, None))
+        self.responder.speculate(sample, pcm, lambda: self._decoded(start, pcm, None))
 
     async def speech_stopped(self, sample: int) -> None:
         """The server VAD heard the turn end at stream `sample`: it is committed, and with
@@ -234,6 +246,7 @@ class InputAudio:
         ended = self.buffer.arrived_at(self.buffer.end if until is None else until)
         spoken = None if ended is None else SpokenTurn(detection, ended, decided)
         end = self.buffer.end if until is None else min(until, self.buffer.end)
+        start = self.buffer.start
         pcm = self.buffer.take(until)
         self.work_ahead.restart()
         if self.detector is not None and until is None:
@@ -254,7 +267,7 @@ class InputAudio:
         item_id = item_id or new_id("item")
         parts = await speculation.parts() if speculation is not None else None
         if parts is None:
-            parts = await self._decoded(pcm, event_id)
+            parts = await self._decoded(start, pcm, event_id)
         item = Item(
             item_id,
             "user",
@@ -270,8 +283,14 @@ class InputAudio:
             self.transcriber.start(item, self.config.transcription)
         return True
 
-    async def _decoded(self, pcm: bytes, event_id: str | None) -> Parts:
-        """A turn's pcm16 as its item's parts, its audio decoded (for the thinker)."""
-        parts: Parts = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
-        await decode_parts(self.core.media, parts, event_id)
-        return parts
+    async def _decoded(self, start: int, pcm: bytes, event_id: str | None) -> Parts:
+        """A turn's pcm16 (from stream sample `start`) as its item's parts: its audio resampled for
+        the thinker, as the media decoder decodes it, within the media limits it keeps."""
+        samples = self.resampled.turn(start, pcm)
+        if samples is None:  # not streamed: resampled whole, off the event loop
+            samples = await asyncio.to_thread(resample_whole, pcm)
+        try:
+            self.core.media.check_audio(wav_size(pcm), samples.size, "input_audio_buffer")
+        except OmniError as exc:
+            raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+        return [{"type": "audio", "audio": settled(AudioInput(samples))}]

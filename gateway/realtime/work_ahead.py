@@ -10,12 +10,11 @@ by their features, so what is left to encode at the commit is at most the last w
 turn's length; a window whose features came out differently is encoded again, so the answer is
 always the one it would have been.
 
-The audio sent is decoded as the commit decodes it (the same WAV through the same FFmpeg
-resampler), less its last `RESAMPLER_TAIL` samples: the resampler's filter still holds those, and
-the commit's decode gives them from the samples that follow. At most one is in flight per session,
-none is sent once the server VAD has heard the pause that starts the speculation (which encodes
-what is left itself), and a commit cancels the one in flight; one that fails or is refused (a full
-gateway) only leaves the commit its whole work.
+The audio sent is the turn's audio as it is resampled while it arrives (gateway/realtime/
+turn_resampler.py `settled`): what the commit's decode will begin with, sample for sample. At most
+one is in flight per session, none is sent once the server VAD has heard the pause that starts the
+speculation (which encodes what is left itself), and a commit cancels the one in flight; one that
+fails or is refused (a full gateway) only leaves the commit its whole work.
 """
 
 from __future__ import annotations
@@ -25,7 +24,9 @@ import contextlib
 import dataclasses
 import logging
 
-from gateway.realtime.audio import encoded_turn
+import numpy as np
+
+from gateway.realtime.audio import WAV_HEADER
 from gateway.serving.core import GatewayCore
 from gateway.serving.tracing import Incoming
 from omnistream.request.defaults import RequestInput, ServingDefaults, resolve
@@ -35,9 +36,8 @@ from omnistream.request.media import AudioInput
 
 log = logging.getLogger(__name__)
 
-# 16 kHz samples at the end of a decoded prefix that its full decode may give otherwise: the
-# resampler's filter delay (16 measured), with room.
-RESAMPLER_TAIL = 256
+# Fewer 16 kHz samples than this are not worth a request (under a window on any checkpoint).
+MIN_SAMPLES = 256
 SPAN = Incoming("realtime work ahead", face="websocket")
 
 
@@ -64,14 +64,16 @@ class WorkAhead:
             return False
         return self._task is None or self._task.done()
 
-    def send(self, pcm: bytes) -> None:
-        """`pcm` (`due` by its length): the turn's pcm16 24 kHz audio so far, from the sample its
-        item will start at."""
+    def send(self, length: int, samples: np.ndarray) -> None:
+        """The turn's audio so far (`length` pcm16 bytes, `due`), from the sample its item will
+        start at: `samples`, the part of it resampled for the thinker that is final."""
         modalities = self.core.deployment.input_modalities
         if modalities is not None and "audio" not in modalities:
             return
-        self._sent = len(pcm)
-        self._task = asyncio.create_task(self._run(pcm), name="realtime work ahead")
+        self._sent = length
+        if samples.size < MIN_SAMPLES:
+            return
+        self._task = asyncio.create_task(self._run(length, samples), name="realtime work ahead")
 
     async def close(self) -> None:
         if self._task is not None:
@@ -79,13 +81,12 @@ class WorkAhead:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    async def _run(self, pcm: bytes) -> None:
+    async def _run(self, length: int, samples: np.ndarray) -> None:
         outcome = "failed"
         try:
-            request = await self._request(pcm)
-            if request is None:
-                return
-            session = await self.core.open(request, trace=SPAN)
+            # Past the media limits the commit will refuse the turn: nothing to work ahead for.
+            self.core.media.check_audio(WAV_HEADER + length, samples.size, "input_audio_buffer")
+            session = await self.core.open(self._request(samples), trace=SPAN)
             try:
                 async for _ in session.events():
                     pass
@@ -102,14 +103,8 @@ class WorkAhead:
         finally:
             self.core.metrics.work_ahead.labels(outcome=outcome).inc()
 
-    async def _request(self, pcm: bytes) -> GenerationRequest | None:
-        parts = [{"type": "audio", "audio": encoded_turn(pcm, "input_audio_buffer")}]
-        await self.core.media.decode([{"role": "user", "content": parts}], False)
-        audio = parts[0]["audio"]
-        assert isinstance(audio, AudioInput)
-        if audio.samples.size <= RESAMPLER_TAIL:
-            return None
-        exact = AudioInput(audio.samples[:-RESAMPLER_TAIL], audio.sample_rate)
+    def _request(self, samples: np.ndarray) -> GenerationRequest:
+        exact = AudioInput(samples)
         known = self.core.deployment
         given = RequestInput(
             messages=[{"role": "user", "content": [{"type": "audio", "audio": exact}]}],

@@ -39,14 +39,15 @@ def histogram(gateway) -> dict[str, tuple[float, float]]:
 
 
 async def stream(c: Client, pcm: bytes) -> list[float]:
-    """`pcm` in 20 ms pieces, paced at real time as a microphone sends it; when each was sent
-    (the loop's clock: time.monotonic, the gateway's too)."""
+    """`pcm` in 20 ms pieces, paced at real time as a microphone sends it; when each send began
+    (the loop's clock: time.monotonic, the gateway's too). Stamped after the send, a piece could
+    reach the gateway (another process) before the client's stamp on a busy machine."""
     loop = asyncio.get_running_loop()
     start = loop.time()
     sent = []
     for i, piece in enumerate(pieces(pcm)):
+        sent.append(loop.time())  # before the send: the gateway cannot receive it sooner
         await c.send({"type": "input_audio_buffer.append", "audio": b64(piece)})
-        sent.append(loop.time())
         await asyncio.sleep(max(0.0, start + (i + 1) * len(piece) / 2 / RATE - loop.time()))
     return sent
 

@@ -15,7 +15,10 @@ import numpy as np
 import pytest
 
 from gateway.config import GatewayConfig
-from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW
+from gateway.media.decode_pool import MediaDecoder
+from gateway.media.file_decode import Deadline, decode_audio
+from gateway.media.limits import MediaLimits, Tally
+from gateway.realtime.audio import FEATURE_HOP, FEATURE_WINDOW, wav_of
 from gateway.realtime.conversation import Conversation, Item
 from gateway.realtime.events import BufferAppend, EventError
 from gateway.realtime.input_audio import InputAudio
@@ -26,6 +29,7 @@ from gateway.serving.metrics import GatewayMetrics
 from omnistream.request.errors import Unavailable
 from omnistream.request.generation import GenerationRequest
 from omnistream.request.media import AudioInput
+from tests.speech import speech_pcm16
 
 
 async def _none(*args: Any) -> None:
@@ -47,7 +51,7 @@ class Harness:
         core = SimpleNamespace(
             config=GatewayConfig(**config),
             deployment=SimpleNamespace(input_modalities=None, voices=None, default_voice=None),
-            media=SimpleNamespace(decode=self._decode),
+            media=MediaDecoder(MediaLimits()),
             open=self._open,
             metrics=GatewayMetrics(),
         )
@@ -77,16 +81,12 @@ class Harness:
     async def _add(self, item: Item, previous: str | None) -> None:
         self.added.append((item, previous))
 
-    @staticmethod
-    async def _decode(messages: list[dict[str, Any]], use_audio_in_video: bool) -> int:
-        """As the media decoder: every encoded audio part as its 16 kHz samples, in place."""
-        for part in messages[0]["content"]:
-            part["audio"] = AudioInput(np.ones(1600, np.float32), 16000)
-        return 0
-
-    async def append(self, seconds: float, event_id: str = "a") -> None:
-        pcm = base64.b64encode(bytes(int(seconds * INPUT_RATE) * 2)).decode()
-        await self.audio.append(BufferAppend(type="input_audio_buffer.append", audio=pcm, event_id=event_id))
+    async def append(self, seconds: float, event_id: str = "a", pcm: bytes | None = None) -> None:
+        """`seconds` of silence, or `pcm`."""
+        pcm = bytes(int(seconds * INPUT_RATE) * 2) if pcm is None else pcm
+        encoded = base64.b64encode(pcm).decode()
+        event = BufferAppend(type="input_audio_buffer.append", audio=encoded, event_id=event_id)
+        await self.audio.append(event)
 
 
 def test_a_commit_too_short_for_a_turn_is_refused_and_a_long_enough_one_becomes_a_settled_item():
@@ -107,7 +107,7 @@ def test_a_commit_too_short_for_a_turn_is_refused_and_a_long_enough_one_becomes_
     assert previous is None and item.role == "user" and item.audio_seconds == pytest.approx(0.2)
     audio = item.parts[0]["audio"]
     assert isinstance(audio, AudioInput) and audio.samples.size % FEATURE_HOP == 0
-    assert audio.samples.size >= 1600 + FEATURE_WINDOW and not audio.samples[1600:].any()
+    assert audio.samples.size >= 3200 + FEATURE_WINDOW and not audio.samples[3200:].any()
     assert len(h.audio.buffer.data) == 0
 
 
@@ -183,17 +183,20 @@ def test_a_committed_turn_is_transcribed_only_when_the_session_asks():
 def test_a_turn_s_audio_goes_ahead_at_each_interval_of_it_from_the_item_s_start():
     """Work ahead (gateway/realtime/work_ahead.py): the audio so far, at each realtime_work_ahead_ms
     of new audio, as an encode-only thinker request in the session's scope; one in flight at once;
-    a commit starts the count again."""
+    a commit starts the count again. What it sends is the start of what the commit decodes, and the
+    commit decodes what the media decoder would (gateway/realtime/turn_resampler.py)."""
+    speech = speech_pcm16("Hello there, how are you doing today?") + speech_pcm16("The weather is fine.")
+    piece = int(0.6 * INPUT_RATE) * 2
 
     async def run() -> Harness:
         h = Harness(realtime_work_ahead_ms=1000)
-        await h.append(0.6)
+        await h.append(0, pcm=speech[:piece])
         await asyncio.sleep(0)
         assert h.ahead == []
-        await h.append(0.6)  # 1.2 s: sent
+        await h.append(0, pcm=speech[piece : 2 * piece])  # 1.2 s: sent
         for _ in range(3):
             await asyncio.sleep(0)
-        await h.append(1.2)  # 2.4 s: sent again
+        await h.append(0, pcm=speech[2 * piece : 4 * piece])  # 2.4 s: sent again
         for _ in range(3):
             await asyncio.sleep(0)
         await h.audio.commit(None, "c")
@@ -204,10 +207,19 @@ def test_a_turn_s_audio_goes_ahead_at_each_interval_of_it_from_the_item_s_start(
 
     h = asyncio.run(run())
     assert len(h.ahead) == 2
-    for request in h.ahead:
+    ((item, _),) = h.added
+    committed = item.parts[0]["audio"].samples
+    turn = speech[: 4 * piece]
+    assert len(turn) == 4 * piece
+    decoded = decode_audio(wav_of(turn), "audio/wav", "f", Tally(MediaLimits()), Deadline(60)).samples
+    assert np.array_equal(committed[: decoded.size], decoded) and not committed[decoded.size :].any()
+    for request, seconds in zip(h.ahead, (1.2, 2.4), strict=True):
         assert request.encode_only and not request.return_audio and request.cache_scope == b"the session's"
         (part,) = request.messages[0]["content"]
         assert part["type"] == "audio" and isinstance(part["audio"], AudioInput)
+        sent = part["audio"].samples
+        assert seconds * 16000 - 600 < sent.size < seconds * 16000  # all but the filter's reach
+        assert np.array_equal(sent, decoded[: sent.size])
     failed = h.audio.core.metrics.work_ahead.labels(outcome="failed")._value.get()
     assert failed == 2
 

@@ -19,13 +19,14 @@ import numpy as np
 import pytest
 
 from gateway.config import GatewayConfig
+from gateway.media.decode_pool import MediaDecoder
+from gateway.media.limits import MediaLimits
 from gateway.realtime.connection import Connection
 from gateway.realtime.outbound import Outbound
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.session import Timings
 from omnistream.request.errors import InvalidRequest, Overloaded
 from omnistream.request.generation import AudioEvent, DoneEvent, GenerationRequest, TextEvent
-from omnistream.request.media import AudioInput
 from tests.realtime_schemas import check_server_events
 
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}
@@ -93,16 +94,11 @@ class FakeCore:
             input_modalities=("text", "audio"),
             max_model_len=4096,
         )
-        self.media = SimpleNamespace(decode=self._decode)
+        self.media = MediaDecoder(MediaLimits())
         self.replicas = SimpleNamespace(release_cache_soon=lambda scope: None)
         self.sent_audio = SimpleNamespace(release=lambda scope: None)
         self.answers: list[FakeSession | Exception] = []
         self.transcripts: list[FakeSession | Exception] = []  # the background requests' (default: words)
-
-    @staticmethod
-    async def _decode(messages: Any, use_audio_in_video: bool) -> None:
-        for part in messages[0]["content"]:
-            part["audio"] = AudioInput(np.zeros(1600, np.float32), 16000)
 
     async def open(self, request: GenerationRequest, trace: Any = None) -> FakeSession:
         if request.background:  # a transcription of the user's audio
