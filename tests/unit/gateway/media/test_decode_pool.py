@@ -183,3 +183,20 @@ async def test_requests_beyond_the_waiting_bound_are_refused_at_once(monkeypatch
             task.cancel()
         await asyncio.gather(running, *waiting, return_exceptions=True)
         decoder.close()
+
+
+def test_audio_decoded_elsewhere_meets_the_limits_a_decode_here_keeps():
+    """A realtime turn resampled as it arrived (gateway/realtime/turn_resampler.py) is held to the
+    byte, seconds and emptiness limits of its WAV decoded here, with the same errors."""
+    decoder = MediaDecoder(MediaLimits(max_media_bytes=1000, max_audio_seconds=1.0))
+    try:
+        decoder.check_audio(1000, 16000, FIELD)  # at both limits: fine
+        with pytest.raises(TooLarge, match="max_media_bytes") as too_big:
+            decoder.check_audio(1001, 100, FIELD)
+        with pytest.raises(TooLarge, match="max_audio_seconds"):
+            decoder.check_audio(100, 16001, FIELD)
+        with pytest.raises(InvalidRequest, match="empty"):
+            decoder.check_audio(100, 0, FIELD)
+        assert too_big.value.field == FIELD
+    finally:
+        decoder.close()
