@@ -63,13 +63,16 @@ def timings(run: Described) -> dict[str, Any]:
     (omnistream/audio/listener.py: stalls, total stall, underrun = vLLM-Omni's audio_underrun, the
     longest stall, continuity) are of the audio as the gateway handed it out, None without
     audio. `voice_to_voice_ms`: the end of the user's speech to the first audio delta, for a
-    response to a user audio turn (gateway/realtime/voice_to_voice.py), else None."""
+    response to a user audio turn (gateway/realtime/voice_to_voice.py), else None. `first_chunk_ms`:
+    the audio of the first chunk the audio planner chose (gateway/admission/audio_planner.py): no
+    audio goes out before that much is made, so under load it is much of the wait for the first."""
     out: dict[str, Any] = {
         "ttft_ms": None,
         "tokens_at_first_text": run.tokens_at_first_text,  # ttft_ms: to the first token, text or not
         "ttfa_ms": None,
         "rtf": None,
         "voice_to_voice_ms": _ms(0.0, run.voice_to_voice_s),
+        "first_chunk_ms": None,
         "replicas": {stage: run.replicas.get(stage) for stage in STAGES},
         **dict.fromkeys(LISTENER_FIELDS),
     }
@@ -77,6 +80,7 @@ def timings(run: Described) -> dict[str, Any]:
         t = run.session.timings
         out["ttft_ms"] = _ms(t.started, t.first_text)
         out["ttfa_ms"] = _ms(t.started, t.first_audio)
+        out["first_chunk_ms"] = _ms(0.0, run.session.first_chunk_s)
         if t.audio_seconds > 0 and t.last_audio is not None:
             out["rtf"] = round((t.last_audio - t.started) / t.audio_seconds, 4)
         heard = run.session.listening()

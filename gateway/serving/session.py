@@ -164,6 +164,11 @@ class Session:
         self._pump = asyncio.create_task(self._run_source())
 
     @property
+    def first_chunk_s(self) -> float | None:
+        """The audio seconds of the first chunk the audio planner chose for it (None: no audio)."""
+        return self._first_chunk_s
+
+    @property
     def trace(self) -> RequestSpan | None:
         """The request's span (for what its caller measures of it: `RequestSpan.note`)."""
         return self._trace

@@ -25,7 +25,9 @@ then wastes a speculation, which must cost no other session a stall.
 Per turn, at the client: **v2v_ms** = the first non-empty response.output_audio.delta's arrival -
 the end of speech; for server_vad also **detector_ms** = input_audio_buffer.speech_stopped's arrival
 - the end of speech, **after_detector_ms** = v2v_ms - detector_ms, and **detector_end_ms** = where
-the detector placed the end (its `audio_end_ms`) - where the speech ended in the stream. Answers
+the detector placed the end (its `audio_end_ms`) - where the speech ended in the stream; and
+**first_chunk_ms**, response.done's: the audio the gateway's planner made the answer wait for before
+its first delta (under load, much of what comes after the detector). Answers
 are short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. Per cell also
 **continuity**: the share of answers whose audio, as the gateway handed it out, never fell more
 than 100 ms behind a player (response.done's `continuity_ok`), and the gateway's speculations by
@@ -91,6 +93,7 @@ class Turn:
     after_detector_ms: float | None = None
     detector_end_ms: float | None = None
     continuity_ok: bool | None = None  # response.done's: None without audio
+    first_chunk_ms: float | None = None  # response.done's: the first chunk the audio planner chose
     status: str = ""
     error: str = ""
 
@@ -153,7 +156,9 @@ async def _listen(ws: ClientConnection, turn: Turn) -> dict[str, float]:
             turn.error = str(event["error"].get("message", "error"))[:200]
         elif kind == "response.done":
             turn.status = event["response"].get("status", "")
-            turn.continuity_ok = (event["response"].get("omnistream") or {}).get("continuity_ok")
+            measured = event["response"].get("omnistream") or {}
+            turn.continuity_ok = measured.get("continuity_ok")
+            turn.first_chunk_ms = measured.get("first_chunk_ms")
             return seen
     raise ConnectionError("the session closed before response.done")
 
@@ -252,6 +257,7 @@ def summarize(
     }
     for name in METRICS:
         out[name] = _describe([v for t in turns if (v := getattr(t, name)) is not None], 1.0)
+    out["first_chunk_ms"] = _describe([t.first_chunk_ms for t in turns if t.first_chunk_ms is not None], 1.0)
     judged = [t.continuity_ok for t in turns if t.continuity_ok is not None]
     out["continuity"] = sum(judged) / len(judged) if judged else None
     out["speculations"] = speculations  # outcome -> count over the cell (None: not read)
@@ -279,17 +285,20 @@ def table(rows: list[dict[str, Any]]) -> str:
     """The cells as a markdown table: median / p90 of each time (ms)."""
     lines = [
         "| mode | speech s | sessions | turns ok | v2v ms | detector ms | after detector ms "
-        "| detector end ms | continuity | speculations |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|",
+        "| detector end ms | first chunk ms | continuity | speculations |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in rows:
         mode = f"server_vad {r['window_ms']} ms" if r["mode"] == "server_vad" else r["mode"]
         lines.append(
             f"| {mode} | {r['speech_s']:.2f} | {r['sessions']} | {r['turns'] - r['failed']}/{r['turns']} | "
-            + " | ".join(_pair(r[name]) for name in METRICS)
+            + " | ".join(_pair(r[name]) for name in (*METRICS, "first_chunk_ms"))
             + f" | {_share(r['continuity'])} | {_outcomes(r['speculations'])} |"
         )
-    return "\n".join(lines) + "\n\n(median / p90 of the turns; times from the end of speech at the client)\n"
+    return "\n".join(lines) + (
+        "\n\n(median / p90 of the turns; times from the end of speech at the client; first chunk: "
+        "the audio the gateway's planner made each answer wait for, response.done's first_chunk_ms)\n"
+    )
 
 
 async def measure(

@@ -45,6 +45,7 @@ def test_voice_to_voice_bench_times_both_modes(stages, tmp_path):
         assert cell["failed"] == 0 and 0.5 < cell["speech_s"] < 1.5, cell
         (turn,) = cell["per_turn"]
         assert turn["v2v_ms"] > 0, (mode, turn)
+        assert turn["first_chunk_ms"] is not None and turn["first_chunk_ms"] >= 80, (mode, turn)  # a frame
     vad = cells["server_vad"]["per_turn"][0]
     # the detector waits out its 500 ms window of silence before it decides
     assert vad["detector_ms"] > 0 and vad["after_detector_ms"] == pytest.approx(

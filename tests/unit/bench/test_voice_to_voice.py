@@ -67,6 +67,7 @@ def test_the_table_gives_median_and_p90_and_a_dash_without_samples():
             detector_ms=600.0,
             after_detector_ms=100.0 + i,
             continuity_ok=i > 0,
+            first_chunk_ms=160.0 * (i + 1),
         )
         for i in range(3)
     ]
@@ -75,7 +76,7 @@ def test_the_table_gives_median_and_p90_and_a_dash_without_samples():
     row = v2v.summarize(v2v.Cell("server_vad", 1.0, 1), speech, 500, turns, {"released": 3.0, "resumed": 0.0})
     assert row["failed"] == 1 and row["errors"] == ["no audio"] and row["v2v_ms"]["samples"] == 3
     text = v2v.table([row])
-    times = "701 / 702 | 600 / 600 | 101 / 102 | -"
+    times = "701 / 702 | 600 / 600 | 101 / 102 | - | 320 / 448"
     assert f"| server_vad 500 ms | 1.00 | 1 | 3/4 | {times} | 67% | released 3 |" in text
     unread = v2v.summarize(v2v.Cell("commit", 1.0, 1), speech, 500, turns[3:], None)
-    assert v2v.table([unread]).splitlines()[2].endswith("| - | - | - | - | - | - |")
+    assert v2v.table([unread]).splitlines()[2].endswith("| - | - | - | - | - | - | - |")

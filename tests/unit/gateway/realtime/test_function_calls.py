@@ -41,6 +41,7 @@ class FakeSession:
         self.finish = finish  # the thinker's finish reason ("length": max_output_tokens)
         self.replica_addresses: dict[str, str] = {}
         self.timings = Timings(0.0)
+        self.first_chunk_s = None  # no audio planned
         self.closed = False
 
     async def events(self) -> AsyncIterator[Any]:

@@ -71,6 +71,7 @@ class FakeSession:
         self._events = events
         self.replica_addresses: dict[str, str] = {}
         self.timings = Timings(0.0)
+        self.first_chunk_s = None  # no audio planned
 
     async def events(self) -> Any:
         for event in self._events:

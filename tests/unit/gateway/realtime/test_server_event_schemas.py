@@ -65,6 +65,7 @@ class FakeSession:
         self.text, self.audio, self.hold, self.length = text, audio, hold, length
         self.replica_addresses: dict[str, str] = {}
         self.timings = Timings(0.0)
+        self.first_chunk_s = 0.16 if audio else None  # the planner's 2 frames
         self.trace = None  # the request's span: none, as with tracing off
 
     async def events(self) -> AsyncIterator[Any]:

@@ -66,6 +66,7 @@ def test_a_vad_turn_is_measured_from_the_append_that_held_its_end_to_the_first_a
     assert before <= turn.speech_ended_at <= after < turn.decided_at
     assert seconds is not None and seconds > turn.decided_at - turn.speech_ended_at > 0.03
     assert done["omnistream"]["voice_to_voice_ms"] == pytest.approx(seconds * 1000, abs=0.06)
+    assert done["omnistream"]["first_chunk_ms"] == 160.0  # the session's planned first chunk
     assert count(metrics, "server_vad") == 1 and count(metrics, "none") == 0
 
 
