@@ -24,15 +24,13 @@ then wastes a speculation, which must cost no other session a stall.
 
 Per turn, at the client: **v2v_ms** = the first non-empty response.output_audio.delta's arrival -
 the end of speech; for server_vad also **detector_ms** = input_audio_buffer.speech_stopped's arrival
-- the end of speech, **after_detector_ms** = v2v_ms - detector_ms, and **detector_end_ms** = where
-the detector placed the end (its `audio_end_ms`) - where the speech ended in the stream; and
-**first_chunk_ms**, response.done's: the audio the gateway's planner made the answer wait for before
-its first delta (under load, much of what comes after the detector). Answers
-are short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. Per cell also
-**continuity**: the share of answers whose audio, as the gateway handed it out, never fell more
-than 100 ms behind a player (response.done's `continuity_ok`), and the gateway's speculations by
-outcome over the cell (its /metrics, `omnistream_realtime_speculations_total`). One warm-up turn
-(commit, the shortest utterance) runs first, not measured.
+- the end of speech, **after_detector_ms** = v2v_ms - detector_ms, **detector_end_ms** = where the
+detector placed the end (its `audio_end_ms`) - where the speech ended in the stream; and
+**first_chunk_ms**, the audio the planner made the answer wait for (response.done's). Answers are
+short: audio and text, greedy, 16 tokens (ignore EOS), at most 24 codec frames. Per cell also
+**continuity**: the share of answers whose audio, as the gateway handed it out, never fell more than
+100 ms behind a player (`continuity_ok`), and the gateway's speculations by outcome over the cell
+(`omnistream_realtime_speculations_total`). One warm-up turn (commit, shortest utterance) runs first.
 
 Writes voice_to_voice.json (every turn) and voice_to_voice.md (median and p90 per cell) to
 `--output-dir`. Starts its own stack on `--model` (`omnistream up`'s start_stack) unless
@@ -65,7 +63,7 @@ AFTER_WINDOW_S = 1.5  # server_vad: the silence after the speech is the window +
 MAX_TOKENS, AUDIO_FRAMES = 16, 24
 TURN_TIMEOUT_S = 120.0
 INSTRUCTIONS = "You are a helpful voice assistant. Keep your answers short."
-METRICS = ("v2v_ms", "detector_ms", "after_detector_ms", "detector_end_ms")
+METRICS = ("v2v_ms", "detector_ms", "after_detector_ms", "detector_end_ms", "first_chunk_ms")
 
 
 def layout(speech: bytes, trailing_s: float, gap_ms: int = 0) -> tuple[bytes, int]:
@@ -156,9 +154,8 @@ async def _listen(ws: ClientConnection, turn: Turn) -> dict[str, float]:
             turn.error = str(event["error"].get("message", "error"))[:200]
         elif kind == "response.done":
             turn.status = event["response"].get("status", "")
-            measured = event["response"].get("omnistream") or {}
-            turn.continuity_ok = measured.get("continuity_ok")
-            turn.first_chunk_ms = measured.get("first_chunk_ms")
+            omni = event["response"].get("omnistream") or {}
+            turn.continuity_ok, turn.first_chunk_ms = omni.get("continuity_ok"), omni.get("first_chunk_ms")
             return seen
     raise ConnectionError("the session closed before response.done")
 
@@ -257,7 +254,6 @@ def summarize(
     }
     for name in METRICS:
         out[name] = _describe([v for t in turns if (v := getattr(t, name)) is not None], 1.0)
-    out["first_chunk_ms"] = _describe([t.first_chunk_ms for t in turns if t.first_chunk_ms is not None], 1.0)
     judged = [t.continuity_ok for t in turns if t.continuity_ok is not None]
     out["continuity"] = sum(judged) / len(judged) if judged else None
     out["speculations"] = speculations  # outcome -> count over the cell (None: not read)
@@ -292,13 +288,10 @@ def table(rows: list[dict[str, Any]]) -> str:
         mode = f"server_vad {r['window_ms']} ms" if r["mode"] == "server_vad" else r["mode"]
         lines.append(
             f"| {mode} | {r['speech_s']:.2f} | {r['sessions']} | {r['turns'] - r['failed']}/{r['turns']} | "
-            + " | ".join(_pair(r[name]) for name in (*METRICS, "first_chunk_ms"))
+            + " | ".join(_pair(r[name]) for name in METRICS)
             + f" | {_share(r['continuity'])} | {_outcomes(r['speculations'])} |"
         )
-    return "\n".join(lines) + (
-        "\n\n(median / p90 of the turns; times from the end of speech at the client; first chunk: "
-        "the audio the gateway's planner made each answer wait for, response.done's first_chunk_ms)\n"
-    )
+    return "\n".join(lines) + "\n\n(median / p90 of the turns; times from the end of speech at the client)\n"
 
 
 async def measure(
