@@ -156,7 +156,7 @@ class AudioPlanner:
                 others = self._admission.active - (1 if admitted else 0)
                 initial = dynamic_initial_frames(others, self._admission.limits().concurrency, chunk)
             else:
-                fps, pause, jitter = self._start_allowances(streams, chunk, head_start)
+                fps, pause, jitter = self._start_allowances(streams, chunk)
                 schedule = request.codec_chunk_schedule
                 initial = initial_frames_for(headroom, chunk, schedule, fps, pause, jitter, head_start)
         return request.chunk_plan(initial)
@@ -170,21 +170,15 @@ class AudioPlanner:
         size it (the request chose its first chunk, or the speed is unknown)."""
         if request.initial_codec_chunk_frames is not None or self.audio_capacity().headroom(1) is None:
             return None
-        allowances = self._start_allowances(self.sizing_streams(permit), plan.chunk, head_start)
+        allowances = self._start_allowances(self.sizing_streams(permit), plan.chunk)
         return headroom_needed(plan, *allowances, head_start)
 
-    def _start_allowances(
-        self, streams: int, chunk: int, head_start: float = 0.0
-    ) -> tuple[float, float, float]:
+    def _start_allowances(self, streams: int, chunk: int) -> tuple[float, float, float]:
         """(frames per second, Code2Wav pause, start jitter) a starting stream with `streams` audio
         streams is predicted with (audio_capacity.py): its first chunk is sized with them and its
-        need while it starts is computed with them. The start jitter is what a stream's first
-        windows may come late while it starts among the others; a held speculation starts `head_start`
-        before anyone listens, so that much of it falls before its listener does (measured: with no
-        allowance at all, 8 sessions' held answers kept 100% continuity in 144 turns, docs/benchmarks.md)."""
+        need while it starts is computed with them."""
         c = self._config
         jitter = c.audio_start_jitter + c.audio_start_jitter_per_stream * max(streams - 1, 0)
-        jitter = max(0.0, jitter - head_start)
         return self.frames_per_second, self._code2wav_pause(streams, chunk), jitter
 
     def _code2wav_pause(self, streams: int, chunk: int) -> float:

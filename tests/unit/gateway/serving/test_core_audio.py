@@ -202,26 +202,3 @@ async def test_without_the_hold_a_wave_is_sized_up_to_max_concurrency():
         assert core.planner.sizing_streams() == 8
     finally:
         await close(core)
-
-
-async def test_a_held_speculations_start_jitter_falls_within_its_head_start():
-    """The start jitter allowance covers a starting stream's first windows coming late while it
-    starts among the others; a held speculation is released a head start later, so that much of the
-    allowance has passed before its listener starts (audio_planner._start_allowances)."""
-    core, stubs = await fake_core(max_concurrency=16)
-    try:
-        stubs["talker"].load = load(90.0)  # 4 streams: 1.8x real time each
-        stubs["code2wav"].load = load(2000.0)
-        stubs["thinker"].load = load(300.0)
-        await core.replicas.check_all()
-        playing = [await core.admission.acquire(audio=True) for _ in range(4)]
-        plan = core.planner.chunk_plan
-        assert plan(audio(), playing[-1]).initial == 8  # playing at once: the whole allowance
-        # Released 0.3 s from now, past the 0.1375 s allowance of 4 streams: 2 frames (8 when the
-        # allowance was counted again after the head start).
-        assert plan(audio(), playing[-1], head_start=0.3).initial == 2
-        assert plan(audio(), playing[-1], head_start=0.1).initial == 8
-        for permit in playing:
-            permit.release()
-    finally:
-        await close(core)
