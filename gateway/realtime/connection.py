@@ -135,7 +135,7 @@ class Connection:
             await self.error(exc)
         except OmniError as exc:  # what an event brought was refused further down (e.g. its media)
             event_id = getattr(event, "event_id", None)
-            await self.error(EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id))
+            await self.error(EventError.of(exc, event_id))
         except Exception as exc:  # a bug: this event fails with an error event, the session lives on
             log.exception("realtime session %s: handling an event failed", self.id)
             await self.error(

@@ -20,6 +20,7 @@ from pydantic_core import ErrorDetails
 from gateway.realtime.client_items import Item
 from gateway.realtime.field_types import Id
 from gateway.realtime.settings import ResponseFields, SessionFields
+from omnistream.request.errors import OmniError
 
 
 class EventError(Exception):
@@ -39,6 +40,12 @@ class EventError(Exception):
         self.param = param
         self.event_id = event_id
         self.error_type = error_type
+
+    @classmethod
+    def of(cls, exc: OmniError, event_id: str | None = None) -> EventError:
+        """The request error `exc` as the error event of the client event `event_id` (its kind is
+        the code, its field the param)."""
+        return cls(exc.message, code=exc.kind, param=exc.field, event_id=event_id)
 
 
 class _Event(BaseModel):

@@ -292,5 +292,5 @@ class InputAudio:
         try:
             self.core.media.check_audio(wav_size(pcm), samples.size, "input_audio_buffer")
         except OmniError as exc:
-            raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+            raise EventError.of(exc, event_id) from None
         return [{"type": "audio", "audio": settled(AudioInput(samples))}]

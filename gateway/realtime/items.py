@@ -93,7 +93,7 @@ def item_parts(
                     }
                 )
             except OmniError as exc:
-                raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+                raise EventError.of(exc) from None
             content.append({"type": "input_image"})
         else:
             raise EventError(
@@ -132,7 +132,7 @@ async def decode_parts(media: MediaDecoder, parts: list[dict[str, Any]], event_i
     try:
         await media.decode([{"role": "user", "content": parts}], False)
     except OmniError as exc:
-        raise EventError(exc.message, code=exc.kind, param=exc.field, event_id=event_id) from None
+        raise EventError.of(exc, event_id) from None
     for part in parts:
         if part["type"] == "audio" and isinstance(part["audio"], AudioInput):
             part["audio"] = settled(part["audio"])

@@ -178,7 +178,7 @@ class Responder:
             raise EventError(exc.message, code=CONTEXT_EXCEEDED) from None
         except OmniError as exc:
             sink.remove(item)
-            raise EventError(exc.message, code=exc.kind, param=exc.field) from None
+            raise EventError.of(exc) from None
         self.turn = (settings, serving)
         # The thinker's count of the prompt is shared out over the session's items (context.py):
         # only when the prompt was the session's conversation.
