@@ -126,6 +126,11 @@ class GatewayConfig:
         help="seconds added to --audio-start-jitter for each other audio stream (0: off)",
     )
     request_timeout: float = setting(600.0, help="seconds before a request ends with 504")
+    # Failover (serving/resume.py): a talker or Code2Wav replica lost mid-stream, its requests move
+    # to a sibling that regenerates them; this many moves per request at most, then the loss's error.
+    max_resumes: int = setting(
+        2, help="times a request's audio stages may move to a sibling replica after a loss (0: never)"
+    )
     max_tokens_limit: int = setting(4096, help="the most max_tokens a request may ask for")
     default_max_tokens: int = setting(DEFAULTS.max_tokens, help="max_tokens of a request that does not say")
     max_audio_frames: int = setting(
@@ -315,6 +320,8 @@ class GatewayConfig:
             raise ValueError("realtime_speculation_lead_ms must be at least 0")
         if self.realtime_work_ahead_ms < 0:
             raise ValueError("realtime_work_ahead_ms must be at least 0")
+        if self.max_resumes < 0:
+            raise ValueError("max_resumes must be at least 0")
         if self.audio_hold_margin < 0:
             raise ValueError("audio_hold_margin must be at least 0")
         if self.audio_start_guard < 0:

@@ -87,9 +87,13 @@ class LocalTalker:
         plan: ChunkPlan,
         mode: str,
         lookahead: int,
+        start_frame: int = 0,
     ) -> None:
+        """`start_frame`: its outputs begin there (a talker that regenerates what went on already:
+        omnistream/chain/resume.py)."""
         self.engine, self.family, self.request_id = engine, family, request_id
         self._params, self._plan, self._lookahead = params, plan, lookahead
+        self.start_frame = start_frame
         self._intake = TalkerIntake(engine, request_id, mode)
         self._out: OutputStream[Any] | None = None
 
@@ -117,7 +121,14 @@ class LocalTalker:
         assert self._out is not None, "open() first"
         shipper = self.family.frame_shipper(self._plan, self._lookahead)
         async for chunk in codec_chunks(self._out, shipper):
-            yield chunk
+            skip = min(max(self.start_frame - chunk.first_frame, 0), chunk.frames)
+            if skip:
+                codes = chunk.codes[:, skip:]
+                chunk = CodecOut(
+                    chunk.first_frame + skip, int(codes.shape[1]), chunk.finished, chunk.finish_reason, codes
+                )
+            if chunk.frames or chunk.finished:
+                yield chunk
 
     def close(self) -> None:
         self.engine.abort(self.request_id)

@@ -27,6 +27,7 @@ from gateway.config import GatewayConfig
 from gateway.media.decode_pool import MediaDecoder
 from gateway.serving.metrics import GatewayMetrics
 from gateway.serving.request_checks import check_message_size, check_prompt_size, unsupported_media
+from gateway.serving.resume import Siblings
 from gateway.serving.sent_audio import SentAudio
 from gateway.serving.server_seeds import ServerSeeds
 from gateway.serving.session import Session
@@ -324,6 +325,9 @@ class GatewayCore:
             timeout=run.timeout,
             trace=calls,
             refer_audio=referrer,
+            siblings=Siblings(
+                self.replicas, picked, self.metrics, run.span, run.rid, self.config.max_resumes
+            ),
         )
         first_chunk_s = run.plan.initial / self.planner.frames_per_second
         session = Session(

@@ -33,6 +33,7 @@ class GatewayMetrics:
         self._admission_metrics(r)
         self._audio_capacity_metrics(r)
         self._realtime_metrics(r)
+        self._resume_metrics(r)
 
     def _latency_metrics(self, r: CollectorRegistry) -> None:
         """Client-side latencies, as `vllm bench serve` defines them."""
@@ -154,6 +155,23 @@ class GatewayMetrics:
             "Codec frames per busy second an audio stage would sustain with one more audio stream, "
             "as its step-time model says (what the audio hold admits by); 0: unknown",
             ["stage"],
+            registry=r,
+        )
+
+    def _resume_metrics(self, r: CollectorRegistry) -> None:
+        """Requests moved to a sibling replica after a loss (gateway/serving/resume.py)."""
+        self.resumes = Counter(
+            "omnistream_gateway_resumes",
+            "A talker or Code2Wav replica lost under a running request, by stage and outcome: resumed "
+            "(a sibling regenerates it), no_sibling or limit (the request ends with the loss's error)",
+            ["stage", "outcome"],
+            registry=r,
+        )
+        self.resume_gap = Histogram(
+            "omnistream_gateway_resume_gap_seconds",
+            "From a resumed request's loss to its next audio sent to the client, by the stage lost",
+            ["stage"],
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
 

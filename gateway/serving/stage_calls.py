@@ -4,7 +4,8 @@ Opens one bidi stream per stage (stage_links.py) and runs the request's chain ov
 (omnistream/chain/run.py, the same runner as the in-process pipeline's): each stage's chunks go to
 the next as they arrive (the stages themselves hold input back in sequential mode, so both modes
 share this path). Cancelling the consumer cancels all three calls, which aborts the request in every
-stage at once.
+stage at once. With `Siblings` (resume.py), a talker or Code2Wav lost mid-stream goes on at a sibling:
+the chain replays and skips (omnistream/chain/resume.py), `GrpcResumer` opens the sibling's stream.
 """
 
 from __future__ import annotations
@@ -15,14 +16,16 @@ from typing import Any
 
 import grpc
 
+from gateway.serving.resume import Siblings
 from gateway.serving.stage_links import GrpcCode2Wav, GrpcTalker, GrpcThinker
 from gateway.serving.tracing import StageCalls
 from omnistream.chain.run import ChainRun
 from omnistream.proto.omni.v1 import stage_pb2_grpc
 from omnistream.request.chunk_plan import ChunkPlan
+from omnistream.request.errors import OmniError
 from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, GenerationRequest, TextEvent
 from omnistream.request.relay import Emit, relay
-from omnistream.request.stage_chain import TALKER, stage_opens, stages_for
+from omnistream.request.stage_chain import TALKER, StageOpens, stage_opens, stages_for
 from omnistream.service.server import client_channel_options
 from omnistream.wire.limits import MAX_MESSAGE_BYTES
 from omnistream.wire.messages import Referrer
@@ -59,6 +62,7 @@ async def run_stages(
     with_codes: bool = False,
     trace: StageCalls | None = None,
     refer_audio: Referrer | None = None,
+    siblings: Siblings | None = None,
 ) -> DoneEvent:
     """Run one request through the stages, handing each event to `emit` as it comes; returns the
     summary. `emit` is the request's one buffer (the gateway's per-client collector), so nothing
@@ -66,22 +70,26 @@ async def run_stages(
     tools that compare codes): a client never sees them, so the gateway does not decode them.
     `trace`: the CLIENT spans of the calls (gateway/serving/tracing.py), each call's `traceparent`
     in its metadata; ended here however the calls end. `refer_audio`: the audio parts the thinker
-    replica holds for the request's scope, sent as their digests (gateway/serving/sent_audio.py)."""
+    replica holds for the request's scope, sent as their digests (gateway/serving/sent_audio.py).
+    `siblings`: where a lost talker or Code2Wav may go on (None: a loss ends the request)."""
     request.validate()
     opens = stage_opens(request, plan)
     audio = TALKER in stages_for(request)
 
-    def stream(stub: Any, stage: str) -> Any:
+    def stream(stub: Any, stage: str, metadata: Any = None) -> Any:
         if trace is None:  # tracing off: the call as it always was
             return stub.Stream(timeout=timeout)
-        return stub.Stream(timeout=timeout, metadata=trace.metadata(stage))
+        return stub.Stream(timeout=timeout, metadata=metadata or trace.metadata(stage))
 
     # All three open at once: the thinker's prompt is under way while the audio stages accept
     # (a round trip each, ~4 ms of every request's TTFT when they came first).
     thinker = GrpcThinker(stream(stubs.thinker, "thinker"), rid, request, opens, refer_audio)
     talker = GrpcTalker(stream(stubs.talker, "talker"), rid, opens, with_codes) if audio else None
     code2wav = GrpcCode2Wav(stream(stubs.code2wav, "code2wav"), rid, opens) if audio else None
-    chain = ChainRun(thinker, talker, code2wav, emit, with_codes=with_codes)
+    resumer = None
+    if audio and siblings is not None:
+        resumer = GrpcResumer(siblings, stream, trace, rid, opens, with_codes)
+    chain = ChainRun(thinker, talker, code2wav, emit, with_codes=with_codes, resumer=resumer)
     ended: BaseException | None = None
     try:
         return await chain.run()
@@ -91,6 +99,45 @@ async def run_stages(
     finally:
         if trace is not None:
             trace.end(ended, _call_results(chain))
+
+
+class GrpcResumer:
+    """The chain's Resumer (omnistream/chain/resume.py) over gRPC: a stream to the sibling that
+    `Siblings` chose, under a request id of its own (the lost replica may still hold the old one:
+    a cut link, not a dead process)."""
+
+    def __init__(
+        self,
+        siblings: Siblings,
+        stream: Any,
+        trace: StageCalls | None,
+        rid: str,
+        opens: StageOpens,
+        with_codes: bool,
+    ) -> None:
+        self._siblings, self._stream, self._trace = siblings, stream, trace
+        self._rid, self._opens, self._with_codes = rid, opens, with_codes
+
+    def _call(self, stage: str, error: OmniError) -> tuple[Any, str] | None:
+        sibling = self._siblings.take(stage, error)
+        if sibling is None:
+            return None
+        metadata = None if self._trace is None else self._trace.moved(stage, sibling.address, error)
+        rid = f"{self._rid[:120]}.m{self._siblings.moves}"
+        return self._stream(sibling.stub, stage, metadata), rid
+
+    async def talker(self, error: OmniError, start_frame: int) -> GrpcTalker | None:
+        call = self._call("talker", error)
+        if call is None:
+            return None
+        return GrpcTalker(call[0], call[1], self._opens, self._with_codes, start_frame)
+
+    async def code2wav(self, error: OmniError) -> GrpcCode2Wav | None:
+        call = self._call("code2wav", error)
+        return None if call is None else GrpcCode2Wav(call[0], call[1], self._opens)
+
+    def heard(self, stage: str, gap_s: float) -> None:
+        self._siblings.heard(stage, gap_s)
 
 
 def _call_results(chain: ChainRun) -> dict[str, dict[str, Any]]:

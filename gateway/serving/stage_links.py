@@ -27,6 +27,7 @@ from omnistream.wire.chunk_key import ChunkKey, Stage
 from omnistream.wire.convert import (
     code2wav_open_proto,
     codec_input_proto,
+    talker_chunk_from,
     talker_input_proto,
     talker_open_proto,
     thinker_open_proto,
@@ -98,8 +99,13 @@ class GrpcThinker:
 
 
 class GrpcTalker:
-    def __init__(self, call: Call, request_id: str, opens: StageOpens, with_codes: bool = False) -> None:
+    def __init__(
+        self, call: Call, request_id: str, opens: StageOpens, with_codes: bool = False, start_frame: int = 0
+    ) -> None:
+        """`start_frame`: a talker resumed on a sibling regenerates from frame 0; the frames before
+        this one went on already, so its outputs begin here (omnistream/chain/resume.py)."""
         self.call, self.request_id, self.opens, self.with_codes = call, request_id, opens, with_codes
+        self.start_frame = start_frame
         self._index = 1  # chunk 0 is the open message
 
     async def open(self) -> None:
@@ -122,8 +128,11 @@ class GrpcTalker:
 
     async def outputs(self) -> AsyncIterator[CodecOut]:
         async with calls_to("talker", self.call, moot_once_ok=False):
-            async for chunk in self.call:
+            async for wire in self.call:
+                chunk = talker_chunk_from(wire, self.start_frame)
                 frames = chunk.codes.shape[1] if len(chunk.codes.shape) == 2 else 0
+                if not frames and not chunk.finished:
+                    continue  # all of it went on already (a talker sends no other empty chunk)
                 codes = numpy_from_proto(chunk.codes, field="codes") if self.with_codes and frames else None
                 yield CodecOut(chunk.first_frame, frames, chunk.finished, chunk.finish_reason, codes, chunk)
 

@@ -182,6 +182,20 @@ class RequestSpan:
         if self.recording:
             self.span.add_event("retry", {"attempt": attempt, "omnistream.error.kind": error.kind})
 
+    def resumed(self, stage: str, lost: str, sibling: str, error: OmniError) -> None:
+        """A replica lost under the running request: its `stage` goes on at `sibling`
+        (gateway/serving/resume.py); the span names both."""
+        if self.recording:
+            self.span.add_event(
+                "resume",
+                {
+                    "omnistream.stage": stage,
+                    "omnistream.resume.from": lost,
+                    "omnistream.resume.to": sibling,
+                    "omnistream.error.kind": error.kind,
+                },
+            )
+
     def note(self, attributes: Mapping[str, Any]) -> None:
         """Attributes measured outside the session while the request runs (a realtime response's
         voice-to-voice, gateway/realtime/voice_to_voice.py); nothing once the span has ended."""
@@ -286,6 +300,19 @@ class StageCalls:
                 }
             )
         return inject_metadata(trace.set_span_in_context(span, Context()))
+
+    def moved(self, stage: str, address: str, error: OmniError) -> GrpcMetadata:
+        """`stage`'s call was lost (its span ends failed with `error`) and goes on at `address`: the
+        new call's metadata, with its own CLIENT span."""
+        lost = self.spans.get(stage)
+        if lost is not None:
+            if lost.is_recording():
+                code = status_of(error).grpc_code.value[0]
+                lost.set_attributes({"omnistream.outcome": "failed", "rpc.grpc.status_code": code})
+                _error_attributes(lost, error)
+            lost.end()
+        self._peers = {**self._peers, stage: address}
+        return self.metadata(stage)
 
     def end(self, error: BaseException | None, results: Mapping[str, Mapping[str, Any]]) -> None:
         """End every call's span: ok, cancelled (the client left, or another stage failed first:

@@ -10,7 +10,9 @@
 - each talker chunk goes to Code2Wav as it comes (after Code2Wav accepted), its end ends Code2Wav's
   input; codec frames reach the client only `with_codes` (tests and tools that compare codes);
 - audio goes to the client as Code2Wav decodes it;
-- the first failure of any stage cancels the others and is raised as it is.
+- the first failure of any stage cancels the others and is raised as it is, unless a talker or
+  Code2Wav replica was lost and a `Resumer` (resume.py) gives a sibling: the chain replays to it what
+  the lost one was fed, and passes on only what comes after what it already had (frames, samples).
 
 What it counts (tokens, frames, samples, first token and first audio) are named fields, read into
 the request's summary (`done`) and, by the gateway, into its trace.
@@ -24,9 +26,11 @@ from collections.abc import Coroutine
 from typing import Any
 
 from omnistream.chain.links import Code2WavLink, TalkerLink, ThinkerLink
+from omnistream.chain.resume import Replay, Resumer, replay_to
+from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
-from omnistream.request.stage_outputs import ThinkerOut
+from omnistream.request.stage_outputs import AudioOut, CodecOut, ThinkerOut
 
 
 class ChainRun:
@@ -38,12 +42,14 @@ class ChainRun:
         emit: Emit,
         *,
         with_codes: bool = False,
+        resumer: Resumer | None = None,
     ) -> None:
         if (talker is None) != (code2wav is None):
             raise ValueError("a chain has both audio stages or neither")
         self.thinker, self.talker, self.code2wav = thinker, talker, code2wav
         self.emit = emit
         self.with_codes = with_codes
+        self.resumer = resumer
         self.started = time.perf_counter()
         self.prompt_ids: list[int] = []
         self.output_ids: list[int] = []
@@ -56,7 +62,11 @@ class ChainRun:
         self._talker_accepted = asyncio.Event()
         self._code2wav_accepted = asyncio.Event()
         self._talker_finished = False
+        self._code2wav_finished = False
         self._talker_input_ended = False
+        # What each audio stage was fed, for a sibling to regenerate from (only with a resumer).
+        self._to_talker_replay: Replay[ThinkerOut] = Replay(keep=resumer is not None)
+        self._to_code2wav_replay: Replay[CodecOut] = Replay(keep=resumer is not None)
 
     async def run(self) -> DoneEvent:
         """Run the request to its end; its summary. The links are closed however it ends."""
@@ -124,40 +134,129 @@ class ChainRun:
         if self._talker_finished:  # codec end or max frames before the thinker's end: input is moot
             await self._end_talker_input()
             return
-        if not self._talker_input_ended:
+        if not self._talker_input_ended and self._to_talker_replay.due(piece):
             await self.talker.feed(piece)
 
     async def _end_talker_input(self) -> None:
         if self.talker is not None and not self._talker_input_ended:
             self._talker_input_ended = True
-            await self.talker.end_input()
+            if self._to_talker_replay.end():
+                await self.talker.end_input()
 
     async def _run_talker(self) -> None:
         assert self.talker is not None and self.code2wav is not None
         await self.talker.open()
         self._talker_accepted.set()
-        async for chunk in self.talker.outputs():
-            if self.with_codes and chunk.frames and chunk.codes is not None:
-                for j in range(chunk.frames):
-                    await self.emit(CodesEvent(chunk.first_frame + j, chunk.codes[:, j].tolist()))
-            self.frames += chunk.frames
-            if chunk.finished:
-                self._talker_finished = True
-            await self._code2wav_accepted.wait()
-            await self.code2wav.feed(chunk)
+        while True:
+            try:
+                async for chunk in self.talker.outputs():
+                    await self._from_talker(chunk)
+                break
+            except OmniError as exc:
+                if self._talker_finished:  # its end came: nothing of it is lost
+                    break
+                await self._move_talker(exc)
         await self._code2wav_accepted.wait()
-        await self.code2wav.end_input()
+        if self._to_code2wav_replay.end():
+            await self._to_code2wav(self.code2wav.end_input())
+
+    async def _from_talker(self, chunk: CodecOut) -> None:
+        assert self.code2wav is not None
+        if chunk.frames and chunk.first_frame != self.frames:
+            raise InternalError(f"talker sent frame {chunk.first_frame} where {self.frames} was due")
+        if self.with_codes and chunk.frames and chunk.codes is not None:
+            for j in range(chunk.frames):
+                await self.emit(CodesEvent(chunk.first_frame + j, chunk.codes[:, j].tolist()))
+        self.frames += chunk.frames
+        if chunk.finished:
+            self._talker_finished = True
+        await self._code2wav_accepted.wait()
+        if self._to_code2wav_replay.due(chunk):
+            await self._to_code2wav(self.code2wav.feed(chunk))
+
+    async def _to_code2wav(self, write: Coroutine[Any, Any, None]) -> None:
+        """A write to Code2Wav; with a resumer, a failed one is moot: Code2Wav's own output reports
+        the loss, and its pump moves it to a sibling with everything recorded."""
+        if self.resumer is None:
+            await write
+            return
+        try:
+            await write
+        except OmniError as exc:
+            if exc.stage != "code2wav":
+                raise
+
+    async def _move_talker(self, error: OmniError) -> None:
+        """The talker lost mid-stream: on a sibling, replayed, or `error` raised."""
+        replay = self._to_talker_replay
+        replay.lost()
+        while True:
+            link = None if self.resumer is None else await self.resumer.talker(error, self.frames)
+            if link is None:
+                raise error
+            assert self.talker is not None
+            self.talker.close()
+            self.talker = link
+            try:
+                await replay_to(link, replay)
+                return
+            except OmniError as exc:  # the sibling refused or was lost too
+                error = exc
 
     async def _run_code2wav(self) -> None:
         assert self.code2wav is not None
         await self.code2wav.open()
         self._code2wav_accepted.set()
-        async for piece in self.code2wav.outputs():
-            if piece.audio.size:
-                if self.first_audio_at is None:
-                    self.first_audio_at = time.perf_counter()
-                self.samples += piece.audio.size
-                await self.emit(AudioEvent(piece.audio, piece.first_sample, piece.sample_rate))
+        while True:
+            try:
+                async for piece in self.code2wav.outputs():
+                    await self._from_code2wav(piece)
+                return
+            except OmniError as exc:
+                if self._code2wav_finished:
+                    return
+                await self._move_code2wav(exc)
+
+    async def _from_code2wav(self, piece: AudioOut) -> None:
+        audio, first = piece.audio, piece.first_sample
+        if audio.size and first > self.samples:
+            raise InternalError(f"code2wav sent sample {first} where {self.samples} was due")
+        if first < self.samples:  # regenerated after a resume: the client has these already
+            audio = audio[self.samples - first :]
+        if audio.size:
+            if self.first_audio_at is None:
+                self.first_audio_at = time.perf_counter()
+            self._heard()
+            self.samples += audio.size
+            await self.emit(AudioEvent(audio, self.samples - audio.size, piece.sample_rate))
+        if piece.finished:
+            self._code2wav_finished = True
+
+    def _heard(self) -> None:
+        """Audio goes out again after a resume: how long the listener waited for it."""
+        if self.resumer is None:
+            return
+        for stage, replay in (("talker", self._to_talker_replay), ("code2wav", self._to_code2wav_replay)):
+            gap = replay.gap()
+            if gap is not None:
+                self.resumer.heard(stage, gap)
+
+    async def _move_code2wav(self, error: OmniError) -> None:
+        """Code2Wav lost mid-stream: on a sibling, given every frame again, or `error` raised."""
+        replay = self._to_code2wav_replay
+        replay.lost()
+        while True:
+            link = None if self.resumer is None else await self.resumer.code2wav(error)
+            if link is None:
+                raise error
+            assert self.code2wav is not None
+            self.code2wav.close()
+            self.code2wav = link
+            try:
+                await replay_to(link, replay)
+                return
+            except OmniError as exc:
+                error = exc
 
 
 async def all_or_none(coros: list[Coroutine[Any, Any, None]]) -> None:

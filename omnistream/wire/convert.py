@@ -22,6 +22,7 @@ from omnistream.request.media import MediaLayout
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import StageOpens
 from omnistream.request.structured import KINDS, MAX_SPEC_BYTES, StructuredOutput
+from omnistream.wire import tensors
 from omnistream.wire.messages import Referrer, message_proto
 
 
@@ -274,3 +275,18 @@ def talker_input_proto(chunk: stage_pb2.ThinkerChunk) -> stage_pb2.TalkerInput:
 def codec_input_proto(chunk: stage_pb2.TalkerChunk) -> stage_pb2.CodecInput:
     """A talker chunk as code2wav input: the frames as they are (no re-encoding), the end as `last`."""
     return stage_pb2.CodecInput(codes=chunk.codes, first_frame=chunk.first_frame, last=chunk.finished)
+
+
+def talker_chunk_from(chunk: stage_pb2.TalkerChunk, frame: int) -> stage_pb2.TalkerChunk:
+    """`chunk` less its frames before `frame` (a chunk a resumed talker regenerated, part of which
+    went on already); its codes re-encoded only when some of them are cut."""
+    frames = chunk.codes.shape[1] if len(chunk.codes.shape) == 2 else 0
+    skip = min(max(frame - chunk.first_frame, 0), frames)
+    if not skip:
+        return chunk
+    codes = np.asarray(tensors.numpy_from_proto(chunk.codes, field="codes"))[:, skip:]
+    out = stage_pb2.TalkerChunk(first_frame=chunk.first_frame + skip, finished=chunk.finished)
+    out.key.CopyFrom(chunk.key)
+    out.finish_reason = chunk.finish_reason
+    out.codes.CopyFrom(tensors.to_proto(np.ascontiguousarray(codes)))
+    return out

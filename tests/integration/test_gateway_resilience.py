@@ -75,8 +75,10 @@ def _stream_until_then_kill(base: str, body: dict, kind: str, victim) -> list[di
 
 
 def test_kill_9_mid_stream_ends_with_an_error_and_frees_the_rest(tiny_model_dir):
-    """A talker replica, then the thinker, killed with SIGKILL while they stream: the client gets an
-    explicit error and [DONE] (no hang, no truncated success), and the surviving stages hold nothing."""
+    """A talker replica killed with SIGKILL while it streams: the request goes on at the other one
+    (gateway/serving/resume.py) and ends whole. Then the last talker, then the thinker, killed while
+    they stream, with no sibling left: the client gets an explicit error and [DONE] (no hang, no
+    truncated success), and the surviving stages hold nothing."""
     with replicated_stack(tiny_model_dir) as services:
         base = gateway_url(services["gateway"])
         long = {
@@ -90,14 +92,16 @@ def test_kill_9_mid_stream_ends_with_an_error_and_frees_the_rest(tiny_model_dir)
 
         def busy_talker():
             for name in ("talker-a", "talker-b"):
-                if metric(services[name], "omnistream_stage_engine_requests"):
+                alive = services[name].proc.poll() is None
+                if alive and metric(services[name], "omnistream_stage_engine_requests"):
                     return services[name]
             raise AssertionError("no talker holds the request")
 
         after = _stream_until_then_kill(base, long, "audio", busy_talker)
-        errors = [p["error"] for p in after if "error" in p]
-        assert errors and errors[0]["code"] in ("unavailable", "internal"), after[-3:]
+        assert not [p["error"] for p in after if "error" in p], after[-3:]
         assert after[-1] == {"done": True}
+        finish = [p["choices"][0].get("finish_reason") for p in after if p.get("choices")]
+        assert "length" in finish, after[-3:]
 
         def survivors_idle(names) -> bool:
             return all(
@@ -107,17 +111,23 @@ def test_kill_9_mid_stream_ends_with_an_error_and_frees_the_rest(tiny_model_dir)
             )
 
         talkers = [n for n in ("talker-a", "talker-b") if services[n].proc.poll() is None]
+        assert len(talkers) == 1
         assert asyncio.run(wait_for(lambda: survivors_idle(("thinker", "code2wav", *talkers)), timeout=30.0))
 
-        # The other talker takes over; now the thinker dies while it streams text.
-        assert asyncio.run(
-            wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 200, timeout=30.0)
-        )
-        after = _stream_until_then_kill(base, long, "content", lambda: services["thinker"])
+        # The last talker dies while it streams: no sibling, so the loss is the answer.
+        after = _stream_until_then_kill(base, long, "audio", busy_talker)
         errors = [p["error"] for p in after if "error" in p]
         assert errors and errors[0]["code"] in ("unavailable", "internal"), after[-3:]
         assert after[-1] == {"done": True}
-        assert asyncio.run(wait_for(lambda: survivors_idle(("code2wav", *talkers)), timeout=30.0))
+        assert asyncio.run(wait_for(lambda: survivors_idle(("thinker", "code2wav")), timeout=30.0))
+
+        # Text alone still runs; now the thinker dies while it streams text.
+        text = {**long, "modalities": ["text"]}
+        after = _stream_until_then_kill(base, text, "content", lambda: services["thinker"])
+        errors = [p["error"] for p in after if "error" in p]
+        assert errors and errors[0]["code"] in ("unavailable", "internal"), after[-3:]
+        assert after[-1] == {"done": True}
+        assert asyncio.run(wait_for(lambda: survivors_idle(("code2wav",)), timeout=30.0))
         # With no thinker left the gateway says so instead of accepting work.
         assert asyncio.run(
             wait_for(lambda: httpx.get(f"{base}/ready", timeout=5).status_code == 503, timeout=30.0)

@@ -1,0 +1,87 @@
+"""What a chain asks of whoever can move a stage of a running request to a sibling replica.
+
+A talker or Code2Wav lost mid-stream loses nothing the chain cannot give again: it kept what it fed
+the stage (`Replay`), the sibling regenerates deterministically from the start (greedy, or seeded:
+every sampled request carries its seed), and the chain forwards only what comes after what it
+already passed on. The carrier (the gateway's replicas) decides whether there is a sibling and opens
+the link to it; the chain decides what to replay and what to skip. The in-process pipeline has no
+siblings and passes no `Resumer`: a failure ends the request as it always did.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+from omnistream.chain.links import Code2WavLink, TalkerLink
+from omnistream.request.errors import OmniError
+
+T = TypeVar("T")
+
+
+class Resumer(Protocol):
+    async def talker(self, error: OmniError, start_frame: int) -> TalkerLink | None:
+        """A talker link on a sibling whose outputs begin at `start_frame` (what came before went on
+        already), not yet opened; None when the request cannot move (not a lost replica, no sibling,
+        no resume left): then `error` is its answer."""
+        ...
+
+    async def code2wav(self, error: OmniError) -> Code2WavLink | None:
+        """The same for Code2Wav (its audio is skipped by the chain, which knows its samples)."""
+        ...
+
+    def heard(self, stage: str, gap_s: float) -> None:
+        """The resumed request's next audio went out `gap_s` seconds after the loss was seen."""
+        ...
+
+
+@dataclass
+class Replay(Generic[T]):
+    """Everything fed to one stage of one request, in order, and whether its input ended: what a
+    sibling is given to regenerate the lost replica's output. While a sibling is being given it,
+    new input only joins the record (the replay sends it), so nothing goes twice or out of order."""
+
+    keep: bool = True  # False: nothing can resume (no resumer), so nothing is kept
+    fed: list[T] = field(default_factory=list)
+    ended: bool = False
+    replaying: bool = False
+    lost_at: float | None = None  # the event loop's time the loss was seen, until audio resumed
+
+    def due(self, item: T) -> bool:
+        """Record `item`; whether the caller should also send it to the current link now."""
+        if self.keep:
+            self.fed.append(item)
+        return not self.replaying
+
+    def end(self) -> bool:
+        """Record the input's end; whether the caller should also end the current link's input."""
+        self.ended = True
+        return not self.replaying
+
+    def lost(self) -> None:
+        if self.lost_at is None:
+            self.lost_at = asyncio.get_running_loop().time()
+
+    def gap(self) -> float | None:
+        """Seconds since the loss, once (the first audio after it); None when nothing was lost."""
+        if self.lost_at is None:
+            return None
+        gap, self.lost_at = asyncio.get_running_loop().time() - self.lost_at, None
+        return gap
+
+
+async def replay_to(link: TalkerLink | Code2WavLink, replay: Replay[Any]) -> None:
+    """Open `link` and give it everything recorded, including what is recorded meanwhile (the
+    chain's pumps only record while this runs), then its end if the input ended."""
+    replay.replaying = True
+    try:
+        await link.open()
+        sent = 0
+        while sent < len(replay.fed):
+            await link.feed(replay.fed[sent])
+            sent += 1
+        if replay.ended:
+            await link.end_input()
+    finally:
+        replay.replaying = False
