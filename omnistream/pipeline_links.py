@@ -70,7 +70,9 @@ class LocalThinker:
 
     async def outputs(self) -> AsyncIterator[ThinkerOut]:
         assert self._out is not None, "open() first"
-        async for piece in thinker_pieces(self._out, self._speech, self._prompt_ids):
+        async for piece in thinker_pieces(
+            self._out, self._speech, self._prompt_ids, self.opens.thinker.answer_ids
+        ):
             yield piece
 
     def close(self) -> None:

@@ -326,7 +326,7 @@ class GatewayCore:
             trace=calls,
             refer_audio=referrer,
             siblings=Siblings(
-                self.replicas, picked, self.metrics, run.span, run.rid, self.config.max_resumes
+                self.replicas, picked, self.metrics, run.span, run.rid, self.config.max_resumes, run.kinds
             ),
         )
         first_chunk_s = run.plan.initial / self.planner.frames_per_second

@@ -1,7 +1,8 @@
-"""A running request's audio stages moved to a sibling replica when theirs is lost (issue 62).
+"""A running request's stages moved to a sibling replica when theirs is lost (issue 62).
 
-The chain (omnistream/chain/run.py) replays to the sibling what the lost replica was fed and passes on
-only what comes after what the client has; this decides whether there is a sibling to move to: only
+The chain (omnistream/chain/run.py) re-opens a thinker there with the answer so far, replays to an
+audio stage what the lost replica was fed, and passes on only what comes after what the client has;
+this decides whether there is a sibling to move to: only
 for a lost replica (its stage's link broke: `Unavailable` naming the stage; the stage's own errors
 are the request's answer), at most `limit` times a request, to a replica in rotation. The lost one
 leaves the rotation at once, so its other requests and new ones go elsewhere; the request's replica
@@ -32,10 +33,12 @@ class Siblings:
         span: RequestSpan,
         request_id: str,
         limit: int,
+        kinds: frozenset[str] = frozenset(),
     ) -> None:
-        """`serving`: the replicas the session counts as serving the request, updated in place."""
+        """`serving`: the replicas the session counts as serving the request, updated in place;
+        `kinds`: the media kinds a thinker it moves to must take."""
         self._replicas, self._serving, self._metrics = replicas, serving, metrics
-        self._span, self._request_id, self._limit = span, request_id, limit
+        self._span, self._request_id, self._limit, self._kinds = span, request_id, limit, kinds
         self.moves = 0
 
     def take(self, stage: str, error: OmniError) -> Replica | None:
@@ -49,7 +52,7 @@ class Siblings:
             self._stays(stage, "limit", error)
             return None
         try:
-            sibling = self._replicas.pick(stage)
+            sibling = self._replicas.pick(stage, self._kinds if stage == "thinker" else frozenset())
         except Unavailable:
             self._stays(stage, "no_sibling", error)
             return None

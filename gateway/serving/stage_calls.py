@@ -11,7 +11,7 @@ the chain replays and skips (omnistream/chain/resume.py), `GrpcResumer` opens th
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import grpc
@@ -86,9 +86,9 @@ async def run_stages(
     thinker = GrpcThinker(stream(stubs.thinker, "thinker"), rid, request, opens, refer_audio)
     talker = GrpcTalker(stream(stubs.talker, "talker"), rid, opens, with_codes) if audio else None
     code2wav = GrpcCode2Wav(stream(stubs.code2wav, "code2wav"), rid, opens) if audio else None
-    resumer = None
-    if audio and siblings is not None:
-        resumer = GrpcResumer(siblings, stream, trace, rid, opens, with_codes)
+    resumer = (
+        None if siblings is None else GrpcResumer(siblings, stream, trace, rid, request, opens, with_codes)
+    )
     chain = ChainRun(thinker, talker, code2wav, emit, with_codes=with_codes, resumer=resumer)
     ended: BaseException | None = None
     try:
@@ -112,11 +112,12 @@ class GrpcResumer:
         stream: Any,
         trace: StageCalls | None,
         rid: str,
+        request: GenerationRequest,
         opens: StageOpens,
         with_codes: bool,
     ) -> None:
         self._siblings, self._stream, self._trace = siblings, stream, trace
-        self._rid, self._opens, self._with_codes = rid, opens, with_codes
+        self._rid, self._request, self._opens, self._with_codes = rid, request, opens, with_codes
 
     def _call(self, stage: str, error: OmniError) -> tuple[Any, str] | None:
         sibling = self._siblings.take(stage, error)
@@ -125,6 +126,14 @@ class GrpcResumer:
         metadata = None if self._trace is None else self._trace.moved(stage, sibling.address, error)
         rid = f"{self._rid[:120]}.m{self._siblings.moves}"
         return self._stream(sibling.stub, stage, metadata), rid
+
+    async def thinker(self, error: OmniError, answer_ids: list[int]) -> GrpcThinker | None:
+        """The sibling gets the request's media as samples (it holds none of the scope's audio)."""
+        call = self._call("thinker", error)
+        if call is None:
+            return None
+        resumed = replace(self._opens.thinker, answer_ids=tuple(answer_ids))
+        return GrpcThinker(call[0], call[1], self._request, replace(self._opens, thinker=resumed))
 
     async def talker(self, error: OmniError, start_frame: int) -> GrpcTalker | None:
         call = self._call("talker", error)

@@ -1,5 +1,8 @@
 """What a chain asks of whoever can move a stage of a running request to a sibling replica.
 
+A thinker lost mid-answer is re-opened on a sibling with the answer so far, which it continues: its
+prompt and that answer prefilled, its next draw the one the uninterrupted run would have made (a
+sampled request's draws are keyed by its seed and the token's index, omnistream/engine/step_seeds.py).
 A talker or Code2Wav lost mid-stream loses nothing the chain cannot give again: it kept what it fed
 the stage (`Replay`), the sibling regenerates deterministically from the start (greedy, or seeded:
 every sampled request carries its seed), and the chain forwards only what comes after what it
@@ -14,13 +17,18 @@ import asyncio
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
-from omnistream.chain.links import Code2WavLink, TalkerLink
+from omnistream.chain.links import Code2WavLink, TalkerLink, ThinkerLink
 from omnistream.request.errors import OmniError
 
 T = TypeVar("T")
 
 
 class Resumer(Protocol):
+    async def thinker(self, error: OmniError, answer_ids: list[int]) -> ThinkerLink | None:
+        """A thinker link on a sibling, not yet opened, that continues the answer after `answer_ids`
+        (what went on already); None when the request cannot move: then `error` is its answer."""
+        ...
+
     async def talker(self, error: OmniError, start_frame: int) -> TalkerLink | None:
         """A talker link on a sibling whose outputs begin at `start_frame` (what came before went on
         already), not yet opened; None when the request cannot move (not a lost replica, no sibling,
@@ -32,7 +40,8 @@ class Resumer(Protocol):
         ...
 
     def heard(self, stage: str, gap_s: float) -> None:
-        """The resumed request's next audio went out `gap_s` seconds after the loss was seen."""
+        """The resumed request's next output (audio; text for a thinker) went out `gap_s` seconds
+        after the loss was seen."""
         ...
 
 

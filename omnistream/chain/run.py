@@ -10,9 +10,10 @@
 - each talker chunk goes to Code2Wav as it comes (after Code2Wav accepted), its end ends Code2Wav's
   input; codec frames reach the client only `with_codes` (tests and tools that compare codes);
 - audio goes to the client as Code2Wav decodes it;
-- the first failure of any stage cancels the others and is raised as it is, unless a talker or
-  Code2Wav replica was lost and a `Resumer` (resume.py) gives a sibling: the chain replays to it what
-  the lost one was fed, and passes on only what comes after what it already had (frames, samples).
+- the first failure of any stage cancels the others and is raised as it is, unless its replica was
+  lost and a `Resumer` (resume.py) gives a sibling: a thinker is re-opened there with the answer so
+  far, which it continues; a talker or Code2Wav is given again what the lost one was fed, and the
+  chain passes on only what comes after what it already had (frames, samples).
 
 What it counts (tokens, frames, samples, first token and first audio) are named fields, read into
 the request's summary (`done`) and, by the gateway, into its trace.
@@ -22,8 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Coroutine
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from typing import Any, TypeVar
 
 from omnistream.chain.links import Code2WavLink, TalkerLink, ThinkerLink
 from omnistream.chain.resume import Replay, Resumer, replay_to
@@ -31,6 +32,9 @@ from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
 from omnistream.request.stage_outputs import AudioOut, CodecOut, ThinkerOut
+
+T = TypeVar("T")
+L = TypeVar("L", ThinkerLink, TalkerLink, Code2WavLink)
 
 
 class ChainRun:
@@ -61,6 +65,8 @@ class ChainRun:
         self.first_audio_at: float | None = None
         self._talker_accepted = asyncio.Event()
         self._code2wav_accepted = asyncio.Event()
+        self._thinker_finished = False
+        self._thinker_lost: tuple[OmniError, float] | None = None  # until its sibling's first piece
         self._talker_finished = False
         self._code2wav_finished = False
         self._talker_input_ended = False
@@ -112,21 +118,44 @@ class ChainRun:
 
     async def _run_thinker(self) -> None:
         await self.thinker.open()
-        async for piece in self.thinker.outputs():
-            if piece.prompt_ids:
-                self.prompt_ids = list(piece.prompt_ids)
-                self.cached_tokens = piece.cached_tokens
-            self.output_ids.extend(piece.token_ids)
-            if self.first_token_at is None:
-                self.first_token_at = time.perf_counter()
-            await self._audio_accepted()  # at once after the first piece: they accept in a round trip
-            await self.emit(TextEvent(list(piece.token_ids), piece.text_delta))
-            await self._to_talker(piece)
-            if piece.finished:
-                self.finish_reason = piece.finish_reason or "stop"
+        await self._drain(
+            lambda: self.thinker.outputs(),
+            self._from_thinker,
+            lambda: self._thinker_finished,
+            self._move_thinker,
+        )
         if self.talker is not None:
             await self._audio_accepted()
             await self._end_talker_input()
+
+    async def _from_thinker(self, piece: ThinkerOut) -> None:
+        if piece.prompt_ids:
+            self.prompt_ids = list(piece.prompt_ids)
+            self.cached_tokens = piece.cached_tokens
+        self.output_ids.extend(piece.token_ids)
+        if self.first_token_at is None:
+            self.first_token_at = time.perf_counter()
+        if self._thinker_lost is not None and self.resumer is not None:
+            self.resumer.heard("thinker", asyncio.get_running_loop().time() - self._thinker_lost[1])
+            self._thinker_lost = None
+        await self._audio_accepted()  # at once after the first piece: they accept in a round trip
+        await self.emit(TextEvent(list(piece.token_ids), piece.text_delta))
+        await self._to_talker(piece)
+        if piece.finished:
+            self._thinker_finished = True
+            self.finish_reason = piece.finish_reason or "stop"
+
+    async def _move_thinker(self, error: OmniError) -> None:
+        """The thinker lost mid-answer: re-opened on a sibling with the answer so far, which it
+        continues (its draws are keyed by the token's index). Its first loss stays the answer if it
+        cannot move: a sibling's refusal (read in its output, after the open) is not the client's."""
+        if self._thinker_lost is None:
+            self._thinker_lost = (error, asyncio.get_running_loop().time())
+
+        async def sibling(resumer: Resumer, error: OmniError) -> ThinkerLink | None:
+            return await resumer.thinker(error, list(self.output_ids))
+
+        await self._move("thinker", error, self._thinker_lost[0], sibling, lambda link: link.open())
 
     async def _to_talker(self, piece: ThinkerOut) -> None:
         if self.talker is None:
@@ -147,15 +176,13 @@ class ChainRun:
         assert self.talker is not None and self.code2wav is not None
         await self.talker.open()
         self._talker_accepted.set()
-        while True:
-            try:
-                async for chunk in self.talker.outputs():
-                    await self._from_talker(chunk)
-                break
-            except OmniError as exc:
-                if self._talker_finished:  # its end came: nothing of it is lost
-                    break
-                await self._move_talker(exc)
+        talker = self.talker
+        await self._drain(
+            lambda: (self.talker or talker).outputs(),
+            self._from_talker,
+            lambda: self._talker_finished,  # its end came: nothing of it is lost
+            self._move_talker,
+        )
         await self._code2wav_accepted.wait()
         if self._to_code2wav_replay.end():
             await self._to_code2wav(self.code2wav.end_input())
@@ -187,35 +214,26 @@ class ChainRun:
                 raise
 
     async def _move_talker(self, error: OmniError) -> None:
-        """The talker lost mid-stream: on a sibling, replayed, or `error` raised."""
+        """The talker lost mid-stream: on a sibling, given again what it was fed."""
         replay = self._to_talker_replay
         replay.lost()
-        while True:
-            link = None if self.resumer is None else await self.resumer.talker(error, self.frames)
-            if link is None:
-                raise error
-            assert self.talker is not None
-            self.talker.close()
-            self.talker = link
-            try:
-                await replay_to(link, replay)
-                return
-            except OmniError as exc:  # the sibling refused or was lost too
-                error = exc
+
+        async def sibling(resumer: Resumer, error: OmniError) -> TalkerLink | None:
+            return await resumer.talker(error, self.frames)
+
+        await self._move("talker", error, error, sibling, lambda link: replay_to(link, replay))
 
     async def _run_code2wav(self) -> None:
         assert self.code2wav is not None
         await self.code2wav.open()
         self._code2wav_accepted.set()
-        while True:
-            try:
-                async for piece in self.code2wav.outputs():
-                    await self._from_code2wav(piece)
-                return
-            except OmniError as exc:
-                if self._code2wav_finished:
-                    return
-                await self._move_code2wav(exc)
+        code2wav = self.code2wav
+        await self._drain(
+            lambda: (self.code2wav or code2wav).outputs(),
+            self._from_code2wav,
+            lambda: self._code2wav_finished,
+            self._move_code2wav,
+        )
 
     async def _from_code2wav(self, piece: AudioOut) -> None:
         audio, first = piece.audio, piece.first_sample
@@ -242,20 +260,54 @@ class ChainRun:
                 self.resumer.heard(stage, gap)
 
     async def _move_code2wav(self, error: OmniError) -> None:
-        """Code2Wav lost mid-stream: on a sibling, given every frame again, or `error` raised."""
+        """Code2Wav lost mid-stream: on a sibling, given every frame again."""
         replay = self._to_code2wav_replay
         replay.lost()
+
+        async def sibling(resumer: Resumer, error: OmniError) -> Code2WavLink | None:
+            return await resumer.code2wav(error)
+
+        await self._move("code2wav", error, error, sibling, lambda link: replay_to(link, replay))
+
+    async def _drain(
+        self,
+        outputs: Callable[[], AsyncIterator[T]],
+        take: Callable[[T], Awaitable[None]],
+        finished: Callable[[], bool],
+        move: Callable[[OmniError], Awaitable[None]],
+    ) -> None:
+        """Read a stage's outputs to their end; a failure before its end moves the stage (`move`
+        raises what the client gets when it cannot) and reading goes on from its new link."""
         while True:
-            link = None if self.resumer is None else await self.resumer.code2wav(error)
-            if link is None:
-                raise error
-            assert self.code2wav is not None
-            self.code2wav.close()
-            self.code2wav = link
             try:
-                await replay_to(link, replay)
+                async for item in outputs():
+                    await take(item)
                 return
             except OmniError as exc:
+                if finished():
+                    return
+                await move(exc)
+
+    async def _move(
+        self,
+        stage: str,
+        error: OmniError,
+        lost: OmniError,
+        sibling: Callable[[Resumer, OmniError], Awaitable[L | None]],
+        start: Callable[[L], Awaitable[None]],
+    ) -> None:
+        """`stage` goes on at the link `sibling` gives, which `start` opens (and gives what it needs);
+        a sibling that refuses or is lost in turn is moved again. Raises `lost` when it cannot move."""
+        while True:
+            link = None if self.resumer is None else await sibling(self.resumer, error)
+            if link is None:
+                raise lost
+            getattr(self, stage).close()
+            setattr(self, stage, link)
+            try:
+                await start(link)
+                return
+            except OmniError as exc:  # the sibling refused or was lost too
                 error = exc
 
 

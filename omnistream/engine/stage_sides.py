@@ -8,7 +8,7 @@ windows into audio. A servicer puts these pieces on the wire; a local link hands
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from omnistream.request.stage_chain import CodecFeed, InputHold, TalkerFeed
@@ -21,12 +21,14 @@ if TYPE_CHECKING:
 
 
 async def thinker_pieces(
-    out: OutputStream[Any], speech: SpokenFilter, prompt_ids: list[int]
+    out: OutputStream[Any], speech: SpokenFilter, prompt_ids: list[int], answer: Sequence[int] = ()
 ) -> AsyncIterator[ThinkerOut]:
     """The thinker's steps as pieces: each takes every step already there (a producer ahead of its
     reader ships several in one), says which of its tokens are spoken, and the first carries the
-    prompt (with, for media, its deep rows and layout)."""
-    first = True
+    prompt (with, for media, its deep rows and layout). A resumed request (`answer`: its answer so
+    far) carries no prompt, its talker has it, and what is spoken continues from that answer."""
+    speech.push(list(answer))  # what of it was spoken went already; a marker begun in it goes on
+    first = not answer
     while steps := await out.get_batch():
         last = steps[-1]
         token_ids = [t for s in steps for t in s.token_ids]

@@ -52,6 +52,9 @@ class ThinkerParams:
     background: bool = False  # steps only when no other request can (ThinkerOpen.background)
     # Work ahead: its media's whole audio windows encoded and kept, no answer (ThinkerOpen.encode_only).
     encode_only: bool = False
+    # A request resumed after its replica was lost: the answer so far, which it continues
+    # (ThinkerOpen.answer_ids; omnistream/chain/resume.py).
+    answer_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

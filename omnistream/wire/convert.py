@@ -181,6 +181,7 @@ def thinker_open_proto(
         cache_scope=params.cache_scope,
         background=params.background,
         encode_only=params.encode_only,
+        answer_ids=params.answer_ids,
     )
     if params.structured_output is not None:
         open_.structured_output.CopyFrom(structured_output_proto(params.structured_output))

@@ -116,6 +116,7 @@ class ThinkerServicer(StageServicer):
             ),
             background=open_.background,
             encode_only=open_.encode_only,
+            answer_ids=tuple(open_.answer_ids),
         )
         prompt_ids, media = await self._prompt(open_)
         spoken = grammar = None
@@ -132,7 +133,7 @@ class ThinkerServicer(StageServicer):
             index = 0
             completion = 0
             cached = 0  # prompt tokens the prefix cache served (chunk 0 says)
-            async for piece in thinker_pieces(out, speech, prompt_ids):
+            async for piece in thinker_pieces(out, speech, prompt_ids, params.answer_ids):
                 with self.chunk_cpu("out"):
                     completion += len(piece.token_ids)
                     chunk = stage_pb2.ThinkerChunk(

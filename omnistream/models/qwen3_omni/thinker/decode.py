@@ -17,6 +17,7 @@ from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.engine import Engine, present
 from omnistream.engine.grammar import BatchMask, MaskFill
 from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.step_seeds import step_seed
 from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
 from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput
@@ -133,6 +134,9 @@ class ThinkerDecode(Engine[_ThinkerState, _Step]):
                         self.grammar_mask.fill(present(state.matcher), row)
                         masked.append(row)
                 self.grammar_mask.apply(logits, masked)
+        for s in states:  # each draw keyed by (seed, its token's index): a resumed answer draws the same
+            if s.generator is not None:
+                s.generator.manual_seed(step_seed(s.seed, s.answered + len(s.generated)))
         rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
@@ -148,7 +152,7 @@ class ThinkerDecode(Engine[_ThinkerState, _Step]):
                 raise InternalError(f"the output grammar refused token {token}, which its mask allowed")
             # Complete (its stop token taken): the answer ends here, even with ignore_eos.
             is_eos = is_eos or state.matcher.is_terminated()
-        done_length = len(state.generated) >= state.params.max_tokens
+        done_length = state.answered + len(state.generated) >= state.params.max_tokens
         finished = is_eos or done_length
         detok = present(state.detok)
         delta = detok.add(token)
@@ -168,7 +172,7 @@ class ThinkerDecode(Engine[_ThinkerState, _Step]):
             ThinkerOutput(
                 token_ids=[token],
                 text_delta=delta,
-                index=len(state.generated) - 1,
+                index=state.answered + len(state.generated) - 1,
                 finished=finished,
                 finish_reason=("stop" if is_eos else "length") if finished else None,
                 prompt_ids=list(state.prompt_ids) if first else None,

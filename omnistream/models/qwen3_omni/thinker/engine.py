@@ -41,6 +41,7 @@ from omnistream.engine.load_options import is_accelerator
 from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.engine.settings import ThinkerEngineSettings
+from omnistream.engine.step_seeds import request_seed
 from omnistream.engine.token_memo import TokenMemo
 from omnistream.models.qwen3_omni.checkpoint import load_stage, load_tokenizer
 from omnistream.models.qwen3_omni.memory import default_prefix_cache_bytes
@@ -49,7 +50,12 @@ from omnistream.models.qwen3_omni.thinker.decode import ThinkerDecode
 from omnistream.models.qwen3_omni.thinker.encoded_windows import EncodedWindows, ahead_slices, encode_keeping
 from omnistream.models.qwen3_omni.thinker.given_answers import speak_next
 from omnistream.models.qwen3_omni.thinker.media_item import item_digests
-from omnistream.models.qwen3_omni.thinker.media_prompt import MediaPrompt, MediaPromptBuilder, load_processor
+from omnistream.models.qwen3_omni.thinker.media_prompt import (
+    MediaPrompt,
+    MediaPromptBuilder,
+    continued,
+    load_processor,
+)
 from omnistream.models.qwen3_omni.thinker.prefill import PromptPrefill
 from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
 from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
@@ -211,7 +217,7 @@ class ThinkerEngine(ThinkerDecode):
                 raise InvalidRequest("the prompt ids are not those of the media prompt", field="prompt_ids")
             check_media_prompt(media, prompt_ids, self.config)
             media = media.to(self.device, self.dtype)  # once, here: see MediaPrompt.to
-        spoken = self.text.check_budget(prompt_ids, params, spoken)
+        answer = self.text.check_answer(params, spoken := self.text.check_budget(prompt_ids, params, spoken))
         matcher = None
         if params.structured_output is not None and spoken is None:  # a given answer generates nothing
             compiled = grammar if grammar is not None else self.grammars.compile(params.structured_output)
@@ -219,15 +225,18 @@ class ThinkerEngine(ThinkerDecode):
         state = _ThinkerState(
             request_id=request_id,
             output=self.new_output(),
-            prompt_ids=list(prompt_ids),
+            prompt_ids=list(prompt_ids) + answer,  # a resumed answer is run as its prompt's end
             params=params,
             generator=params.sampling.generator(self.device),
+            seed=request_seed(params.sampling.seed),
+            answered=len(answer),
             detok=IncrementalDetokenizer(self.tokenizer),
-            media=media,
+            media=media if media is None or not answer else continued(media, answer),
             spoken=spoken,
             matcher=matcher,
             background=params.background,
         )
+        self.text.take_answer(answer, present(state.detok), matcher)  # where it left text and grammar
         if media is not None:
             merge = self.config.thinker_config.vision_config.spatial_merge_size
             state.slices = plan_slices(media, self.audio_window, self.encode_budget, merge)

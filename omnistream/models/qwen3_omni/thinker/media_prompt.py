@@ -98,6 +98,15 @@ class SettledAudio(NamedTuple):
     replacements: list[str]  # per item: its placeholder's replacement text
 
 
+def continued(media: MediaPrompt, answer: list[int]) -> MediaPrompt:
+    """The media prompt with `answer` after it (a request resumed with its answer so far): text at
+    the positions decoding would have given it, its sequence position + rope_delta in all three."""
+    n, length = len(answer), len(media.prompt_ids)
+    after = torch.arange(length, length + n, dtype=media.positions.dtype) + media.rope_delta
+    positions = torch.cat([media.positions, after.expand(3, n)], dim=1)
+    return dataclasses.replace(media, prompt_ids=media.prompt_ids + list(answer), positions=positions)
+
+
 class MediaPromptBuilder:
     def __init__(self, processor: Any, chat: ChatEncoder, thinker: Any, max_model_len: int) -> None:
         self.processor = processor

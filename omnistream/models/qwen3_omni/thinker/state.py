@@ -22,7 +22,9 @@ class _ThinkerState(RequestState):
     prompt_ids: list[int] = field(default_factory=list)
     params: ThinkerParams = field(default_factory=ThinkerParams)
     generator: torch.Generator | None = None
-    generated: list[int] = field(default_factory=list)
+    seed: int = 0  # its draws' seed (the request's, or one chosen for it): draw n is keyed by (seed, n)
+    answered: int = 0  # a resumed request: the tokens of its answer given at the open (its prompt's end)
+    generated: list[int] = field(default_factory=list)  # what it generated here
     detok: IncrementalDetokenizer | None = None
     next_token: int | None = None  # sampled, not yet fed back
     text_out: bool = False  # some of its text was put out (the engine hands off the GIL at the first)

@@ -91,6 +91,29 @@ class ThinkerText:
                 "the prompt holds audio/image/video placeholder tokens but no media", field="prompt_ids"
             )
 
+    def check_answer(self, params: ThinkerParams, spoken: list[int] | None) -> list[int]:
+        """A resumed request's answer so far (ThinkerOpen.answer_ids), checked: generated tokens,
+        short of max_tokens."""
+        answer = list(params.answer_ids)
+        if not answer:
+            return answer
+        if spoken is not None or params.encode_only:
+            raise InvalidRequest("answer_ids continues a generated answer", field="answer_ids")
+        if len(answer) >= params.max_tokens:
+            raise InvalidRequest("answer_ids must be shorter than max_tokens", field="answer_ids")
+        if min(answer) < 0 or max(answer) >= self.vocab_size:
+            raise InvalidRequest(f"answer_ids must be in [0, {self.vocab_size})", field="answer_ids")
+        return answer
+
+    @staticmethod
+    def take_answer(answer: list[int], detok: IncrementalDetokenizer, matcher: Any) -> None:
+        """A resumed request's answer so far through its detokenizer (text after it continues where
+        the first replica's left off, mid-character included) and its grammar, where they stand."""
+        for token in answer:
+            detok.add(token)
+            if matcher is not None and not matcher.accept_token(token):
+                raise InvalidRequest("the answer so far breaks its output grammar", field="answer_ids")
+
     def check_budget(
         self, prompt_ids: list[int], params: ThinkerParams, spoken: list[int] | None
     ) -> list[int] | None:

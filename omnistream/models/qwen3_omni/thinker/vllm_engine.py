@@ -186,6 +186,8 @@ class VllmThinkerEngine(RequestBook[_Request]):
             raise InvalidRequest(TEXT_ONLY, field="messages")
         if params.encode_only:  # work ahead is media work
             raise InvalidRequest(f"encode_only: {TEXT_ONLY}", field="encode_only")
+        if params.answer_ids:  # its sampler draws one stream a request: a continuation would differ
+            raise InvalidRequest("the vLLM thinker does not continue an answer", field="answer_ids")
         self.text.check_ids(prompt_ids)
         spoken = self.text.check_budget(prompt_ids, params, spoken)
         if self.poisoned is None and self.llm.errored:  # died while idle: nothing had noticed

@@ -1,0 +1,25 @@
+"""The seed of each draw of a sampled request: a pure function of (the request's seed, the step).
+
+A request that draws from one random stream can only be repeated from its first draw. Keyed by its
+step instead, the draw of token n is the same whether the request ran to n in one go or was resumed
+at n on another replica after its first one was lost (issue 62): the thinker re-opened there with the
+answer so far continues exactly as the uninterrupted run would have.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+
+
+def step_seed(seed: int, step: int) -> int:
+    """A 64-bit seed for draw `step` of a request seeded `seed` (BLAKE2b of both: unrelated streams
+    for neighbouring steps and seeds)."""
+    key = seed.to_bytes(8, "little") + step.to_bytes(8, "little")
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def request_seed(seed: int | None) -> int:
+    """The request's own seed, or one chosen here when it gave none (a stage API caller; the gateway
+    gives every sampled request one, so that a resume elsewhere draws the same)."""
+    return seed if seed is not None else secrets.randbits(63)
