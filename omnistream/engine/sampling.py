@@ -4,7 +4,8 @@ Mirrors the order of Hugging Face's logits processors (repetition penalty, suppr
 temperature, top-k, top-p) so that a greedy run reproduces `generate` exactly and a sampled run uses
 the same knobs. Each request owns a `torch.Generator`, so a seeded request draws the same tokens
 whether it runs alone or batched with others (the thinker seeds it for each token from the request's
-seed and the token's index, omnistream/engine/step_seeds.py, so a resumed answer draws the same too).
+seed and the token's index, the talker for each frame, omnistream/engine/step_seeds.py, so a resumed
+answer draws the same too).
 
 The engines choose through `omnistream.engine.batch_sampler.BatchSampler` (one batched pass per step, no
 host syncs); `choose` stays as the per-row reference it is held to, bit for bit

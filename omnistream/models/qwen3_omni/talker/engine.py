@@ -45,6 +45,7 @@ from omnistream.engine.output_stream import OutputStream
 from omnistream.engine.playout import Playout, check_step_budget
 from omnistream.engine.prefix_cache import PrefixCache
 from omnistream.engine.settings import TalkerEngineSettings
+from omnistream.engine.step_seeds import request_seed
 from omnistream.models.family import describe_loaded
 from omnistream.models.qwen3_omni.checkpoint import load_stage
 from omnistream.models.qwen3_omni.constants import DEFAULT_SPEAKER
@@ -254,10 +255,9 @@ class TalkerEngine(Engine[_TalkerState, TalkerStep]):
             speaker_id=speaker_id,
             generator=params.sampling.generator(self.device),
             cp_generator=params.sampling.generator(self.device) if sampled else None,
+            seed=request_seed(params.sampling.seed),
         )
         state.playout = Playout(state.arrived, self.first_audio_target)
-        if state.cp_generator is not None and params.sampling.seed is not None:
-            state.cp_generator.manual_seed(params.sampling.seed + 1)
         self.admit(state)
         return state.output
 

@@ -21,6 +21,7 @@ from omnistream.engine.engine import present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.sampling import SamplingParams
 from omnistream.engine.stats import EngineStats
+from omnistream.engine.step_seeds import step_seed
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
@@ -139,8 +140,7 @@ class FrameSteps:
             for state in states:
                 if state.params.sampling.repetition_penalty != 1.0:
                     self.sampler.reset(state.held_slot)
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
-        codes = self.sampler.sample(logits, rows, self.cache.rows).tolist()
+        codes = self.sampler.sample(logits, code0_rows(states), self.cache.rows).tolist()
         if commit:  # the forward's lengths advance only once its codes are chosen
             self.cache.commit()
         for row, (state, code0) in enumerate(zip(states, codes, strict=True)):
@@ -173,6 +173,9 @@ class FrameSteps:
 
     def cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
         # The reference's code predictor samples with fixed knobs whenever the talker samples.
+        for s in states:
+            if s.cp_generator is not None:
+                s.cp_generator.manual_seed(step_seed(s.seed, s.frames, stream=1))
         return [
             RowSampling(
                 SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
@@ -193,9 +196,11 @@ class FrameSteps:
     def decode_static(self, states: list[_TalkerState]) -> None:
         """The talker forward and codebook 0 as one capturable step (static frames)."""
         assert self.frame is not None
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
         codes = self.frame.decode(
-            [s.held_slot for s in states], self.next_picks(states), [s.rope_delta for s in states], rows
+            [s.held_slot for s in states],
+            self.next_picks(states),
+            [s.rope_delta for s in states],
+            code0_rows(states),
         )
         for state, code0 in zip(states, codes, strict=True):
             if not state.finished:
@@ -246,3 +251,12 @@ class FrameSteps:
         )
         if done:
             self.requests.finish(state)
+
+
+def code0_rows(states: list[_TalkerState]) -> list[RowSampling]:
+    """Each row's codebook-0 draw, its generator seeded for the frame it chooses (step_seeds.py): a
+    talker regenerating a request elsewhere draws each frame as the first one did."""
+    for s in states:
+        if s.generator is not None:
+            s.generator.manual_seed(step_seed(s.seed, s.frames))
+    return [RowSampling(s.params.sampling, s.generator) for s in states]

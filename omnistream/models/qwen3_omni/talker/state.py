@@ -25,8 +25,9 @@ class TalkerOutput:
 class _TalkerState(RequestState):
     params: TalkerParams = field(default_factory=TalkerParams)
     speaker_id: int = 0
-    generator: torch.Generator | None = None
-    cp_generator: torch.Generator | None = None
+    generator: torch.Generator | None = None  # codebook 0's draws, keyed by (seed, frame)
+    cp_generator: torch.Generator | None = None  # the code predictor's, keyed by (seed, frame, 1)
+    seed: int = 0  # the request's, or one chosen for it
     prompt_ids: list[int] | None = None
     multimodal_hidden: DeepRows | None = None
     user_positions: list[int] = field(default_factory=list)  # the prompt's positions in user turns

@@ -118,3 +118,31 @@ def test_a_request_that_ran_to_its_end_records_its_usage(spans):
         a["gen_ai.usage.cached_tokens"],
     ) == (3, 2, 2)
     assert a["omnistream.outcome"] == "ok" and server.status.status_code != StatusCode.ERROR
+
+
+def test_a_stage_moved_to_a_sibling_shows_both_replicas(spans):
+    """A talker lost and the request gone on at a sibling (gateway/serving/resume.py): the lost call's
+    span ends failed naming the first replica, a new CLIENT span names the sibling, and the request's
+    span has a resume event naming both."""
+    span = tracing.RequestSpan(tracing.Incoming("POST /x"), "r6", _request())
+    peers = {"thinker": "127.0.0.1:1", "talker": "127.0.0.1:2", "code2wav": "127.0.0.1:3"}
+    calls = span.stage_calls(peers, "r6")
+    assert calls is not None
+    for stage in peers:
+        calls.metadata(stage)
+    error = Unavailable("talker: connection to the stage lost", stage="talker")
+    assert "traceparent" in dict(calls.moved("talker", "127.0.0.1:4", error))
+    span.resumed("talker", "127.0.0.1:2", "127.0.0.1:4", error)
+    calls.end(None, {})
+    span.finish(_Session(status="ok", done=None, timings=_Timings(first_text=10.1, ended=10.3)))
+    talkers = [s for s in _only(spans, SpanKind.CLIENT) if s.attributes["omnistream.stage"] == "talker"]
+    assert [(s.attributes["server.port"], s.attributes["omnistream.outcome"]) for s in talkers] == [
+        (2, "failed"),
+        (4, "ok"),
+    ]
+    (server,) = _only(spans, SpanKind.SERVER)
+    (event,) = [e for e in server.events if e.name == "resume"]
+    assert (event.attributes["omnistream.resume.from"], event.attributes["omnistream.resume.to"]) == (
+        "127.0.0.1:2",
+        "127.0.0.1:4",
+    )
