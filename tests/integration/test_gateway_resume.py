@@ -189,3 +189,23 @@ def test_grpc_and_realtime_answers_survive_a_killed_talker(stages, tiny_model_di
         assert [services[n].proc.poll() is None for n in own].count(True) == 1
         resumed = _labelled(base, "omnistream_gateway_resumes_total", stage="talker", outcome="resumed")
         assert resumed == 2
+
+
+def test_a_resumed_request_keeps_its_deadline_and_leaves_nothing(stages, tiny_model_dir):
+    """A request moved to a sibling is still the same request: its timeout runs from its start, it
+    ends with deadline_exceeded when that passes, and nothing of it stays anywhere."""
+    own = {f"talker-{n}": stage_args("talker", tiny_model_dir) for n in ("a", "b")}
+    shared = {name: stages[name] for name in ("thinker", "code2wav")}
+    with stack_beside(shared, own) as services:
+        base = gateway_url(services["gateway"])
+        body = {**_requests(2000)[0], "max_audio_frames": 2000, "timeout": 4}
+
+        def kill_busy() -> None:
+            busy = [n for n in own if metric(services[n], "omnistream_stage_engine_requests")]
+            services[busy[0]].kill()
+
+        (answer,) = asyncio.run(_answers(base, [body], kill_busy))
+        assert [e["code"] for e in answer["errors"]] == ["deadline_exceeded"], answer["errors"]
+        assert _labelled(base, "omnistream_gateway_resumes_total", stage="talker", outcome="resumed") == 1
+        alive = {n: s for n, s in services.items() if n != "gateway" and s.proc.poll() is None}
+        assert asyncio.run(wait_for(lambda: gateway_idle(services["gateway"], alive), timeout=30.0))

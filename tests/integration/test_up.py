@@ -182,12 +182,15 @@ def _chat_works(grpc_port: int, http_port: int, tmp_path) -> None:
     chat = [sys.executable, "-m", "omnistream.cli.main", "chat", "Hello"]
     chat += ["--gateway", f"127.0.0.1:{grpc_port}"]
     chat += ["--output", str(out), "--seed", "3", "--max-tokens", "8", "--max-audio-frames", "12"]
-    done = subprocess.run(chat, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
+    # Its text as printed, read as bytes: text mode would turn a "\r" in a random checkpoint's answer
+    # into "\n".
+    done = subprocess.run(chat, capture_output=True, timeout=120)
+    assert done.returncode == 0, done.stderr.decode()
+    printed = done.stdout.decode("utf-8")
     with Client(f"127.0.0.1:{grpc_port}") as client:
         answer = client.complete("Hello", **seeded)
     with RestClient(f"http://127.0.0.1:{http_port}") as rest:
-        assert done.stdout.rstrip("\n") == rest.complete("Hello", **seeded).text == answer.text
+        assert printed.rstrip("\n") == rest.complete("Hello", **seeded).text == answer.text
     written, rate = read_float32_wav(out)
     assert rate == answer.sample_rate and written.shape == answer.audio.shape
     # Two requests of one seed, so the same codes; the audio to float32 rounding only: this stack

@@ -5,6 +5,9 @@ answered by a fake (no stage runs)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 from grpc_health.v1 import health_pb2
 from prometheus_client import generate_latest
 
@@ -28,7 +31,9 @@ class FakeStage:
         return stage_info(self.stage)
 
 
-async def audio_core(talkers: int) -> GatewayCore:
+@contextlib.asynccontextmanager
+async def audio_core(talkers: int) -> AsyncIterator[GatewayCore]:
+    """An audio deployment with `talkers` talker replicas, all healthy; its channels closed after."""
     core = GatewayCore(
         GatewayConfig(
             thinker=["127.0.0.1:1"],
@@ -41,13 +46,12 @@ async def audio_core(talkers: int) -> GatewayCore:
             replica.health = replica.stub = FakeStage(stage)
     await core.replicas.check_all()
     assert core.readiness.ready
-    return core
-
-
-async def close(core: GatewayCore) -> None:
-    for replica_set in core.replicas.sets.values():
-        for replica in replica_set.replicas:
-            await replica.channel.close()
+    try:
+        yield core
+    finally:
+        for replica_set in core.replicas.sets.values():
+            for replica in replica_set.replicas:
+                await replica.channel.close()
 
 
 def siblings(core: GatewayCore, limit: int = 2) -> tuple[Siblings, list]:
@@ -70,8 +74,7 @@ LOST = Unavailable("talker: connection to the stage lost (UNAVAILABLE: reset)", 
 
 
 async def test_a_lost_talker_moves_to_its_sibling_which_now_serves_the_request():
-    core = await audio_core(talkers=2)
-    try:
+    async with audio_core(talkers=2) as core:
         moves, serving = siblings(core)
         lost = serving[1]
         sibling = moves.take("talker", LOST)
@@ -79,34 +82,23 @@ async def test_a_lost_talker_moves_to_its_sibling_which_now_serves_the_request()
         assert not lost.healthy  # out of rotation: its other requests and new ones go elsewhere
         assert serving[1] is sibling and (lost.inflight, sibling.inflight) == (0, 1)
         assert moves.moves == 1 and resumes(core, "resumed") == 1
-    finally:
-        await close(core)
 
 
 async def test_no_sibling_or_no_move_left_keeps_the_loss_as_the_answer():
-    core = await audio_core(talkers=1)
-    try:
+    async with audio_core(talkers=1) as core:
         moves, serving = siblings(core)
         assert moves.take("talker", LOST) is None
         assert resumes(core, "no_sibling") == 1 and not serving[1].healthy
-    finally:
-        await close(core)
-    core = await audio_core(talkers=3)
-    try:
+    async with audio_core(talkers=3) as core:
         moves, serving = siblings(core, limit=1)
         assert moves.take("talker", LOST) is not None
         assert moves.take("talker", LOST) is None  # its one move is made
         assert resumes(core, "limit") == 1 and moves.moves == 1
-    finally:
-        await close(core)
 
 
 async def test_only_a_lost_replica_of_that_stage_moves():
-    core = await audio_core(talkers=2)
-    try:
+    async with audio_core(talkers=2) as core:
         moves, serving = siblings(core)
         assert moves.take("talker", InternalError("talker: internal error", stage="talker")) is None
         assert moves.take("talker", Unavailable("code2wav: lost", stage="code2wav")) is None
         assert all(r.healthy for r in serving) and moves.moves == 0
-    finally:
-        await close(core)
