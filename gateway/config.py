@@ -126,10 +126,10 @@ class GatewayConfig:
         help="seconds added to --audio-start-jitter for each other audio stream (0: off)",
     )
     request_timeout: float = setting(600.0, help="seconds before a request ends with 504")
-    # Failover (serving/resume.py): a talker or Code2Wav replica lost mid-stream, its requests move
-    # to a sibling that regenerates them; this many moves per request at most, then the loss's error.
+    # Failover (serving/resume.py): a stage replica lost mid-stream, its requests move to a sibling
+    # that continues or regenerates them; this many moves per request at most, then the loss's error.
     max_resumes: int = setting(
-        2, help="times a request's audio stages may move to a sibling replica after a loss (0: never)"
+        2, help="times a request's stages may move to a sibling replica after a loss (0: never)"
     )
     max_tokens_limit: int = setting(4096, help="the most max_tokens a request may ask for")
     default_max_tokens: int = setting(DEFAULTS.max_tokens, help="max_tokens of a request that does not say")

@@ -162,14 +162,15 @@ class GatewayMetrics:
         """Requests moved to a sibling replica after a loss (gateway/serving/resume.py)."""
         self.resumes = Counter(
             "omnistream_gateway_resumes",
-            "A talker or Code2Wav replica lost under a running request, by stage and outcome: resumed "
-            "(a sibling regenerates it), no_sibling or limit (the request ends with the loss's error)",
+            "A stage replica lost under a running request, by stage and outcome: resumed (a sibling "
+            "continues or regenerates it), no_sibling or limit (the request ends with the loss's error)",
             ["stage", "outcome"],
             registry=r,
         )
         self.resume_gap = Histogram(
             "omnistream_gateway_resume_gap_seconds",
-            "From a resumed request's loss to its next audio sent to the client, by the stage lost",
+            "From a resumed request's loss to its next output sent to the client (audio; text for a "
+            "thinker), by the stage lost",
             ["stage"],
             buckets=LATENCY_BUCKETS,
             registry=r,

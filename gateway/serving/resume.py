@@ -2,11 +2,11 @@
 
 The chain (omnistream/chain/run.py) re-opens a thinker there with the answer so far, replays to an
 audio stage what the lost replica was fed, and passes on only what comes after what the client has;
-this decides whether there is a sibling to move to: only
-for a lost replica (its stage's link broke: `Unavailable` naming the stage; the stage's own errors
-are the request's answer), at most `limit` times a request, to a replica in rotation. The lost one
-leaves the rotation at once, so its other requests and new ones go elsewhere; the request's replica
-list (what the session counts as serving it) follows the move.
+this decides whether there is a sibling to move to: only for a lost replica (its stage's link
+broke: `Unavailable` naming the stage; the stage's own errors are the request's answer), at most
+`limit` times a request, to a replica in rotation. The lost one leaves the rotation at once, so its
+other requests and new ones go elsewhere; the request's replica list (what the session counts as
+serving it) follows the move.
 """
 
 from __future__ import annotations
@@ -77,6 +77,7 @@ class Siblings:
         log.warning("request %s: %s; not resumed (%s)", self._request_id, error.message, outcome)
 
     def heard(self, stage: str, gap_s: float) -> None:
-        """The moved request's audio went on `gap_s` seconds after the loss was seen."""
+        """The moved request's output (audio; text for a thinker) went on `gap_s` seconds after the
+        loss was seen."""
         self._metrics.resume_gap.labels(stage=stage).observe(gap_s)
         self._span.note({f"omnistream.resume.{stage}.gap": gap_s})

@@ -4,8 +4,8 @@ Opens one bidi stream per stage (stage_links.py) and runs the request's chain ov
 (omnistream/chain/run.py, the same runner as the in-process pipeline's): each stage's chunks go to
 the next as they arrive (the stages themselves hold input back in sequential mode, so both modes
 share this path). Cancelling the consumer cancels all three calls, which aborts the request in every
-stage at once. With `Siblings` (resume.py), a talker or Code2Wav lost mid-stream goes on at a sibling:
-the chain replays and skips (omnistream/chain/resume.py), `GrpcResumer` opens the sibling's stream.
+stage at once. With `Siblings` (resume.py), a stage lost mid-stream goes on at a sibling: the chain
+re-opens or replays and skips (omnistream/chain/resume.py), `GrpcResumer` opens the sibling's stream.
 """
 
 from __future__ import annotations

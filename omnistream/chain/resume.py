@@ -55,7 +55,6 @@ class Replay(Generic[T]):
     fed: list[T] = field(default_factory=list)
     ended: bool = False
     replaying: bool = False
-    lost_at: float | None = None  # the event loop's time the loss was seen, until audio resumed
 
     def due(self, item: T) -> bool:
         """Record `item`; whether the caller should also send it to the current link now."""
@@ -68,16 +67,28 @@ class Replay(Generic[T]):
         self.ended = True
         return not self.replaying
 
-    def lost(self) -> None:
-        if self.lost_at is None:
-            self.lost_at = asyncio.get_running_loop().time()
+
+@dataclass
+class Loss:
+    """One stage lost under the request, until its next output went out: the first error, which is
+    the client's answer if the stage cannot move (a sibling refusing or lost meanwhile is not), and
+    when it was seen, for the gap its listener heard."""
+
+    error: OmniError | None = None
+    at: float = 0.0  # the event loop's time
+
+    def seen(self, error: OmniError) -> OmniError:
+        """Note `error` (the first since the stage's last output counts); the first error."""
+        if self.error is None:
+            self.error, self.at = error, asyncio.get_running_loop().time()
+        return self.error
 
     def gap(self) -> float | None:
-        """Seconds since the loss, once (the first audio after it); None when nothing was lost."""
-        if self.lost_at is None:
+        """Seconds since the loss, once (its next output); None when nothing was lost."""
+        if self.error is None:
             return None
-        gap, self.lost_at = asyncio.get_running_loop().time() - self.lost_at, None
-        return gap
+        self.error = None
+        return asyncio.get_running_loop().time() - self.at
 
 
 async def replay_to(link: TalkerLink | Code2WavLink, replay: Replay[Any]) -> None:

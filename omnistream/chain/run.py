@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import Any, TypeVar
 
 from omnistream.chain.links import Code2WavLink, TalkerLink, ThinkerLink
-from omnistream.chain.resume import Replay, Resumer, replay_to
+from omnistream.chain.resume import Loss, Replay, Resumer, replay_to
 from omnistream.request.errors import InternalError, OmniError
 from omnistream.request.generation import AudioEvent, CodesEvent, DoneEvent, TextEvent
 from omnistream.request.relay import Emit
@@ -66,10 +66,10 @@ class ChainRun:
         self._talker_accepted = asyncio.Event()
         self._code2wav_accepted = asyncio.Event()
         self._thinker_finished = False
-        self._thinker_lost: tuple[OmniError, float] | None = None  # until its sibling's first piece
         self._talker_finished = False
         self._code2wav_finished = False
         self._talker_input_ended = False
+        self._losses = {stage: Loss() for stage in ("thinker", "talker", "code2wav")}
         # What each audio stage was fed, for a sibling to regenerate from (only with a resumer).
         self._to_talker_replay: Replay[ThinkerOut] = Replay(keep=resumer is not None)
         self._to_code2wav_replay: Replay[CodecOut] = Replay(keep=resumer is not None)
@@ -135,9 +135,7 @@ class ChainRun:
         self.output_ids.extend(piece.token_ids)
         if self.first_token_at is None:
             self.first_token_at = time.perf_counter()
-        if self._thinker_lost is not None and self.resumer is not None:
-            self.resumer.heard("thinker", asyncio.get_running_loop().time() - self._thinker_lost[1])
-            self._thinker_lost = None
+        self._heard("thinker")
         await self._audio_accepted()  # at once after the first piece: they accept in a round trip
         await self.emit(TextEvent(list(piece.token_ids), piece.text_delta))
         await self._to_talker(piece)
@@ -147,15 +145,13 @@ class ChainRun:
 
     async def _move_thinker(self, error: OmniError) -> None:
         """The thinker lost mid-answer: re-opened on a sibling with the answer so far, which it
-        continues (its draws are keyed by the token's index). Its first loss stays the answer if it
-        cannot move: a sibling's refusal (read in its output, after the open) is not the client's."""
-        if self._thinker_lost is None:
-            self._thinker_lost = (error, asyncio.get_running_loop().time())
+        continues (its draws are keyed by the token's index). A sibling's refusal is read in its
+        output, after the open: a later move, whose answer is still the first loss (`Loss`)."""
 
         async def sibling(resumer: Resumer, error: OmniError) -> ThinkerLink | None:
             return await resumer.thinker(error, list(self.output_ids))
 
-        await self._move("thinker", error, self._thinker_lost[0], sibling, lambda link: link.open())
+        await self._move("thinker", error, sibling, lambda link: link.open())
 
     async def _to_talker(self, piece: ThinkerOut) -> None:
         if self.talker is None:
@@ -216,12 +212,11 @@ class ChainRun:
     async def _move_talker(self, error: OmniError) -> None:
         """The talker lost mid-stream: on a sibling, given again what it was fed."""
         replay = self._to_talker_replay
-        replay.lost()
 
         async def sibling(resumer: Resumer, error: OmniError) -> TalkerLink | None:
             return await resumer.talker(error, self.frames)
 
-        await self._move("talker", error, error, sibling, lambda link: replay_to(link, replay))
+        await self._move("talker", error, sibling, lambda link: replay_to(link, replay))
 
     async def _run_code2wav(self) -> None:
         assert self.code2wav is not None
@@ -244,30 +239,27 @@ class ChainRun:
         if audio.size:
             if self.first_audio_at is None:
                 self.first_audio_at = time.perf_counter()
-            self._heard()
+            self._heard("talker", "code2wav")
             self.samples += audio.size
             await self.emit(AudioEvent(audio, self.samples - audio.size, piece.sample_rate))
         if piece.finished:
             self._code2wav_finished = True
 
-    def _heard(self) -> None:
-        """Audio goes out again after a resume: how long the listener waited for it."""
-        if self.resumer is None:
-            return
-        for stage, replay in (("talker", self._to_talker_replay), ("code2wav", self._to_code2wav_replay)):
-            gap = replay.gap()
-            if gap is not None:
+    def _heard(self, *stages: str) -> None:
+        """Output goes out again after a move of `stages`: how long its listener waited for it."""
+        for stage in stages:
+            gap = self._losses[stage].gap()
+            if gap is not None and self.resumer is not None:
                 self.resumer.heard(stage, gap)
 
     async def _move_code2wav(self, error: OmniError) -> None:
         """Code2Wav lost mid-stream: on a sibling, given every frame again."""
         replay = self._to_code2wav_replay
-        replay.lost()
 
         async def sibling(resumer: Resumer, error: OmniError) -> Code2WavLink | None:
             return await resumer.code2wav(error)
 
-        await self._move("code2wav", error, error, sibling, lambda link: replay_to(link, replay))
+        await self._move("code2wav", error, sibling, lambda link: replay_to(link, replay))
 
     async def _drain(
         self,
@@ -292,12 +284,13 @@ class ChainRun:
         self,
         stage: str,
         error: OmniError,
-        lost: OmniError,
         sibling: Callable[[Resumer, OmniError], Awaitable[L | None]],
         start: Callable[[L], Awaitable[None]],
     ) -> None:
         """`stage` goes on at the link `sibling` gives, which `start` opens (and gives what it needs);
-        a sibling that refuses or is lost in turn is moved again. Raises `lost` when it cannot move."""
+        a sibling that refuses or is lost in turn is moved again. Raises the stage's first loss since
+        its last output when it cannot move."""
+        lost = self._losses[stage].seen(error)
         while True:
             link = None if self.resumer is None else await sibling(self.resumer, error)
             if link is None:

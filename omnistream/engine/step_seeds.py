@@ -11,6 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
 
 
 def step_seed(seed: int, step: int, stream: int = 0) -> int:
@@ -19,6 +23,14 @@ def step_seed(seed: int, step: int, stream: int = 0) -> int:
     steps (the talker's codebook 0 and its code predictor's residuals, one frame a step)."""
     key = seed.to_bytes(8, "little") + step.to_bytes(8, "little") + stream.to_bytes(1, "little")
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little")
+
+
+def keyed(generator: torch.Generator | None, seed: int, step: int, stream: int = 0) -> torch.Generator | None:
+    """`generator` (None: a greedy row) seeded for draw `step` of `stream`: what the row's sampler
+    draws from for that step."""
+    if generator is not None:
+        generator.manual_seed(step_seed(seed, step, stream))
+    return generator
 
 
 def request_seed(seed: int | None) -> int:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import asyncio
 
-from omnistream.chain.resume import Replay, replay_to
+from omnistream.chain.resume import Loss, Replay, replay_to
+from omnistream.request.errors import Unavailable
 
 
 class Sibling:
@@ -47,14 +48,16 @@ async def test_input_recorded_during_a_replay_goes_once_in_order_then_the_end():
     assert replay.due(6) and not replay.replaying  # after the replay: the caller sends again
 
 
-async def test_the_gap_is_measured_once_from_the_loss():
-    replay: Replay[int] = Replay()
-    assert replay.gap() is None
-    replay.lost()
+async def test_the_gap_is_measured_once_from_the_first_loss_which_stays_the_answer():
+    loss = Loss()
+    assert loss.gap() is None
+    first = Unavailable("talker: lost", stage="talker")
+    assert loss.seen(first) is first
     await asyncio.sleep(0.01)
-    gap = replay.gap()
+    assert loss.seen(Unavailable("talker: the sibling too", stage="talker")) is first
+    gap = loss.gap()
     assert gap is not None and gap >= 0.01
-    assert replay.gap() is None
+    assert loss.gap() is None
 
 
 def test_a_chain_without_a_resumer_keeps_nothing():

@@ -21,7 +21,7 @@ from omnistream.engine.engine import present
 from omnistream.engine.kvcache import SlotKVCache
 from omnistream.engine.sampling import SamplingParams
 from omnistream.engine.stats import EngineStats
-from omnistream.engine.step_seeds import step_seed
+from omnistream.engine.step_seeds import keyed
 from omnistream.models.qwen3_omni.talker.code_predictor import CodePredictorRunner
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.frame import StaticTalkerFrame
@@ -172,13 +172,12 @@ class FrameSteps:
         return picks
 
     def cp_rows(self, states: list[_TalkerState]) -> list[RowSampling]:
-        # The reference's code predictor samples with fixed knobs whenever the talker samples.
-        for s in states:
-            if s.cp_generator is not None:
-                s.cp_generator.manual_seed(step_seed(s.seed, s.frames, stream=1))
+        # The reference's code predictor samples with fixed knobs whenever the talker samples; its
+        # residuals' draws are the frame's stream 1 (codebook 0's is stream 0: `code0_rows`).
         return [
             RowSampling(
-                SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING, s.cp_generator
+                SamplingParams() if s.params.sampling.greedy else CODE_PREDICTOR_SAMPLING,
+                keyed(s.cp_generator, s.seed, s.frames, stream=1),
             )
             for s in states
         ]
@@ -256,7 +255,4 @@ class FrameSteps:
 def code0_rows(states: list[_TalkerState]) -> list[RowSampling]:
     """Each row's codebook-0 draw, its generator seeded for the frame it chooses (step_seeds.py): a
     talker regenerating a request elsewhere draws each frame as the first one did."""
-    for s in states:
-        if s.generator is not None:
-            s.generator.manual_seed(step_seed(s.seed, s.frames))
-    return [RowSampling(s.params.sampling, s.generator) for s in states]
+    return [RowSampling(s.params.sampling, keyed(s.generator, s.seed, s.frames)) for s in states]

@@ -17,7 +17,7 @@ from omnistream.engine.batch_sampler import BatchSampler, RowSampling
 from omnistream.engine.engine import Engine, present
 from omnistream.engine.grammar import BatchMask, MaskFill
 from omnistream.engine.kvcache import SlotKVCache
-from omnistream.engine.step_seeds import step_seed
+from omnistream.engine.step_seeds import keyed
 from omnistream.models.qwen3_omni.thinker.prefix import ThinkerPrefixes
 from omnistream.models.qwen3_omni.thinker.state import _Step, _ThinkerState
 from omnistream.models.qwen3_omni.thinker.text import ThinkerOutput
@@ -134,10 +134,11 @@ class ThinkerDecode(Engine[_ThinkerState, _Step]):
                         self.grammar_mask.fill(present(state.matcher), row)
                         masked.append(row)
                 self.grammar_mask.apply(logits, masked)
-        for s in states:  # each draw keyed by (seed, its token's index): a resumed answer draws the same
-            if s.generator is not None:
-                s.generator.manual_seed(step_seed(s.seed, s.answered + len(s.generated)))
-        rows = [RowSampling(s.params.sampling, s.generator) for s in states]
+        # Each draw keyed by (seed, its token's index): a resumed answer draws the same.
+        rows = [
+            RowSampling(s.params.sampling, keyed(s.generator, s.seed, s.answered + len(s.generated)))
+            for s in states
+        ]
         return self.sampler.sample(logits, rows, self.cache.rows).tolist()
 
     def _accept(
