@@ -49,7 +49,8 @@ def other_tiny_model_dir() -> str:
 
 @pytest.fixture(scope="session")
 def real_shaped_model_dir() -> str:
-    """The tiny checkpoint with the real model's 5-layer code predictor (ending)."""
+    """The tiny checkpoint with the real model's 5-layer code predictor and experts' routing (128
+    experts, top-8 thinker, top-6 talker; ending)."""
     from omnistream.bench.op_counts import real_shaped_model
 
     return real_shaped_model(Path(f"{CACHE}-real-shaped"))

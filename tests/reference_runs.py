@@ -11,7 +11,8 @@ talker barely listens to its text rows):
 - "ending": seed 0, the default build (`make run`): the thinker ends after a sentence-final token,
   the talker at the first tts_pad row;
 - "seed7-h96": another seed and size (hidden 96), ending;
-- "real-shaped": the real code predictor's depth (5 layers), ending (omnistream/bench/op_counts.py).
+- "real-shaped": the real code predictor's depth (5 layers) and experts' routing (128 experts, 8 active a
+  thinker token, 6 a talker row), ending (omnistream/bench/op_counts.py).
 
 The cases end every way there is: by the thinker's own end token and by `max_tokens` (the thinker),
 by the talker's end code and by `max_audio_frames` (the talker), with the talker's repetition

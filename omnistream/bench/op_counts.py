@@ -40,8 +40,9 @@ from omnistream.engine.settings import (
 from omnistream.request.sampling_params import SamplingParams
 
 STAGES = ("thinker", "talker", "talker-static", "code2wav")
-# The issue's "real-shaped" build: the real code predictor's depth, two talker layers.
-REAL_SHAPED = {"layers": 2, "code_predictor_layers": 5}
+# The "real-shaped" build: the real code predictor's depth and the real experts' routing (128
+# experts, 8 active a thinker token, 6 a talker row), two thinker and talker layers.
+REAL_SHAPED: dict[str, Any] = {"layers": 2, "code_predictor_layers": 5, "experts": 128, "top_k": (8, 6)}
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,8 @@ class StepOps:
 
 
 def real_shaped_model(directory: str | Path) -> str:
-    """The tiny checkpoint with the real model's code-predictor depth (built once, then reused)."""
+    """The tiny checkpoint with the real model's code-predictor depth and experts' routing (built
+    once, then reused)."""
     from omnistream.models.qwen3_omni import tiny
 
     return str(tiny.built(directory, seed=0, **REAL_SHAPED))

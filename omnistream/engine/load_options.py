@@ -10,7 +10,8 @@ matmuls are slow and the reference parity tests run). float64 on CUDA is a debug
 against a CPU reference) and is refused unless `allow_float64` says it is meant.
 
 The load settings are declared here once, as `setting(...)` fields (their flags are generated from
-them): `DeviceSettings` every stage's, `TalkerLoadSettings` and `ThinkerLoadSettings` one stage's.
+them): `DeviceSettings` every stage's, `GraphSettings` the talker's and Code2Wav's (CUDA graphs),
+`TalkerLoadSettings` and `ThinkerLoadSettings` one stage's.
 A stage's engine settings (omnistream/engine/settings.py) extend them; `LoadOptions` holds them all.
 """
 
@@ -87,26 +88,34 @@ class DeviceSettings:
 
 
 @dataclass(frozen=True)
-class TalkerLoadSettings(DeviceSettings):
-    """How the talker runs its frames (`serve talker` only)."""
+class ExpertsLoadSettings(DeviceSettings):
+    """How a mixture-of-experts stage (the thinker, the talker) runs its experts."""
+
+    # auto: omnistream/models/qwen3_omni/checkpoint.py `experts_for`, sync-free on every device.
+    experts: Literal["auto", "fixed", "grouped_mm", "eager"] = setting(
+        "auto",
+        help="the MoE experts kernel: fixed (fixed shapes, routing kept on the device: no host sync, "
+        "CUDA-graph capturable), grouped_mm (transformers' sparse kernel: sync-free only in bfloat16 on "
+        "an SM90/SM100 GPU), eager (transformers' per-expert loop, the reference), or auto: grouped_mm "
+        "where it is sync-free and on the CPU (no device to wait for), fixed elsewhere and in float64",
+    )
+
+
+@dataclass(frozen=True)
+class GraphSettings(DeviceSettings):
+    """Whether a stage replays CUDA graphs of its fixed-shape steps (`serve talker`, `serve code2wav`)."""
 
     # The talker replays CUDA graphs of its frame's steps (omnistream/models/qwen3_omni/talker/frame.py;
-    # without static frames, of the code predictor's: talker/code_predictor.py).
+    # without static frames, of the code predictor's: talker/code_predictor.py), Code2Wav of its
+    # streaming step (code2wav/static_step.py); both through omnistream/engine/step_graphs.py.
     cuda_graphs: bool | None = setting(
         None,
         shown="on for a CUDA --device, off elsewhere",
-        help="capture the talker frame's two steps (with --no-static-frames: the code predictor's 15) "
-        "as CUDA graphs, once per batch bucket (and KV width), and replay them: a few replays per "
-        "frame instead of thousands of launches. Each graph is checked against its eager run when "
+        help="capture the stage's fixed-shape steps as CUDA graphs, once per batch bucket, and replay "
+        "them: the talker frame's two steps (with --no-static-frames: the code predictor's 15; per KV "
+        "width too), Code2Wav's streaming step (per window-length bucket too): a few replays per step "
+        "instead of hundreds or thousands of launches. Each graph is checked against its eager run when "
         "captured; one that differs or fails to capture runs eagerly (logged). Asked for off CUDA: refused",
-    )
-    # Each frame as two fixed-shape, graph-capturable steps (talker/frame.py), the same codes as the
-    # eager frame; on the CPU also a little faster (docs/benchmarks.md).
-    static_frames: bool = setting(
-        True,
-        help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
-        "the talker's decode step, each with its sampling); the same codes as the eager frame "
-        "(--no-static-frames: the eager frame, dynamic shapes)",
     )
 
     @property
@@ -118,7 +127,21 @@ class TalkerLoadSettings(DeviceSettings):
 
 
 @dataclass(frozen=True)
-class ThinkerLoadSettings(DeviceSettings):
+class TalkerLoadSettings(ExpertsLoadSettings, GraphSettings):
+    """How the talker runs its frames (`serve talker` only)."""
+
+    # Each frame as two fixed-shape, graph-capturable steps (talker/frame.py), the same codes as the
+    # eager frame; on the CPU also a little faster (docs/benchmarks.md).
+    static_frames: bool = setting(
+        True,
+        help="run each talker frame as two fixed-shape steps (the code predictor's 15 codebooks, "
+        "the talker's decode step, each with its sampling); the same codes as the eager frame "
+        "(--no-static-frames: the eager frame, dynamic shapes)",
+    )
+
+
+@dataclass(frozen=True)
+class ThinkerLoadSettings(ExpertsLoadSettings):
     """Which engine runs the thinker (`serve thinker` only)."""
 
     backend: Literal["transformers", "vllm"] = setting(

@@ -27,6 +27,7 @@ from transformers.models.qwen3_omni_moe.modeling_qwen3_omni_moe import (
 )
 
 from omnistream.engine.load_options import DeviceSettings, LoadOptions
+from omnistream.models import moe_experts
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,19 @@ def load_tokenizer(model_dir: str | Path) -> Any:
     return AutoTokenizer.from_pretrained(str(model_dir))
 
 
+MOE_STAGES = ("thinker", "talker")
+
+
+def stage_experts(stage: str, model_dir: str | Path, options: DeviceSettings) -> str:
+    """The experts implementation `stage` loads with (`--experts`, omnistream/models/moe_experts.py)."""
+    moe_experts.register()
+    config = load_config(model_dir)
+    text = getattr(config, f"{stage}_config").text_config
+    dims = (text.hidden_size, text.moe_intermediate_size)
+    requested = getattr(options, "experts", "auto")
+    return moe_experts.experts_for(requested, torch.device(options.device), options.torch_dtype(), dims)
+
+
 def load_stage(stage: str, model_dir: str | Path, options: DeviceSettings = LoadOptions()) -> Any:
     """Return the stage's holder module (eval mode, on the requested device and dtype).
 
@@ -122,10 +136,10 @@ def load_stage(stage: str, model_dir: str | Path, options: DeviceSettings = Load
     transformers.logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
     cls = STAGE_CLASSES[stage]
     dtype = options.torch_dtype()
-    # The default grouped-matmul MoE kernel rejects float64; eager experts run every dtype.
-    experts = "eager" if dtype == torch.float64 else None
     kwargs: dict[str, Any] = {"dtype": dtype, "device_map": str(options.device)}
-    if experts:
+    # grouped_mm is what the stage's own modules pick by default; asked of the holder, transformers
+    # refuses it (it looks for its decorator in the holder's source).
+    if stage in MOE_STAGES and (experts := stage_experts(stage, model_dir, options)) != "grouped_mm":
         kwargs["experts_implementation"] = experts
     model = cls.from_pretrained(str(model_dir), **kwargs)
     return model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated

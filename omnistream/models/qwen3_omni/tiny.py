@@ -46,16 +46,19 @@ def tiny_config(
     layers: int = 2,
     experts: int = 4,
     code_predictor_layers: int = 1,
+    top_k: tuple[int, int] = (2, 2),
 ) -> Any:
     """The tiny checkpoint's `Qwen3OmniMoeConfig`: the real architecture at `hidden_size`, with
-    `layers` thinker and talker layers of `experts` experts; `ids`: the tokenizer's
-    (`build_tokenizer`)."""
+    `layers` thinker and talker layers of `experts` experts, `top_k` of them active per token
+    (thinker, talker); `ids`: the tokenizer's (`build_tokenizer`)."""
     from transformers import Qwen3OmniMoeConfig
 
     rope = _rope(hidden_size // _HEADS)  # one dict, the thinker's and the talker's
     return Qwen3OmniMoeConfig(
-        thinker_config=_thinker_config(ids, hidden_size, layers, experts, rope),
-        talker_config=_talker_config(ids, hidden_size, layers, experts, code_predictor_layers, rope),
+        thinker_config=_thinker_config(ids, hidden_size, layers, (experts, top_k[0]), rope),
+        talker_config=_talker_config(
+            ids, hidden_size, layers, (experts, top_k[1]), code_predictor_layers, rope
+        ),
         code2wav_config=_code2wav_config(),
         im_start_token_id=ids["<|im_start|>"],
         im_end_token_id=ids["<|im_end|>"],
@@ -87,7 +90,7 @@ def _media_token_ids(ids: dict[str, int]) -> dict[str, int]:
 
 
 def _thinker_config(
-    ids: dict[str, int], hidden_size: int, layers: int, experts: int, rope: dict[str, Any]
+    ids: dict[str, int], hidden_size: int, layers: int, experts: tuple[int, int], rope: dict[str, Any]
 ) -> dict[str, Any]:
     head_dim = hidden_size // _HEADS
     text = {
@@ -99,8 +102,8 @@ def _thinker_config(
         "num_attention_heads": _HEADS,
         "num_key_value_heads": 2,
         "head_dim": head_dim,
-        "num_experts": experts,
-        "num_experts_per_tok": 2,
+        "num_experts": experts[0],
+        "num_experts_per_tok": experts[1],
         "max_position_embeddings": 8192,
         "rope_parameters": rope,
     }
@@ -150,7 +153,7 @@ def _talker_config(
     ids: dict[str, int],
     hidden_size: int,
     layers: int,
-    experts: int,
+    experts: tuple[int, int],
     code_predictor_layers: int,
     rope: dict[str, Any],
 ) -> dict[str, Any]:
@@ -165,8 +168,8 @@ def _talker_config(
         "num_attention_heads": _HEADS,
         "num_key_value_heads": 2,
         "head_dim": head_dim,
-        "num_experts": experts,
-        "num_experts_per_tok": 2,
+        "num_experts": experts[0],
+        "num_experts_per_tok": experts[1],
         "max_position_embeddings": 8192,
         "rope_parameters": rope,
     }
@@ -289,6 +292,7 @@ def make_tiny_model(
     experts: int = 4,
     code_predictor_layers: int = 1,
     answers_end: bool = True,
+    top_k: tuple[int, int] = (2, 2),
 ) -> Path:
     """Write a deterministic tiny checkpoint (config, safetensors, tokenizer) into `directory`.
     `code_predictor_layers=5`: the real code-predictor depth (the frame's op count grows with it).
@@ -307,6 +311,7 @@ def make_tiny_model(
         layers=layers,
         experts=experts,
         code_predictor_layers=code_predictor_layers,
+        top_k=top_k,
     )
     torch.manual_seed(seed)
     with _ZeroedEmpty():
@@ -323,6 +328,7 @@ def make_tiny_model(
                 "layers": layers,
                 "experts": experts,
                 "code_predictor_layers": code_predictor_layers,
+                "top_k": list(top_k),
                 "answers_end": answers_end,
                 "builder": builder_version(),
             }
