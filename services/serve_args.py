@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from omnistream.engine.load_options import DeviceSettings
+from omnistream.engine.load_options import DeviceSettings, GraphSettings
 from omnistream.engine.settings import STAGE_SETTINGS, EngineSettings, TalkerEngineSettings
 from omnistream.service.cpu_priority import MAX_NICE
 from omnistream.service.device_flags import add_dtype_arguments
@@ -115,9 +115,10 @@ def add_code2wav_arguments(p: argparse.ArgumentParser) -> None:
 def load_options_refusal(settings: DeviceSettings) -> str | None:
     """Why a stage with these settings cannot load, said before any weight is read (in its flags'
     words); None if it can."""
+    graphs = isinstance(settings, GraphSettings) and settings.cuda_graphs  # the talker, Code2Wav
+    if graphs and settings.device.split(":")[0] != "cuda":
+        return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {settings.device!r}"
     if isinstance(settings, TalkerEngineSettings):
-        if settings.cuda_graphs and settings.device.split(":")[0] != "cuda":
-            return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {settings.device!r}"
         step_batch = settings.max_step_batch
         if step_batch is not None and step_batch > settings.max_batch:
             return f"--max-step-batch {step_batch} exceeds --max-batch {settings.max_batch}"

@@ -15,7 +15,7 @@ benchmarks build the same objects, so no default is repeated down the chain.
     ThinkerEngineSettings   = PrefixCacheSettings + ThinkerLoadSettings (backend, vllm_load)
     TalkerEngineSettings    = PrefixCacheSettings + AudioScheduleSettings + max_step_batch
                               + TalkerLoadSettings (cuda_graphs, static_frames)
-    Code2WavEngineSettings  = AudioScheduleSettings + max_step_frames
+    Code2WavEngineSettings  = AudioScheduleSettings + max_step_frames + GraphSettings (cuda_graphs)
 
 A stage's class holds only its own fields, as its flags do: `serve thinker --max-step-batch` is a
 usage error, and the talker's settings have no backend. Torch-free: the CLI parses with it.
@@ -28,7 +28,12 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from omnistream.engine.load_options import DeviceSettings, TalkerLoadSettings, ThinkerLoadSettings
+from omnistream.engine.load_options import (
+    DeviceSettings,
+    GraphSettings,
+    TalkerLoadSettings,
+    ThinkerLoadSettings,
+)
 from omnistream.engine.playout import DEFAULT_FIRST_AUDIO_TARGET_S
 from omnistream.engine.setting_field import setting
 from omnistream.request.chunk_plan import DEFAULT_CODE2WAV_STEP_FRAMES
@@ -145,7 +150,7 @@ class TalkerEngineSettings(TalkerLoadSettings, TalkerScheduleSettings, PrefixCac
 
 
 @dataclass(frozen=True)
-class Code2WavEngineSettings(AudioScheduleSettings):
+class Code2WavEngineSettings(GraphSettings, AudioScheduleSettings):
     """Code2Wav's engine."""
 
     max_step_frames: int = setting(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from transformers import Qwen3OmniMoeConfig
 
-from omnistream.bench.op_counts import REAL_SHAPED, measure, real_shaped_model
+from omnistream.bench.op_counts import REAL_SHAPED, code2wav_window, measure, real_shaped_model
 from omnistream.engine.load_options import LoadOptions
 
 F32 = LoadOptions(dtype="float32")
@@ -44,3 +44,14 @@ def test_a_code2wav_window_costs_about_the_same_ops_at_batch_8(tiny_model_dir):
     """The engine's window at batch 8 dispatches at most 1.2x batch 1's ops (issue 23's target)."""
     one, eight = (r.counts.total for r in measure(tiny_model_dir, F32, ("code2wav",), (1, 8)))
     assert eight <= 1.2 * one, (one, eight)
+
+
+@pytest.mark.parametrize("build", ["tiny_model_dir", "real_shaped_model_dir"], ids=["tiny", "real-shaped"])
+def test_a_code2wav_window_runs_in_capturable_regions_with_a_few_host_ops(build, request):
+    """Issue 63: Code2Wav's step is fixed-shape (code2wav/static_step.py): at most 20 ops outside
+    its capturable regions, the same at batch 1 and 16 (none per row, per layer or per conv); the
+    rest is its graph on CUDA."""
+    model_dir = request.getfixturevalue(build)
+    one, sixteen = (code2wav_window(model_dir, batch, F32) for batch in (1, 16))
+    assert one.outside == sixteen.outside <= 20, (one.outside_ops, sixteen.outside_ops)
+    assert one.inside == sixteen.inside > 20 * one.outside

@@ -1,5 +1,5 @@
-"""Stage service flags: --cuda-graphs belongs to the talker, is on by default for CUDA only and is
-refused off CUDA before loading;
+"""Stage service flags: --cuda-graphs belongs to the talker and Code2Wav, is on by default for CUDA
+only and is refused off CUDA before loading;
 the per-step scheduling flags belong to the talker and Code2Wav."""
 
 from __future__ import annotations
@@ -25,24 +25,29 @@ def _settings(stage: str, *argv: str):
     return build(STAGE_SETTINGS[stage], _parse(stage, *argv))
 
 
-def test_cuda_graphs_is_a_talker_flag_on_by_default_for_cuda_only():
+@pytest.mark.parametrize("stage", ["talker", "code2wav"])
+def test_cuda_graphs_is_a_talker_and_code2wav_flag_on_by_default_for_cuda_only(stage):
     from omnistream.engine.load_options import LoadOptions
+    from omnistream.engine.settings import Code2WavEngineSettings, derive
 
-    assert _parse("talker").cuda_graphs is None  # not asked: decided by the device
-    assert _parse("talker", "--cuda-graphs").cuda_graphs is True
-    assert _parse("talker", "--no-cuda-graphs").cuda_graphs is False
+    assert _parse(stage).cuda_graphs is None  # not asked: decided by the device
+    assert _parse(stage, "--cuda-graphs").cuda_graphs is True
+    assert _parse(stage, "--no-cuda-graphs").cuda_graphs is False
     assert LoadOptions("cuda:1").graphs and LoadOptions("cuda").graphs
     assert not LoadOptions("cpu").graphs and not LoadOptions("cuda", cuda_graphs=False).graphs
-    for stage in ("thinker", "code2wav"):
-        with pytest.raises(SystemExit):
-            _parse(stage, "--cuda-graphs")
+    # The pipeline's and the tools' one LoadOptions flag reaches Code2Wav too.
+    assert not derive(Code2WavEngineSettings, LoadOptions("cuda", cuda_graphs=False)).graphs
+    assert derive(Code2WavEngineSettings, LoadOptions("cuda:0")).graphs
+    with pytest.raises(SystemExit):
+        _parse("thinker", "--cuda-graphs")
 
 
-def test_cuda_graphs_refused_off_cuda():
-    assert serve_args.load_options_refusal(_settings("talker")) is None
-    assert serve_args.load_options_refusal(_settings("talker", "--no-cuda-graphs")) is None
-    assert serve_args.load_options_refusal(_settings("talker", "--cuda-graphs", "--device", "cuda:0")) is None
-    refusal = serve_args.load_options_refusal(_settings("talker", "--cuda-graphs"))
+@pytest.mark.parametrize("stage", ["talker", "code2wav"])
+def test_cuda_graphs_refused_off_cuda(stage):
+    assert serve_args.load_options_refusal(_settings(stage)) is None
+    assert serve_args.load_options_refusal(_settings(stage, "--no-cuda-graphs")) is None
+    assert serve_args.load_options_refusal(_settings(stage, "--cuda-graphs", "--device", "cuda:0")) is None
+    refusal = serve_args.load_options_refusal(_settings(stage, "--cuda-graphs"))
     assert refusal is not None and "--cuda-graphs needs a CUDA --device" in refusal and "'cpu'" in refusal
 
 
@@ -117,12 +122,12 @@ SHARED_FLAGS = {
     "--tls-key", "--tls-client-ca", "--otlp-traces-endpoint",
 }  # fmt: skip
 STAGE_FLAGS = {
-    "thinker": {"--backend", "--vllm-load", "--prefix-cache-gib"},
+    "thinker": {"--backend", "--vllm-load", "--prefix-cache-gib", "--experts"},
     "talker": {
         "--max-step-batch", "--first-audio-target", "--cuda-graphs", "--no-cuda-graphs",
-        "--static-frames", "--no-static-frames", "--prefix-cache-gib",
+        "--static-frames", "--no-static-frames", "--prefix-cache-gib", "--experts",
     },
-    "code2wav": {"--max-step-frames", "--first-audio-target"},
+    "code2wav": {"--max-step-frames", "--first-audio-target", "--cuda-graphs", "--no-cuda-graphs"},
 }  # fmt: skip
 
 
@@ -155,6 +160,7 @@ def test_the_generated_stage_flags_keep_their_names_and_defaults(stage, monkeypa
     if stage == "thinker":
         assert (args.backend, args.vllm_load) == ("transformers", "auto")
     if stage in ("thinker", "talker"):
+        assert args.experts == "auto"
         assert args.prefix_cache_gib is None
         assert _settings(stage).prefix_cache_bytes is None  # the engine's default
         given = build_parser().parse_args(["serve", stage, "--model", "m", "--prefix-cache-gib", "0.5"])

@@ -1,9 +1,12 @@
 """Code2Wav engine: streaming decode of codec frames into 24 kHz audio, batched across requests.
 
-Windows come from `ChunkPlan`. The default decode is exact streaming (`StreamingCode2Wav`): each
-request carries its decoder state, a window is decoded once, as soon as its last frame is in, and
-the concatenated audio equals `code2wav(all codes)`. Ready windows of several requests, at any
-positions, are decoded in one batched step; requests join and leave between steps.
+Windows come from `ChunkPlan`. The default decode is exact streaming: each request carries its
+decoder state, a window is decoded once, as soon as its last frame is in, and the concatenated audio
+equals `code2wav(all codes)`. Ready windows of several requests, at any positions, are decoded in
+one batched step; requests join and leave between steps. The step is fixed-shape per batch bucket
+(`StaticCode2WavStep`, code2wav/static_step.py: each request's state in a slot of a device buffer
+from its first window to its end), replayed as a CUDA graph per bucket with `--cuda-graphs` (on by
+default on CUDA; each graph checked against its eager step when captured, dropped if it differs).
 
 A step takes at most `max_batch` windows (and, with `max_step_frames`, about that many frames),
 most urgent first: by deadline (omnistream/engine/playout.py: when the request's listener runs dry, from
@@ -38,7 +41,8 @@ from omnistream.engine.playout import (
 )
 from omnistream.engine.settings import Code2WavEngineSettings
 from omnistream.models.qwen3_omni.checkpoint import load_stage
-from omnistream.models.qwen3_omni.code2wav.stream import Code2WavStreamState, StreamingCode2Wav
+from omnistream.models.qwen3_omni.code2wav.slots import SlotStream
+from omnistream.models.qwen3_omni.code2wav.static_step import StaticCode2WavStep
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
 from omnistream.models.qwen3_omni.constants import SAMPLE_RATE
 from omnistream.request.errors import InvalidRequest
@@ -55,14 +59,16 @@ class AudioOutput:
 @dataclass
 class _Code2WavState(RequestState):
     plan: ChunkPlan = field(default_factory=ChunkPlan)
-    frames: list[torch.Tensor] = field(default_factory=list)  # [16, n] pieces
-    codes: torch.Tensor | None = None  # [16, T] all frames so far
+    frames: list[torch.Tensor] = field(default_factory=list)  # [16, n] int64 pieces, on the host
+    # As numpy (merged from `frames` when scheduled): a step places each row's window in its batch
+    # with numpy slices, no aten op per row.
+    codes: np.ndarray | None = None  # [16, T] all frames so far
     available: int = 0
     done: bool = False
     start: int = 0  # first frame of the next window
     window: int = 0
     samples: int = 0
-    stream: Code2WavStreamState | None = None  # exact streaming: the decoder's state so far
+    stream: SlotStream | None = None  # exact streaming: where the decoder's state is, and how far
     playout: Playout = field(default_factory=lambda: Playout(0.0))  # set on admission
 
 
@@ -109,7 +115,15 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
         self.max_batch = settings.max_batch
         self.max_frames = max_frames
         self.set_decode(decode)
-        self.streamer = StreamingCode2Wav(self.code2wav)
+        # Every request held may be mid-stream: a state slot each (their states stay on the device).
+        graphs = settings.graphs
+        self.streamer = StaticCode2WavStep(
+            self.code2wav,
+            slots=settings.request_limit,
+            max_batch=self.max_batch,
+            graph_buckets=graphs,
+            cuda_graphs=graphs,
+        )
 
     def set_decode(self, decode: str) -> None:
         """Choose the decode before `start` (the bench runs the recompute baseline beside it)."""
@@ -149,7 +163,7 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
                     raise InvalidRequest(f"more than {self.max_frames} frames for one request", field="codes")
                 # Kept on the host: a step's codes cross to the device in one (pinned) copy, on the
                 # engine thread, not here on the event loop under the engine's lock.
-                state.frames.append(codes.to(torch.long))
+                state.frames.append(codes.to(device="cpu", dtype=torch.long))
                 state.available += codes.shape[1]
             state.done = state.done or last
             self._cond.notify_all()
@@ -187,11 +201,19 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
         self.stats.last_buffered = buffered_seconds(ready, now)
         for state in ready:
             if state.frames:
-                pieces = ([state.codes] if state.codes is not None else []) + state.frames
-                state.codes = torch.cat(pieces, dim=1)
+                pieces = [f.numpy() for f in state.frames]
+                state.codes = np.concatenate(
+                    ([state.codes] if state.codes is not None else []) + pieces, axis=1
+                )
                 state.frames = []
             state.slot = 0
         return [(s, s.available, s.done) for s in ready]
+
+    def _release(self, state: _Code2WavState) -> None:
+        """An ended request's state slot is free for another stream (engine thread)."""
+        if state.stream is not None:
+            self.streamer.release(state.stream)
+            state.stream = None
 
     def _work_states(self, work: Code2WavWork) -> list[_Code2WavState]:
         return [s for s, _, _ in work]
@@ -240,11 +262,15 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
             return
         self.stats.last_batch_size = len(jobs)
         self.stats.last_units = sum(end - s.start for s, end, _, _ in jobs)  # frames decoded (speed.py)
-        states = [s.stream if s.stream is not None else self.streamer.new_state() for s, _, _, _ in jobs]
+        for state, _, _, _ in jobs:
+            if state.stream is None:  # its first window: a slot of its own until it ends (`_release`)
+                state.stream = self.streamer.new_stream()
+        streams = [present(s.stream) for s, _, _, _ in jobs]
         # Host codes go to the device in one copy, the step's audio comes back in one copy.
         codes = [present(s.codes)[:, s.start : end] for s, end, _, _ in jobs]
-        # States are immutable: if this raises, every request is as it was and can be retried alone.
-        padded, lens, new_states = self.streamer.step_padded(states, codes)
+        # Streams are immutable and a failed step commits no slot: if this raises, every request is
+        # as it was and can be retried alone.
+        padded, lens, new_states = self.streamer.step_padded(streams, codes)
         audio = padded.to(torch.float32).cpu().numpy()
         for (state, end, available, done), wav, n, new in zip(jobs, audio, lens, new_states, strict=True):
             with self.row(state):
@@ -264,7 +290,7 @@ class Code2WavEngine(Engine[_Code2WavState, Code2WavWork]):
         longest = max(stop - begin for _, begin, _, stop, _, _ in jobs)
         batch = torch.zeros((len(jobs), self.num_quantizers, longest), dtype=torch.long, device=self.device)
         for row, (state, begin, _, stop, _, _) in enumerate(jobs):
-            batch[row, :, : stop - begin] = present(state.codes)[:, begin:stop]
+            batch[row, :, : stop - begin] = torch.from_numpy(present(state.codes)[:, begin:stop])
         wav = self.code2wav(batch)[:, 0]  # [B, samples]
         for row, (state, begin, end, stop, lookahead, done) in enumerate(jobs):
             with self.row(state):

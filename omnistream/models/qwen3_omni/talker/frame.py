@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import logging
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -51,12 +50,11 @@ import torch
 from omnistream.engine.batch_sampler import BatchSampler, RowSampling, StepKnobs, draw_noise
 from omnistream.engine.capture import capturable
 from omnistream.engine.kvcache import SlotKVCache
+from omnistream.engine.step_graphs import StepGraphs
 from omnistream.models.qwen3_omni.talker.code_predictor import CAPTURE_WARMUP_RUNS, CodePredictorRunner
 from omnistream.models.qwen3_omni.talker.eos import EosMask
 from omnistream.models.qwen3_omni.talker.prompt import TTS_EOS, TTS_PAD, TalkerPromptBuilder
 from omnistream.request.sampling_params import SamplingParams
-
-log = logging.getLogger(__name__)
 
 GREEDY = RowSampling(SamplingParams())
 MIN_KV_BUCKET = 64  # the narrowest KV width a graph bucket reads
@@ -145,9 +143,15 @@ class StaticTalkerFrame:
         self.buckets = code_predictor.buckets  # the code predictor's batch buckets, padded alike
         # With CUDA graphs: per (step, bucket[, KV width], sampling variant) a captured graph and
         # its output, captured on first use; per (step, bucket) the static inputs they read.
-        self.graphs: dict[tuple[Any, ...], tuple[Any, torch.Tensor]] = {}
+        self._graphs = StepGraphs(
+            "talker frame",
+            self.device,
+            CAPTURE_WARMUP_RUNS,
+            record=lambda step: self._record(step),
+            device_context=lambda: self._current_device(),
+        )
+        self.graphs = self._graphs.graphs
         self.static: dict[tuple[str, int], dict[str, torch.Tensor]] = {}
-        self._pool: Any = None
 
     # --- host side ---------------------------------------------------------------------------------
     def bucket_for(self, batch: int) -> int:
@@ -299,82 +303,26 @@ class StaticTalkerFrame:
     # --- CUDA graphs -------------------------------------------------------------------------------
     def _replayed(self, key: tuple[Any, ...], step: Callable[[], torch.Tensor]) -> torch.Tensor:
         """`step()` eagerly, or (CUDA graphs) the replay of its graph for `key`, captured on first
-        use. Capture and warm-up run the step on the real inputs: it is idempotent (the same K/V,
-        hidden states and presence bits written again), so a replay after them gives the step's
-        result, and the first replay is checked against an eager run of the same step on the same
-        inputs: a graph that fails to capture or replays anything else runs eagerly from then on
-        (logged once), so graphs on by default can cost speed but never change a frame."""
+        use (omnistream/engine/step_graphs.py). Capture and warm-up run the step on the real inputs:
+        it is idempotent (the same K/V, hidden states and presence bits written again), so a replay
+        after them gives the step's result, and the first replay is checked against an eager run of
+        the same step on the same inputs: a graph that fails to capture or replays anything else
+        runs eagerly from then on (logged once), so graphs on by default can cost speed but never
+        change a frame."""
         if not self.cuda_graphs:
             return step()
-        entry = self.graphs.get(key)
-        if entry is None:
-            entry = self._checked_record(key, step)
-            self.graphs[key] = entry
-            if entry[0] is not None:
-                return entry[1]  # the check's replay is this step's result
-        graph, out = entry
-        if graph is None:
-            return step()
-        with self._current_device():
-            graph.replay()
-        return out
-
-    def _checked_record(
-        self, key: tuple[Any, ...], step: Callable[[], torch.Tensor]
-    ) -> tuple[Any, torch.Tensor]:
-        """A graph of `step` whose first replay equals the eager step, else (None, _): eager."""
         # The step is idempotent but for the penalty's presence masks: it reads them, then marks its
         # own choice, so a second run on the same inputs sees that choice (and may choose otherwise
         # where the penalty decides). Every run of the check starts from the masks as they were.
         masks = [m for m in (self.sampler.presence, self.cp_sampler.presence) if m is not None]
-        saved = [m.clone() for m in masks]
-
-        def restore() -> None:
-            for mask, before in zip(masks, saved, strict=True):
-                mask.copy_(before)
-
-        try:
-            expected = step().clone()
-            restore()
-            graph, out = self._record(step)
-            restore()
-            with self._current_device():
-                graph.replay()
-            if not torch.equal(out, expected):
-                log.error(
-                    "talker frame: the graph of %s replays other values than its eager step; it runs eagerly",
-                    key,
-                )
-                restore()  # the eager step that runs instead starts from them too
-                return None, torch.empty(0)
-            return graph, out
-        except Exception:
-            log.exception("talker frame: capturing %s failed; it runs eagerly", key)
-            restore()
-            return None, torch.empty(0)
+        return self._graphs.run(key, step, mutated=masks)
 
     def _record(self, step: Callable[[], torch.Tensor]) -> tuple[Any, torch.Tensor]:
         """Warm the step up on a side stream, then capture it into one graph (all in one pool)."""
-        with self._current_device():
-            if self._pool is None:
-                self._pool = torch.cuda.graph_pool_handle()
-            side = torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
-            side.wait_stream(torch.cuda.current_stream(self.device))
-            with torch.cuda.stream(side):
-                for _ in range(CAPTURE_WARMUP_RUNS):
-                    step()
-            torch.cuda.current_stream(self.device).wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            # Thread-local: another engine's thread on the same device (the in-process pipeline)
-            # may launch work meanwhile; in the global mode that work fails ("operation not
-            # permitted when stream is capturing", seen on an H200) and poisons its engine.
-            with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
-                out = step()
-        log.info("talker frame: captured a CUDA graph (%d so far)", len(self.graphs) + 1)
-        return graph, out
+        return self._graphs.capture(step)
 
     def _current_device(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
+        return self._graphs.current_device()
 
 
 def _variant(knobs: StepKnobs, noise: torch.Tensor | None) -> tuple[Any, ...]:
