@@ -77,8 +77,10 @@ def parity_cell(part: dict[str, Any] | None) -> str:
         return "error"
     diff = part["audio_max_abs_diff"]
     n = part["prompts"]
+    calls = sum(row.get("codes_compared", "all") != "all" for row in part.get("per_prompt", []))
     return (
-        f"tokens {part['tokens_equal']}/{n}, codes {part['codes_equal']}/{n} equal; "
+        f"tokens {part['tokens_equal']}/{n}, codes {part['codes_equal']}/{n} equal"
+        f"{f' ({calls} up to a tool call, unspoken by design)' if calls else ''}; "
         f"audio max diff {'n/a' if diff is None else f'{diff:.1e}'}; "
         f"batched {'invariant' if part['batch_invariant'] else 'DIFFERS'}"
     )
