@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from omnistream.bench.gpu_check.parts import PARTS
 from omnistream.bench.gpu_check.run_all import JSON_NAME, TABLE_NAME, errors
 from omnistream.bench.gpu_check.table import ROWS, render
 from tests.procs import kill_all, marked_pids, wait_until
@@ -23,6 +24,7 @@ from tests.procs import kill_all, marked_pids, wait_until
 ROOT = Path(__file__).resolve().parents[2]
 MARK = "OMNISTREAM_TEST_GPU_CHECK_MARK"  # inherited by the `omnistream up` it starts, and its services
 CHECKPOINTS = ("tiny", "real-shaped")
+PART_NAMES = [name for name, _ in PARTS]
 SMALL = ["--device", "cpu", "--dtype", "float32", "--batches", "1,2", "--concurrency", "1,2", "--small"]
 
 
@@ -53,13 +55,19 @@ def test_all_prints_every_row_for_both_checkpoints_on_the_cpu(
     report = json.loads((tmp_path / JSON_NAME).read_text())
     parts = report["parts"]
     assert errors(parts) == [], _output(done)
-    assert list(parts) == [f"{c}/{p}" for p in ("steps", "parity", "served") for c in CHECKPOINTS]
+    assert list(parts) == [f"{c}/{p}" for p in PART_NAMES for c in CHECKPOINTS]
     for label in CHECKPOINTS:
         steps = parts[f"{label}/steps"]
         assert steps["ok"] and steps["dtype"] == "float32" and steps["cuda_graphs"] is False, steps
         for key in ("thinker_ms_per_token", "talker_ms_per_frame", "code2wav_ms_per_chunk"):
             assert set(steps[key]) == {"1", "2"}, steps
             assert all(isinstance(ms, float) and ms > 0 for ms in steps[key].values()), steps
+        kernels = parts[f"{label}/experts"]
+        for stage in ("thinker_ms_per_token", "talker_ms_per_frame"):
+            for kernel in ("grouped_mm", "fixed"):
+                cells = kernels[f"{stage}_{kernel}"]
+                assert set(cells) == {"1", "2"} and all(ms > 0 for ms in cells.values()), kernels
+        assert kernels["thinker_profile"].startswith("== thinker, batch 2"), kernels["thinker_profile"]
         parity = parts[f"{label}/parity"]
         assert parity["ok"] and parity["prompts"] == parity["tokens_equal"] == parity["codes_equal"] == 1
         assert parity["batch_invariant"] and parity["audio_max_abs_diff"] < 1e-4, parity
@@ -70,7 +78,7 @@ def test_all_prints_every_row_for_both_checkpoints_on_the_cpu(
             assert cell["completed"] == cell["requests"] >= max(int(conc), 2) and not cell["failed"], cell
             assert cell["rtf"] > 0 and cell["ttfp_ms"] > 0, cell
             assert cell["audio_s_per_request"] > 1.0, cell  # 16 frames of 80 ms
-        for part in ("steps", "parity", "served"):
+        for part in PART_NAMES:
             assert parts[f"{label}/{part}"]["seconds"] > 0
     # The table: printed and written, every checkpoint's rows with numbers, vLLM-Omni's figures.
     table = (tmp_path / TABLE_NAME).read_text().strip()
@@ -89,7 +97,7 @@ def test_all_prints_every_row_for_both_checkpoints_on_the_cpu(
     assert "0.22 (c1), 0.29 (c4), 0.41 (c10)" in table and "523 (c1)" in table
     assert "error" not in table and "skipped" not in table
     for label in CHECKPOINTS:  # each part said how long it took, as it ended
-        for part in ("steps", "parity", "served"):
+        for part in PART_NAMES:
             assert f"[{label}/{part}] ok (" in done.stdout
 
 
@@ -103,7 +111,7 @@ def test_a_spent_budget_skips_the_parts_left(tiny_model_dir, real_shaped_model_d
     assert first["ok"] and first["thinker_ms_per_token"]["1"] > 0, first
     assert first["code2wav_ms_per_chunk"]["2"] == {"skipped": "the time budget was spent"}, first
     later = [name for name in parts if name != "tiny/steps"]
-    assert len(later) == 5 and all("skipped" in parts[name] for name in later), parts
+    assert len(later) == 2 * len(PART_NAMES) - 1 and all("skipped" in parts[name] for name in later), parts
     assert "skipped" in report["table"] and "[tiny/parity] ok" not in done.stdout
     assert "[real-shaped/served] skipped: budget spent" in done.stdout
 

@@ -125,6 +125,42 @@ def step_times(model: str, settings: Settings, budget: Budget) -> dict[str, Any]
     return report
 
 
+# The kernels the experts part compares: transformers' sparse one and the project's fixed shapes.
+EXPERTS = ("grouped_mm", "fixed")
+
+
+def experts(model: str, settings: Settings, budget: Budget) -> dict[str, Any]:
+    """The thinker's and the talker's step with each MoE experts kernel, at the batches up to 16: on
+    the H200 a bfloat16 thinker token took 88 ms at batch 16 against 6.7 at batch 1 (docs/gpu.md);
+    the CPU rules out host work and arithmetic, so this says whether the device's grouped_mm is it."""
+    import dataclasses as dc
+
+    from omnistream.bench.gpu_check.steps import MEASURES, StepSettings, profiled, step_ms
+
+    step = StepSettings(model, settings.device, settings.dtype, settings.sizes.steps, settings.sizes.warmup)
+    batches = [b for b in settings.batches if b <= 16]
+    report: dict[str, Any] = {"dtype": settings.dtype}
+    for stage in ("thinker", "talker"):
+        for kernel in EXPERTS:
+            cells: dict[str, Any] = {}
+            for batch in batches:
+                if budget.spent():
+                    cells[str(batch)] = {"skipped": "the time budget was spent"}
+                    continue
+                try:
+                    cells[str(batch)] = step_ms(stage, batch, dc.replace(step, experts=kernel))
+                except Exception as exc:
+                    cells[str(batch)] = _error(exc)
+            report[f"{MEASURES[stage]}_{kernel}"] = cells
+    if batches and not budget.spent():  # where the time of the default kernel's largest batch goes
+        try:
+            step_ms("thinker", batches[-1], dc.replace(step, profile=True))
+            report["thinker_profile"] = profiled()
+        except Exception as exc:
+            report["thinker_profile"] = _error(exc)
+    return report
+
+
 def parity(model: str, settings: Settings, budget: Budget) -> dict[str, Any]:
     """The pipeline against transformers' `generate`, float32, on the device (parity.check)."""
     from omnistream.bench.gpu_check.parity import check
@@ -149,9 +185,15 @@ def served(model: str, settings: Settings, budget: Budget) -> dict[str, Any]:
 
 
 Part = Callable[[str, Settings, Budget], dict[str, Any]]
-# In run order: every checkpoint's step times first (the GPU work's main question), then parity,
+# In run order: every checkpoint's step times first (the GPU work's main question), the experts
+# kernels' (the bfloat16 slowdown's suspect), then parity,
 # then the served stacks (the longest: a stack start each); a cut run keeps the first ones.
-PARTS: tuple[tuple[str, Part], ...] = (("steps", step_times), ("parity", parity), ("served", served))
+PARTS: tuple[tuple[str, Part], ...] = (
+    ("steps", step_times),
+    ("experts", experts),
+    ("parity", parity),
+    ("served", served),
+)
 
 
 def prepare(label: str, directory: str) -> str:

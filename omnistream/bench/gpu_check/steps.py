@@ -45,6 +45,8 @@ class StepSettings:
     warmup: int = 3
     cuda_graphs: bool | None = None
     greedy: bool = False
+    experts: str | None = None  # the MoE experts kernel (None: the load default, `--experts auto`)
+    profile: bool = False  # also profile one more step (step-times --profile): `profiled` returns it
 
 
 @cache
@@ -68,6 +70,10 @@ def _arguments(settings: StepSettings) -> argparse.Namespace:
         argv.append("--cuda-graphs" if settings.cuda_graphs else "--no-cuda-graphs")
     if settings.greedy:
         argv.append("--greedy")
+    if settings.experts is not None:
+        argv += ["--experts", settings.experts]
+    if settings.profile:
+        argv += ["--profile", "-"]  # the table is read from the module (`profiled`), not the file
     saved, sys.argv = sys.argv, argv
     try:
         args: argparse.Namespace = step_times_module()._parse()
@@ -88,3 +94,10 @@ def step_ms(stage: str, batch: int, settings: StepSettings) -> float:
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
     return round(1000 * statistics.median(times), 3)
+
+
+def profiled() -> str:
+    """The torch.profiler table of the last step measured with `profile` (self device time by op on
+    CUDA, self CPU time elsewhere), or "" when none was."""
+    tables: list[str] = step_times_module().PROFILES
+    return tables[-1] if tables else ""

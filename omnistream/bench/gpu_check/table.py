@@ -17,6 +17,10 @@ ROWS = (
     ("thinker_ms_per_token", "steps", "thinker ms/token (decode), batch"),
     ("talker_ms_per_frame", "steps", "talker ms/frame, batch"),
     ("code2wav_ms_per_chunk", "steps", "Code2Wav ms/chunk (25 frames), batch"),
+    ("thinker_ms_per_token_grouped_mm", "experts", "thinker ms/token, experts grouped_mm, batch"),
+    ("thinker_ms_per_token_fixed", "experts", "thinker ms/token, experts fixed, batch"),
+    ("talker_ms_per_frame_grouped_mm", "experts", "talker ms/frame, experts grouped_mm, batch"),
+    ("talker_ms_per_frame_fixed", "experts", "talker ms/frame, experts fixed, batch"),
     ("rtf", "served", "RTF via `omnistream up` (mean), concurrency"),
     ("ttfp_ms", "served", "TTFP ms via `omnistream up` (mean), concurrency"),
 )
