@@ -22,6 +22,7 @@ from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import TalkerParams, ThinkerParams
 from tests.moe_syncs import MoeSyncs
+from tests.talker_codes import talker_codes
 
 ALLOWED = {"fixed": set(), "grouped_mm": {"aten._grouped_mm"}}
 
@@ -141,28 +142,6 @@ def _thinker_tokens(model_dir: str, experts: str, dtype: str) -> list[list[int]]
         engine.stop()
 
 
-def _talker_codes(model_dir: str, experts: str, dtype: str) -> list[list[list[int]]]:
-    engine = TalkerEngine(
-        model_dir, derive(TalkerEngineSettings, _options(experts, dtype), max_batch=4, max_model_len=256)
-    )
-    prompt = _prompt(model_dir, "hello")
-
-    async def run():
-        outputs = []
-        for i in range(4):
-            outputs.append(
-                engine.add_request(f"r{i}", TalkerParams(max_frames=12, sampling=_sampling(i, i % 2 == 0)))
-            )
-            engine.feed(f"r{i}", [5 + i, 6, 7, 8, 9, 10][: 2 + i], last=True, prompt_ids=prompt)
-        engine.start()
-        return [[item.codes async for item in out if item.codes is not None] for out in outputs]
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
-
-
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("build", ["tiny", "real-shaped"])
 def test_fixed_experts_answer_as_eager_experts(build, dtype, tiny_model_dir, real_shaped_model_dir):
@@ -170,6 +149,7 @@ def test_fixed_experts_answer_as_eager_experts(build, dtype, tiny_model_dir, rea
     tokens = _thinker_tokens(model_dir, "fixed", dtype)
     assert tokens == _thinker_tokens(model_dir, "eager", dtype)
     assert all(len(t) == 20 for t in tokens)
-    codes = _talker_codes(model_dir, "fixed", dtype)
-    assert codes == _talker_codes(model_dir, "eager", dtype)
+    sampling = [_sampling(i, greedy=i % 2 == 0) for i in range(4)]
+    codes = talker_codes(model_dir, sampling, _options("fixed", dtype), max_frames=12)
+    assert codes == talker_codes(model_dir, sampling, _options("eager", dtype), max_frames=12)
     assert all(codes)

@@ -32,6 +32,7 @@ from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
 from omnistream.models.qwen3_omni.code2wav.static_step import StaticCode2WavStep, frame_bucket
 from omnistream.models.qwen3_omni.code2wav.stream import StreamingCode2Wav
 from omnistream.models.qwen3_omni.codec_chunks import ChunkPlan
+from tests.fake_graph import FakeGraph, WrongGraph
 from tests.reference.models.qwen3_omni.code2wav.test_stream import REAL_STRUCTURE_NARROW, realistic
 
 DTYPES = {"float32": torch.float32, "float64": torch.float64}
@@ -226,33 +227,13 @@ def test_the_outside_count_is_the_same_for_one_layer_or_eight(models):
 
 
 # --- the CUDA graph path, capture faked --------------------------------------------------------------
-class _FakeGraph:
-    """Stands in for a captured CUDA graph: replay re-runs the captured step into its outputs."""
-
-    def __init__(self, step) -> None:
-        self.step = step
-        self.out = step()
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-        for mine, new in zip(self.out, self.step(), strict=True):
-            mine.copy_(new)
-
-
-class _WrongGraph(_FakeGraph):
-    def replay(self) -> None:
-        super().replay()
-        self.out[0].add_(1)  # other audio than its step's
-
-
-def _faked_graphs(model, graph_type) -> tuple[StaticCode2WavStep, list[_FakeGraph]]:
+def _faked_graphs(model, graph_type) -> tuple[StaticCode2WavStep, list[FakeGraph]]:
     """A step on the CPU whose CUDA graph path runs with `graph_type` as its captured graphs: the
     CUDA-only guard is passed (tested below) and every other part of the path runs as on a GPU
     (static inputs, one graph per bucket, the capture check)."""
     stepper = StaticCode2WavStep(model, slots=4, max_batch=4, graph_buckets=True)
     stepper.cuda_graphs = True
-    recorded: list[_FakeGraph] = []
+    recorded: list[FakeGraph] = []
 
     def record(step):
         if graph_type is None:
@@ -266,7 +247,7 @@ def _faked_graphs(model, graph_type) -> tuple[StaticCode2WavStep, list[_FakeGrap
     return stepper, recorded
 
 
-@pytest.mark.parametrize("graph_type", [_FakeGraph, _WrongGraph, None], ids=["kept", "wrong", "failing"])
+@pytest.mark.parametrize("graph_type", [FakeGraph, WrongGraph, None], ids=["kept", "wrong", "failing"])
 def test_the_graph_path_gives_the_eager_samples_and_drops_a_doubtful_graph(models, graph_type, caplog):
     model = models[("tiny-realistic", torch.float32)]
     script = _script(3, steps=8)
@@ -278,7 +259,7 @@ def test_the_graph_path_gives_the_eager_samples_and_drops_a_doubtful_graph(model
         assert torch.equal(graphs[key], audio), key
     keys = set(stepper.graphs.graphs)
     assert keys and len(keys) < len(script)  # one per (bucket, frames) met, some met again
-    if graph_type is _FakeGraph:
+    if graph_type is FakeGraph:
         assert len(recorded) == len(keys) and sum(g.replays for g in recorded) == len(script)
         assert all(graph is not None for graph, _ in stepper.graphs.graphs.values())
         assert set(stepper.static) == {k[:2] for k in keys}  # they read the buckets' static inputs

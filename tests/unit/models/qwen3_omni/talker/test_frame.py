@@ -24,6 +24,8 @@ from omnistream.models.qwen3_omni.talker.frame import MIN_KV_BUCKET, kv_bucket
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import TalkerParams
+from tests.fake_graph import FakeGraph, WrongGraph
+from tests.talker_codes import talker_codes
 
 F32 = LoadOptions(dtype="float32")
 # Host ops of a greedy frame outside the regions: the two plan copies and the two id copies back.
@@ -47,29 +49,8 @@ SAMPLING = [
 
 def _codes(model_dir: str, sampling: list[SamplingParams], static: bool, graph_buckets: bool = False):
     """Every request's frames, all input given before the engine starts (the same batches)."""
-    engine = TalkerEngine(
-        model_dir,
-        derive(TalkerEngineSettings, F32, max_batch=4, max_model_len=256, static_frames=static),
-        graph_buckets=graph_buckets,
-    )
-    if graph_buckets:
-        assert engine.frame is not None and engine.frame.buckets == (1, 2, 4)
-    prompt = ThinkerEngine(
-        model_dir, derive(ThinkerEngineSettings, F32, max_batch=1, max_model_len=256)
-    ).encode_chat([{"role": "user", "content": "hello"}])
-
-    async def run():
-        outputs = []
-        for i, params in enumerate(sampling):
-            outputs.append(engine.add_request(f"r{i}", TalkerParams(max_frames=16, sampling=params)))
-            engine.feed(f"r{i}", [5 + i, 6, 7, 8, 9, 10][: 2 + i], last=True, prompt_ids=prompt)
-        engine.start()
-        return [[item.codes async for item in out if item.codes is not None] for out in outputs]
-
-    try:
-        return asyncio.run(run())
-    finally:
-        engine.stop()
+    options = dataclasses.replace(F32, static_frames=static)
+    return talker_codes(model_dir, sampling, options, graph_buckets=graph_buckets)
 
 
 @pytest.mark.parametrize("build", ["tiny", "real-shaped"])
@@ -183,26 +164,13 @@ def test_regions_have_fixed_shapes_and_no_host_sync(tiny_model_dir):
 
 
 # --- the CUDA graph path, with CUDA faked ----------------------------------------------------------
-class _FakeGraph:
-    """Stands in for a captured CUDA graph: replay re-runs the captured step into its output."""
-
-    def __init__(self, step) -> None:
-        self.step = step
-        self.out = step()
-        self.replays = 0
-
-    def replay(self) -> None:
-        self.replays += 1
-        self.out.copy_(self.step())
-
-
 def _graph_codes(model_dir, monkeypatch, graph_type, sampling) -> tuple[list, list]:
     """The codes with the frame's CUDA graphs faked by `graph_type` on the CPU, and the graphs
     recorded: `_record` makes one per (step, bucket, KV width, variant), the CUDA-only guard is
     passed (tested below) and the graph path runs as on a GPU."""
     from omnistream.models.qwen3_omni.talker import frame as talker_frame
 
-    recorded: list[_FakeGraph] = []
+    recorded: list[FakeGraph] = []
 
     def record(self, step):
         graph = graph_type(step)
@@ -232,20 +200,12 @@ def test_graph_path_replays_static_inputs_and_gives_the_eager_codes(tiny_model_d
     recorded on first use and replayed after, and its output is what the frame reads. The codes
     must be the eager path's; the capture itself (`_record` on CUDA) is left to a CUDA machine."""
     sampling = [SAMPLING[0], SamplingParams(), SamplingParams()]
-    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, _FakeGraph, sampling)
+    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, FakeGraph, sampling)
     eager = _codes(tiny_model_dir, sampling, static=False)
     assert graphs == eager
     assert recorded and sum(g.replays for g in recorded) > len(recorded)  # recorded once, replayed
     kinds = {g.step.__qualname__.split(".")[1] for g in recorded}
     assert kinds == {"predict", "decode"}  # both steps of the frame replay
-
-
-class _WrongGraph(_FakeGraph):
-    """A graph that replays something else than its step (what the capture check must catch)."""
-
-    def replay(self) -> None:
-        super().replay()
-        self.out.add_(1)
 
 
 def test_a_graph_that_replays_other_values_than_its_eager_step_is_dropped_for_eager(
@@ -254,7 +214,7 @@ def test_a_graph_that_replays_other_values_than_its_eager_step_is_dropped_for_ea
     """Graphs are on by default on CUDA and have to be safe there: each one's first replay is
     compared with an eager run of the same step, and one that differs never serves a frame."""
     sampling = [SamplingParams(), SamplingParams()]
-    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, _WrongGraph, sampling)
+    graphs, recorded = _graph_codes(tiny_model_dir, monkeypatch, WrongGraph, sampling)
     assert graphs == _codes(tiny_model_dir, sampling, static=False)
     assert recorded and all(g.replays == 1 for g in recorded)  # checked once, never replayed again
     assert "replays other values than its eager step" in caplog.text
