@@ -67,6 +67,20 @@ def kv_cache_bytes(text_config: Any, slots: int, capacity: int, dtype_bytes: int
     return layers * heads * head_dim * capacity * slots * 2 * dtype_bytes
 
 
+def code2wav_state_bytes(config: Any, requests: int, dtype_bytes: int) -> int:
+    """Code2Wav's state slots: one row of its decoder's streaming state (attention window, conv
+    tails, transposed-conv overlaps) per request held, plus the padding rows' scratch slot."""
+    import torch
+
+    from omnistream.models.qwen3_omni.checkpoint import STAGE_CLASSES
+    from omnistream.models.qwen3_omni.code2wav.forward import StreamForward
+
+    with torch.device("meta"):
+        holder = STAGE_CLASSES["code2wav"](config)
+        shapes = StreamForward(holder.code2wav).state_shapes()
+    return (requests + 1) * shapes.size * dtype_bytes
+
+
 def stage_params(config: Any, stage: str) -> int:
     """Parameters the stage loads (its holder module built on the meta device: exact, free)."""
     import torch
@@ -89,6 +103,7 @@ def stage_memory(
     """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16).
     `prefix_cache_bytes`: the thinker's or the talker's prefix cache budget (None: its default,
     half its KV slots)."""
+    from omnistream.engine.settings import REQUESTS_PER_SLOT
     from omnistream.models.qwen3_omni.constants import TALKER_LENGTH_FACTOR
 
     size = DTYPE_BYTES[dtype]
@@ -103,7 +118,9 @@ def stage_memory(
         # prefix of it is ever cached).
         predictor = kv_cache_bytes(talker.code_predictor_config, max_batch, talker.num_code_groups + 1, size)
     elif stage == "code2wav":
-        kv = predictor = 0  # its streaming state is a few frames of context per request
+        # Every held request's streaming state, kept in device slots (code2wav/slots.py).
+        kv = code2wav_state_bytes(config, max_batch * REQUESTS_PER_SLOT, size)
+        predictor = 0
     else:
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
     prefix = 0

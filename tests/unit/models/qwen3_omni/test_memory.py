@@ -31,6 +31,16 @@ def test_kv_cache_is_layers_heads_dim_capacity_slots_two_bytes(tiny_model_dir):
     assert off.total == m.total - m.prefix_cache
 
 
+def test_code2wav_counts_the_state_slots_its_engine_allocates(tiny_model_dir):
+    from omnistream.engine.settings import Code2WavEngineSettings
+    from omnistream.models.qwen3_omni.code2wav.engine import Code2WavEngine
+
+    engine = Code2WavEngine(tiny_model_dir, Code2WavEngineSettings(dtype="float32", max_batch=3))
+    pool = engine.streamer.slots.pool
+    need = memory.stage_memory(load_config(tiny_model_dir), "code2wav", "float32", 3, 256)
+    assert need.kv_cache == pool.numel() * pool.element_size() > 0
+
+
 @pytest.mark.parametrize("stage", memory.STAGES)
 def test_parameter_count_from_the_config_equals_the_loaded_stage(tiny_model_dir, stage):
     holder = load_stage(stage, tiny_model_dir, LoadOptions(dtype="float32"))
