@@ -77,7 +77,8 @@ def code2wav_state_bytes(config: Any, requests: int, dtype_bytes: int) -> int:
 
     with torch.device("meta"):
         holder = STAGE_CLASSES["code2wav"](config)
-        shapes = StreamForward(holder.code2wav).state_shapes()
+        model: Any = holder.code2wav  # the holder's Qwen3OmniMoeCode2Wav
+        shapes = StreamForward(model).state_shapes()
     return (requests + 1) * shapes.size * dtype_bytes
 
 
