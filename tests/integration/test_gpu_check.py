@@ -1,11 +1,12 @@
 """`tools/gpu-check --all` on the CPU at the small sizes, as a real process: the prepared device run
-keeps working while no GPU is lent. Both checkpoints (tiny and real-shaped) get every row of the
-table as numbers (step times at each batch, RTF and TTFP through a real `omnistream up` at each
-concurrency), parity with transformers holds, the `omnistream up` stacks are gone afterwards, and
-a spent --budget-s leaves the later parts skipped, not crashed.
+keeps working while no GPU is lent. Each checkpoint (the tiny one in `make test`, it and the
+real-shaped one in `make test-slow`) gets every row of the table as numbers (step times at each
+batch, each experts kernel's, RTF and TTFP through a real `omnistream up` at each concurrency),
+parity with transformers holds, the `omnistream up` stacks are gone afterwards, and a spent
+--budget-s leaves the later parts skipped, not crashed.
 
-An integration test: it starts `omnistream up` (twice) and loads every stage (about a minute and a
-half on the 2-core machine)."""
+An integration test: it starts `omnistream up` (once a checkpoint) and loads every stage (about 40 s
+a checkpoint on the 2-core machine)."""
 
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import secrets
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 from omnistream.bench.gpu_check.parts import PARTS
 from omnistream.bench.gpu_check.run_all import JSON_NAME, TABLE_NAME, errors
@@ -47,16 +50,20 @@ def _output(done: subprocess.CompletedProcess[str]) -> str:
     return done.stdout[-6000:] + done.stderr[-6000:]
 
 
-def test_all_prints_every_row_for_both_checkpoints_on_the_cpu(
-    tiny_model_dir, real_shaped_model_dir, tmp_path
+# The tiny checkpoint alone in `make test` (every part's path); both in `make test-slow`.
+@pytest.mark.parametrize(
+    "checkpoints", [("tiny",), pytest.param(CHECKPOINTS, marks=pytest.mark.slow)], ids=["tiny", "both"]
+)
+def test_all_prints_every_row_for_each_checkpoint_on_the_cpu(
+    checkpoints, tiny_model_dir, real_shaped_model_dir, tmp_path
 ):
-    done = _gpu_check(tiny_model_dir, real_shaped_model_dir, tmp_path)
+    done = _gpu_check(tiny_model_dir, real_shaped_model_dir, tmp_path, "--checkpoints", ",".join(checkpoints))
     assert done.returncode == 0, _output(done)
     report = json.loads((tmp_path / JSON_NAME).read_text())
     parts = report["parts"]
     assert errors(parts) == [], _output(done)
-    assert list(parts) == [f"{c}/{p}" for p in PART_NAMES for c in CHECKPOINTS]
-    for label in CHECKPOINTS:
+    assert list(parts) == [f"{c}/{p}" for p in PART_NAMES for c in checkpoints]
+    for label in checkpoints:
         steps = parts[f"{label}/steps"]
         assert steps["ok"] and steps["dtype"] == "float32" and steps["cuda_graphs"] is False, steps
         for key in ("thinker_ms_per_token", "talker_ms_per_frame", "code2wav_ms_per_chunk"):
@@ -86,17 +93,17 @@ def test_all_prints_every_row_for_both_checkpoints_on_the_cpu(
     rows = [
         line for line in table.splitlines() if line.startswith("| ") and not line.startswith("| checkpoint")
     ]
-    assert len(rows) == len(CHECKPOINTS) * (len(ROWS) + 1), table
+    assert len(rows) == len(checkpoints) * (len(ROWS) + 1), table
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        assert cells[0] in CHECKPOINTS and cells[2] and cells[-1], row
+        assert cells[0] in checkpoints and cells[2] and cells[-1], row
         if "parity" in cells[1]:
             assert cells[2].startswith("tokens 1/1, codes 1/1 equal") and "invariant" in cells[2], row
         else:
             assert all(float(c.replace(",", "")) > 0 for c in cells[2:4]), row
     assert "0.22 (c1), 0.29 (c4), 0.41 (c10)" in table and "523 (c1)" in table
     assert "error" not in table and "skipped" not in table
-    for label in CHECKPOINTS:  # each part said how long it took, as it ended
+    for label in checkpoints:  # each part said how long it took, as it ended
         for part in PART_NAMES:
             assert f"[{label}/{part}] ok (" in done.stdout
 
