@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass
 
-from omnistream.engine.load_options import DeviceSettings, GraphSettings
+from omnistream.engine.load_options import DeviceSettings, ExpertsLoadSettings, GraphSettings
 from omnistream.engine.settings import STAGE_SETTINGS, EngineSettings, TalkerEngineSettings
 from omnistream.service.cpu_priority import MAX_NICE
 from omnistream.service.device_flags import add_dtype_arguments
@@ -118,6 +118,13 @@ def load_options_refusal(settings: DeviceSettings) -> str | None:
     graphs = isinstance(settings, GraphSettings) and settings.cuda_graphs  # the talker, Code2Wav
     if graphs and settings.device.split(":")[0] != "cuda":
         return f"--cuda-graphs needs a CUDA --device (e.g. cuda or cuda:0), got {settings.device!r}"
+    if isinstance(settings, ExpertsLoadSettings) and settings.experts != "auto":
+        if getattr(settings, "backend", "transformers") == "vllm":
+            return (
+                "--experts chooses the transformers engine's MoE kernel; vLLM brings its own (--backend vllm)"
+            )
+        if settings.experts == "grouped_mm" and settings.dtype_name == "float64":
+            return "--experts grouped_mm does not run float64 (fixed or eager do)"
     if isinstance(settings, TalkerEngineSettings):
         step_batch = settings.max_step_batch
         if step_batch is not None and step_batch > settings.max_batch:

@@ -51,6 +51,20 @@ def test_cuda_graphs_refused_off_cuda(stage):
     assert refusal is not None and "--cuda-graphs needs a CUDA --device" in refusal and "'cpu'" in refusal
 
 
+@pytest.mark.parametrize("stage", ["thinker", "talker"])
+def test_experts_refused_where_they_cannot_run(stage):
+    assert serve_args.load_options_refusal(_settings(stage, "--experts", "fixed")) is None
+    assert serve_args.load_options_refusal(_settings(stage, "--experts", "grouped_mm")) is None
+    refusal = serve_args.load_options_refusal(
+        _settings(stage, "--experts", "grouped_mm", "--dtype", "float64")
+    )
+    assert refusal is not None and "does not run float64" in refusal
+    if stage == "thinker":
+        refusal = serve_args.load_options_refusal(_settings(stage, "--experts", "fixed", "--backend", "vllm"))
+        assert refusal is not None and "vLLM brings its own" in refusal
+        assert serve_args.load_options_refusal(_settings(stage, "--backend", "vllm")) is None
+
+
 def test_serve_exits_before_loading_when_refused(capsys):
     # "unused" is no checkpoint: reaching the loader would raise instead of returning 2.
     assert asyncio.run(serve.serve(_parse("talker", "--cuda-graphs"))) == 2
