@@ -101,17 +101,21 @@ class StepRows:
             index = self._tail_index[key] = at.expand(-1, channels, -1)
         return index
 
-    def old_keys(self, layer: int) -> torch.Tensor:
+    def old_piece(self, kind: int, index: int) -> torch.Tensor:
+        """Every row's old piece `index` of `kind` (0 keys, 1 values, 2 tails, 3 pending), batched."""
         raise NotImplementedError
+
+    def old_keys(self, layer: int) -> torch.Tensor:
+        return self.old_piece(0, layer)
 
     def old_values(self, layer: int) -> torch.Tensor:
-        raise NotImplementedError
+        return self.old_piece(1, layer)
 
     def old_tails(self, conv: int) -> torch.Tensor:
-        raise NotImplementedError
+        return self.old_piece(2, conv)
 
     def old_pending(self, trans: int) -> torch.Tensor:
-        raise NotImplementedError
+        return self.old_piece(3, trans)
 
     def new_pieces(self) -> list[torch.Tensor]:
         """The new pieces in the flat layout's order (StateShapes.flat)."""
@@ -131,20 +135,8 @@ class StackedRows(StepRows):
         super().__init__(plan, out_lengths, shifts)
         self.states = states  # per row: (keys, values, tails, pending), each a sequence of pieces
 
-    def _stacked(self, kind: int, index: int) -> torch.Tensor:
+    def old_piece(self, kind: int, index: int) -> torch.Tensor:
         return torch.stack([s[kind][index] for s in self.states])
-
-    def old_keys(self, layer: int) -> torch.Tensor:
-        return self._stacked(0, layer)
-
-    def old_values(self, layer: int) -> torch.Tensor:
-        return self._stacked(1, layer)
-
-    def old_tails(self, conv: int) -> torch.Tensor:
-        return self._stacked(2, conv)
-
-    def old_pending(self, trans: int) -> torch.Tensor:
-        return self._stacked(3, trans)
 
 
 class SlotRows(StepRows):
@@ -169,21 +161,9 @@ class SlotRows(StepRows):
         counts = (len(shapes.keys), len(shapes.values), len(shapes.tails))
         self._starts = (0, counts[0], counts[0] + counts[1], counts[0] + counts[1] + counts[2])
 
-    def _piece(self, kind: int, index: int) -> torch.Tensor:
+    def old_piece(self, kind: int, index: int) -> torch.Tensor:
         offset, shape = self._views[self._starts[kind] + index]
         return self.old[:, offset : offset + math.prod(shape)].view(self.old.shape[0], *shape)
-
-    def old_keys(self, layer: int) -> torch.Tensor:
-        return self._piece(0, layer)
-
-    def old_values(self, layer: int) -> torch.Tensor:
-        return self._piece(1, layer)
-
-    def old_tails(self, conv: int) -> torch.Tensor:
-        return self._piece(2, conv)
-
-    def old_pending(self, trans: int) -> torch.Tensor:
-        return self._piece(3, trans)
 
     def new_state(self, out: torch.Tensor) -> torch.Tensor:
         """Every row's new state, flat, written into `out` [B, size] in one `cat`."""
