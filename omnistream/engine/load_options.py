@@ -91,7 +91,7 @@ class DeviceSettings:
 class ExpertsLoadSettings(DeviceSettings):
     """How a mixture-of-experts stage (the thinker, the talker) runs its experts."""
 
-    # auto: omnistream/models/qwen3_omni/checkpoint.py `experts_for`, sync-free on every device.
+    # auto: omnistream/models/moe_experts.py `experts_for`, sync-free on every device.
     experts: Literal["auto", "fixed", "grouped_mm", "eager"] = setting(
         "auto",
         help="the MoE experts kernel: fixed (fixed shapes, routing kept on the device: no host sync, "

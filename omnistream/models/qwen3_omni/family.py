@@ -60,7 +60,9 @@ def _check_fits(config: Any, stage: str, settings: EngineSettings) -> None:
 
     vllm = isinstance(settings, ThinkerEngineSettings) and settings.backend == "vllm"  # vLLM's own cache
     prefix = settings.prefix_cache_bytes if isinstance(settings, PrefixCacheSettings) and not vllm else 0
-    check_stage_fits(config, stage, settings, settings.max_batch, settings.max_model_len, prefix)
+    check_stage_fits(
+        config, stage, settings, settings.max_batch, settings.max_model_len, prefix, settings.request_limit
+    )
 
 
 class Qwen3OmniFamily:

@@ -100,10 +100,12 @@ def stage_memory(
     max_batch: int,
     max_model_len: int,
     prefix_cache_bytes: int | None = None,
+    requests: int | None = None,
 ) -> StageMemory:
     """What `stage` needs on its device at these flags (`dtype` a resolved name, e.g. bfloat16).
     `prefix_cache_bytes`: the thinker's or the talker's prefix cache budget (None: its default,
-    half its KV slots)."""
+    half its KV slots). `requests`: the requests a stage holds (`EngineSettings.request_limit`; None:
+    its default for `max_batch`), each with a Code2Wav state slot."""
     from omnistream.engine.settings import REQUESTS_PER_SLOT
     from omnistream.models.qwen3_omni.constants import TALKER_LENGTH_FACTOR
 
@@ -120,7 +122,7 @@ def stage_memory(
         predictor = kv_cache_bytes(talker.code_predictor_config, max_batch, talker.num_code_groups + 1, size)
     elif stage == "code2wav":
         # Every held request's streaming state, kept in device slots (code2wav/slots.py).
-        kv = code2wav_state_bytes(config, max_batch * REQUESTS_PER_SLOT, size)
+        kv = code2wav_state_bytes(config, requests or max_batch * REQUESTS_PER_SLOT, size)
         predictor = 0
     else:
         raise ValueError(f"unknown stage {stage!r}; stages are {STAGES}")
@@ -144,6 +146,7 @@ def check_stage_fits(
     max_batch: int,
     max_model_len: int,
     prefix_cache_bytes: int | None = None,
+    requests: int | None = None,
 ) -> StageMemory | None:
     """On a CUDA device: refuse (InvalidRequest naming the numbers and the flags) when the stage
     will not fit the device's free memory. On the CPU nothing is checked (None)."""
@@ -153,7 +156,9 @@ def check_stage_fits(
 
     if not torch.cuda.is_available():
         raise InvalidRequest(f"--device {options.device}: this machine has no CUDA device", field="device")
-    need = stage_memory(config, stage, options.dtype_name, max_batch, max_model_len, prefix_cache_bytes)
+    need = stage_memory(
+        config, stage, options.dtype_name, max_batch, max_model_len, prefix_cache_bytes, requests
+    )
     free, total = torch.cuda.mem_get_info(torch.device(options.device))
     if need.total > free:
         raise InvalidRequest(

@@ -39,6 +39,10 @@ def test_code2wav_counts_the_state_slots_its_engine_allocates(tiny_model_dir):
     pool = engine.streamer.slots.pool
     need = memory.stage_memory(load_config(tiny_model_dir), "code2wav", "float32", 3, 256)
     assert need.kv_cache == pool.numel() * pool.element_size() > 0
+    settings = Code2WavEngineSettings(dtype="float32", max_batch=3, max_requests=40)
+    pool = Code2WavEngine(tiny_model_dir, settings).streamer.slots.pool
+    need = memory.stage_memory(load_config(tiny_model_dir), "code2wav", "float32", 3, 256, requests=40)
+    assert need.kv_cache == pool.numel() * pool.element_size()  # --max-requests: a slot each
 
 
 @pytest.mark.parametrize("stage", memory.STAGES)
