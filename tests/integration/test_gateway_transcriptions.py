@@ -55,11 +55,18 @@ WAV = wav_of(speech_pcm16(SENTENCE))
 # About 8 s: a transcript of over 120 words (tokens), for the priority test.
 MORE = "The fishermen sang as they pulled in their nets, and the children waited for them on the shore."
 LONG_WAV = wav_of(speech_pcm16(f"{SENTENCE} {MORE}"))
+# About 94 s (under the gateway's 5 MiB of media): a budget of some 1,150 words, which the thinker
+# takes over a second to make even on an idle machine, so a client that leaves after the first does
+# not lose the race to the transcription's end (with LONG_WAV's 128 words, made in some 150 ms, it
+# once did under CI load).
+MINUTES_WAV = wav_of(speech_pcm16(" ".join([f"{SENTENCE} {MORE}"] * 12)))
+MAX_TOKENS = 2048  # the module gateway's default_max_tokens: the file's budget fits
 
 
 @pytest.fixture(scope="module")
 def gateway(stages, tmp_path_factory):
-    with configured_gateway(stages, tmp_path_factory.mktemp("transcriptions"), {}) as gateway:
+    config = {"default_max_tokens": MAX_TOKENS}
+    with configured_gateway(stages, tmp_path_factory.mktemp("transcriptions"), config) as gateway:
         yield gateway
 
 
@@ -147,7 +154,7 @@ def test_a_form_without_a_file_gets_400_naming_it(gateway):
 
 def test_a_client_leaving_mid_stream_ends_the_transcription(gateway, stages):
     aborted = metric(stages["thinker"], "omnistream_stage_aborts_total")
-    files = {"file": ("speech.wav", LONG_WAV, "audio/wav")}  # over 120 words to make
+    files = {"file": ("speech.wav", MINUTES_WAV, "audio/wav")}
     data = {"model": "whisper-1", "stream": "true"}
     with httpx.stream("POST", f"{gateway_url(gateway)}{ROUTE}", data=data, files=files, timeout=60) as reply:
         assert reply.status_code == 200
