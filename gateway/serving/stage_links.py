@@ -73,12 +73,19 @@ class GrpcThinker:
 
     async def open(self) -> None:
         r = self.request
-        open_ = thinker_open_proto(
-            self.request_id, self.opens, r.messages, r.prompt_ids, r.tools, self._refer_audio
+        # The open is built in its request: its media are not copied into it (wire/tensors.py).
+        request = stage_pb2.ThinkerRequest(key=ChunkKey(self.request_id, Stage.GATEWAY, 0).to_proto())
+        thinker_open_proto(
+            self.request_id,
+            self.opens,
+            r.messages,
+            r.prompt_ids,
+            r.tools,
+            self._refer_audio,
+            into=request.open,
         )
-        key = ChunkKey(self.request_id, Stage.GATEWAY, 0).to_proto()
         async with calls_to("thinker", self.call, moot_once_ok=False):
-            await self.call.write(stage_pb2.ThinkerRequest(open=open_, key=key))
+            await self.call.write(request)
             await self.call.done_writing()
 
     async def outputs(self) -> AsyncIterator[ThinkerOut]:

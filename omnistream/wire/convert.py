@@ -23,7 +23,7 @@ from omnistream.request.sampling_params import SamplingParams
 from omnistream.request.stage_chain import StageOpens
 from omnistream.request.structured import KINDS, MAX_SPEC_BYTES, StructuredOutput
 from omnistream.wire import tensors
-from omnistream.wire.messages import Referrer, message_proto
+from omnistream.wire.messages import Referrer, fill_message
 
 
 def wire_float(value: float) -> float:
@@ -167,28 +167,32 @@ def thinker_open_proto(
     prompt_ids: list[int] | None,
     tools: Sequence[Mapping[str, Any]] | None = None,
     refer: Referrer | None = None,
+    into: stage_pb2.ThinkerOpen | None = None,
 ) -> stage_pb2.ThinkerOpen:
-    """The thinker's open; media parts (decoded arrays, omnistream/request/media.py) travel as tensors,
-    an audio part as its digest where `refer` gives one (it must know the thinker keeps it)."""
+    """The thinker's open (written `into` the request's field, where given: its media are built
+    in place, not copied into it); media parts (decoded arrays, omnistream/request/media.py)
+    travel as tensors, an audio part as its digest where `refer` gives one (it must know the
+    thinker keeps it)."""
     params = opens.thinker
-    open_ = stage_pb2.ThinkerOpen(
-        request_id=rid,
-        max_tokens=params.max_tokens,
-        ignore_eos=params.ignore_eos,
-        sampling=sampling_to_proto(params.sampling),
-        use_audio_in_video=params.use_audio_in_video,
-        assistant_text=params.assistant_text or "",
-        cache_scope=params.cache_scope,
-        background=params.background,
-        encode_only=params.encode_only,
-        answer_ids=params.answer_ids,
-    )
+    open_ = into if into is not None else stage_pb2.ThinkerOpen()
+    open_.request_id = rid
+    open_.max_tokens = params.max_tokens
+    open_.ignore_eos = params.ignore_eos
+    open_.sampling.CopyFrom(sampling_to_proto(params.sampling))
+    open_.use_audio_in_video = params.use_audio_in_video
+    open_.assistant_text = params.assistant_text or ""
+    open_.cache_scope = params.cache_scope
+    open_.background = params.background
+    open_.encode_only = params.encode_only
+    del open_.answer_ids[:]
+    open_.answer_ids.extend(params.answer_ids)
     if params.structured_output is not None:
         open_.structured_output.CopyFrom(structured_output_proto(params.structured_output))
     if prompt_ids is not None:
         open_.prompt_ids.extend(prompt_ids)
     else:
-        open_.messages.extend(message_proto(m, refer) for m in messages or ())
+        for message in messages or ():
+            fill_message(open_.messages.add(), message, refer)
         open_.tools = tools_to_proto(tools)
     return open_
 

@@ -12,7 +12,7 @@ import numpy as np
 from omnistream.proto.omni.v1 import common_pb2
 from omnistream.request.errors import InvalidRequest
 from omnistream.request.media import AudioInput, AudioRef, ImageInput, VideoInput
-from omnistream.wire.tensors import numpy_from_proto, to_proto
+from omnistream.wire.tensors import fill_tensor, numpy_from_proto
 
 # Elements one decoded media part may hold on the stage API (the gRPC message size bounds it too).
 MAX_PART_ELEMENTS = 1 << 30
@@ -23,52 +23,66 @@ MAX_PART_ELEMENTS = 1 << 30
 Referrer = Callable[[AudioInput], "bytes | None"]
 
 
-def audio_part_proto(audio: AudioInput, refer: Referrer | None = None) -> common_pb2.AudioPart:
+def fill_audio_part(
+    target: common_pb2.AudioPart, audio: AudioInput, refer: Referrer | None = None
+) -> common_pb2.AudioPart:
     digest = refer(audio) if refer is not None else None
+    target.sample_rate = audio.sample_rate
     if digest is not None:
-        return common_pb2.AudioPart(digest=digest, sample_rate=audio.sample_rate)
-    samples = np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1)
-    return common_pb2.AudioPart(samples=to_proto(samples), sample_rate=audio.sample_rate)
+        target.digest = digest
+    else:
+        fill_tensor(target.samples, np.ascontiguousarray(audio.samples, dtype=np.float32).reshape(-1))
+    return target
 
 
-def content_part_proto(part: Mapping[str, Any], refer: Referrer | None = None) -> common_pb2.ContentPart:
-    """One part of a message's content (omnistream/request/media.py) as the stage API's decoded part;
-    an audio part as its digest where `refer` gives one."""
+def fill_content_part(
+    target: common_pb2.ContentPart, part: Mapping[str, Any], refer: Referrer | None = None
+) -> common_pb2.ContentPart:
+    """One part of a message's content (omnistream/request/media.py) as the stage API's decoded part,
+    written into `target` (media are large: built in place, never copied between messages); an
+    audio part as its digest where `refer` gives one."""
     kind = part["type"]
     if kind == "text":
-        return common_pb2.ContentPart(text=part["text"])
+        target.text = part["text"]
+        return target
     media = part[kind]
     if kind == "audio" and isinstance(media, AudioInput):
-        return common_pb2.ContentPart(audio=audio_part_proto(media, refer))
-    if kind == "image" and isinstance(media, ImageInput):
-        pixels = np.ascontiguousarray(media.pixels, dtype=np.uint8)
-        return common_pb2.ContentPart(image=common_pb2.ImagePart(pixels=to_proto(pixels)))
-    if kind == "video" and isinstance(media, VideoInput):
-        video = common_pb2.VideoPart(
-            frames=to_proto(np.ascontiguousarray(media.frames, dtype=np.uint8)), fps=media.fps
-        )
+        fill_audio_part(target.audio, media, refer)
+    elif kind == "image" and isinstance(media, ImageInput):
+        fill_tensor(target.image.pixels, np.ascontiguousarray(media.pixels, dtype=np.uint8))
+    elif kind == "video" and isinstance(media, VideoInput):
+        fill_tensor(target.video.frames, np.ascontiguousarray(media.frames, dtype=np.uint8))
+        target.video.fps = media.fps
         if media.audio is not None:
-            video.audio.CopyFrom(audio_part_proto(media.audio))
-        return common_pb2.ContentPart(video=video)
-    # An encoded file here is a gateway bug: media are decoded before a request is admitted.
-    raise TypeError(f"a {kind!r} part holding {type(media).__name__} cannot go to the thinker")
+            fill_audio_part(target.video.audio, media.audio)
+    else:  # An encoded file here is a gateway bug: media are decoded before a request is admitted.
+        raise TypeError(f"a {kind!r} part holding {type(media).__name__} cannot go to the thinker")
+    return target
 
 
 def message_proto(message: Mapping[str, Any], refer: Referrer | None = None) -> common_pb2.Message:
-    """A chat turn: text-only content as `content` (as before media existed), else as `parts`;
-    an assistant turn's tool calls and a tool turn's call id with it."""
+    return fill_message(common_pb2.Message(), message, refer)
+
+
+def fill_message(
+    target: common_pb2.Message, message: Mapping[str, Any], refer: Referrer | None = None
+) -> common_pb2.Message:
+    """A chat turn, written into `target` (a message's repeated field's `add()`): text-only content
+    as `content` (as before media existed), else as `parts`; an assistant turn's tool calls and a
+    tool turn's call id with it."""
+    target.role = message["role"]
     content: str | Sequence[Mapping[str, Any]] = message["content"]
     if isinstance(content, str):
-        msg = common_pb2.Message(role=message["role"], content=content)
+        target.content = content
     else:
-        parts = [content_part_proto(p, refer) for p in content]
-        msg = common_pb2.Message(role=message["role"], parts=parts)
+        for part in content:
+            fill_content_part(target.parts.add(), part, refer)
     for call in message.get("tool_calls") or ():
         function = call["function"]
-        msg.tool_calls.add(id=call.get("id") or "", name=function["name"], arguments=function["arguments"])
+        target.tool_calls.add(id=call.get("id") or "", name=function["name"], arguments=function["arguments"])
     if message.get("tool_call_id") is not None:
-        msg.tool_call_id = message["tool_call_id"]
-    return msg
+        target.tool_call_id = message["tool_call_id"]
+    return target
 
 
 def tool_calls_from_proto(calls: Sequence[common_pb2.ToolCall]) -> list[dict[str, Any]]:

@@ -84,6 +84,13 @@ def to_proto(t: torch.Tensor | np.ndarray) -> Tensor:
 
     Unsupported dtypes raise TypeError: producing one is a bug in this process, not bad input.
     """
+    return fill_tensor(common_pb2.Tensor(), t)
+
+
+def fill_tensor(target: Tensor, t: torch.Tensor | np.ndarray) -> Tensor:
+    """`to_proto` written into `target` (a field of the message that will be sent): a message
+    given to another's constructor or CopyFrom is copied whole, so a large part (a turn's audio,
+    a video's frames) built apart costs one copy per level it is nested in."""
     if _is_torch_tensor(t):
         name = _names_by_torch_dtype().get(t.dtype)
         if name is None:
@@ -101,8 +108,11 @@ def to_proto(t: torch.Tensor | np.ndarray) -> Tensor:
     else:
         raise TypeError(f"expected torch.Tensor or numpy.ndarray, got {type(t).__name__}")
     wire = _DTYPES[name]
-    data = np.ascontiguousarray(array).astype(wire, copy=False).tobytes()
-    return common_pb2.Tensor(dtype=name, shape=shape, data=data)
+    target.dtype = name
+    del target.shape[:]
+    target.shape.extend(shape)
+    target.data = np.ascontiguousarray(array).astype(wire, copy=False).tobytes()
+    return target
 
 
 def numpy_from_proto(

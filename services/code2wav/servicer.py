@@ -12,7 +12,7 @@ from omnistream.request.errors import InvalidRequest, SequenceError
 from omnistream.request.stage_chain import CodecFeed
 from omnistream.service.stage_service import Admitted, StageServicer
 from omnistream.wire.chunk_key import ChunkKey, Stage
-from omnistream.wire.tensors import from_proto, to_proto
+from omnistream.wire.tensors import fill_tensor, from_proto
 
 MAX_FRAMES_PER_CHUNK = 4096
 
@@ -68,11 +68,11 @@ class Code2WavServicer(StageServicer):
                 with self.chunk_cpu("out"):
                     message = stage_pb2.AudioChunk(
                         key=ChunkKey(rid, Stage.CODE2WAV, index).to_proto(),
-                        audio=to_proto(piece.audio),
                         sample_rate=sample_rate,
                         first_sample=piece.first_sample,
                         finished=piece.finished,
                     )
+                    fill_tensor(message.audio, piece.audio)  # in place: not copied into the chunk
                 yield message
                 index += 1
 

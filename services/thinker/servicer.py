@@ -29,7 +29,7 @@ from omnistream.wire.convert import (
     tools_from_proto,
 )
 from omnistream.wire.messages import messages_from_proto
-from omnistream.wire.tensors import to_proto
+from omnistream.wire.tensors import fill_tensor
 
 DEFAULT_MAX_TOKENS = 256
 # Tokenizing and media preprocessing (the processor's feature extraction) run here, off the event
@@ -149,7 +149,7 @@ class ThinkerServicer(StageServicer):
                         chunk.prompt_ids.extend(piece.prompt_ids)
                         chunk.cached_tokens = cached = piece.cached_tokens
                         if piece.multimodal_positions:
-                            chunk.prompt_hidden.CopyFrom(to_proto(piece.prompt_hidden))
+                            fill_tensor(chunk.prompt_hidden, piece.prompt_hidden)
                             chunk.multimodal_positions.extend(piece.multimodal_positions)
                         if piece.media_layout is not None and piece.media_layout.has_vision:
                             chunk.media_layout.CopyFrom(media_layout_to_proto(piece.media_layout))

@@ -157,3 +157,19 @@ def test_a_videos_sound_never_travels_as_a_digest():
     msg = common_pb2.Message(role="user", parts=[common_pb2.ContentPart(video=video)])
     with pytest.raises(InvalidRequest, match="video's sound"):
         messages_from_proto([msg])
+
+
+@pytest.mark.parametrize("name", list(conversations()))
+def test_an_open_built_in_its_request_is_the_open_built_alone(name):
+    """The gateway builds the open in its request (no copy of the media per nesting level): the same
+    message, byte for byte, as one built alone and put in a request."""
+    messages, aiv = conversations()[name]
+    messages = [*messages, {"role": "assistant", "content": "It is a tone."}]
+    request = GenerationRequest(messages=messages, use_audio_in_video=aiv, return_audio=False)
+    opens = stage_opens(request, None)
+    alone = stage_pb2.ThinkerRequest(open=thinker_open_proto("r", opens, messages, None))
+    built = stage_pb2.ThinkerRequest()
+    returned = thinker_open_proto("r", opens, messages, None, into=built.open)
+    assert returned is built.open
+    assert built.SerializeToString(deterministic=True) == alone.SerializeToString(deterministic=True)
+    assert len(built.open.messages) == len(messages) and built.open.messages[-1].content == "It is a tone."

@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from omnistream.proto.omni.v1 import common_pb2
+from omnistream.proto.omni.v1 import common_pb2, stage_pb2
 from omnistream.request.errors import InvalidRequest
-from omnistream.wire.tensors import SUPPORTED_DTYPES, from_proto, numpy_from_proto, to_proto
+from omnistream.wire.tensors import SUPPORTED_DTYPES, fill_tensor, from_proto, numpy_from_proto, to_proto
 
 TORCH_DTYPES = {
     "float32": torch.float32,
@@ -142,3 +142,12 @@ def test_unsupported_source_dtypes_are_type_errors() -> None:
         to_proto(np.zeros(2, dtype=np.uint32))
     with pytest.raises(TypeError, match="list"):
         to_proto([1, 2, 3])  # type: ignore[arg-type]
+
+
+def test_a_tensor_filled_into_a_message_field_is_to_protos_and_replaces_what_was_there() -> None:
+    chunk = stage_pb2.ThinkerChunk()
+    fill_tensor(chunk.prompt_hidden, torch.ones(9, 4))
+    hidden = torch.randn(3, 5)
+    assert fill_tensor(chunk.prompt_hidden, hidden) is chunk.prompt_hidden
+    assert chunk.prompt_hidden == to_proto(hidden)
+    assert torch.equal(from_proto(chunk.prompt_hidden), hidden)
