@@ -12,7 +12,7 @@ import torch
 
 from gateway.realtime.audio import settled
 from omnistream.engine.settings import ThinkerEngineSettings
-from omnistream.models.qwen3_omni.thinker.audio_features import CachedAudioFeatures
+from omnistream.models.qwen3_omni.thinker.audio_features import PROCESSOR_CALL, CachedAudioFeatures
 from omnistream.models.qwen3_omni.thinker.engine import ThinkerEngine
 from tests.media_samples import tone
 
@@ -231,3 +231,49 @@ def test_an_audio_only_prompt_s_positions_are_the_model_s_and_a_rule_that_differ
             torch.equal(prompt.positions, positions[:, 0].float() + 1)
             and prompt.rope_delta == float(delta[0, 0]) - 1
         )
+
+
+def _extractors_call(extractor, item: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+    out = extractor([item], sampling_rate=16000, **PROCESSOR_CALL)
+    n = int(out["attention_mask"][0].sum())
+    return out["input_features"][0, :, :n], out["attention_mask"][0, :n]
+
+
+def test_an_item_alone_is_the_extractors_call_bit_for_bit_at_every_length_and_loudness(engine):
+    """A settled item's features are computed without the extractor's batching (the commit's work,
+    growing with the turn): the same numbers, frame mask and dtypes, over many lengths and seeds."""
+    extractor = engine.processor.feature_extractor.extractor
+    alone = CachedAudioFeatures(extractor)
+    rng = np.random.default_rng(61)
+    for _ in range(40):
+        item = settled(
+            tone(
+                float(rng.uniform(0.05, 9.5)),
+                hz=float(rng.uniform(80, 4000)),
+                seed=int(rng.integers(1 << 30)),
+            )
+        )
+        samples = item.samples * np.float32(rng.uniform(1e-4, 1.0))
+        samples.flags.writeable = False  # as from the wire
+        features, mask = alone.item(samples, 16000)
+        want_features, want_mask = _extractors_call(extractor, samples)
+        assert features.dtype == want_features.dtype and mask.dtype == want_mask.dtype
+        assert torch.equal(features, want_features) and torch.equal(mask, want_mask)
+
+
+def test_a_dithering_extractor_is_called_as_it_is(engine):
+    extractor = engine.processor.feature_extractor.extractor
+    calls = []
+
+    class Dithering:
+        dither = 1e-5
+        hop_length, n_fft = extractor.hop_length, extractor.n_fft
+        _torch_extract_fbank_features = extractor._torch_extract_fbank_features
+
+        def __call__(self, audio, **kwargs):
+            calls.append(len(audio))
+            return extractor(audio, **kwargs)
+
+    item = settled(tone(1.2, seed=3)).samples
+    features, _ = CachedAudioFeatures(Dithering()).item(item, 16000)
+    assert calls == [1] and torch.equal(features, _extractors_call(extractor, item)[0])
