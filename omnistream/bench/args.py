@@ -202,6 +202,12 @@ def _add_voice_to_voice_arguments(p: argparse.ArgumentParser) -> None:
         "--v2v-turns", type=int, default=3, help="turns of each session, each on a fresh realtime session"
     )
     p.add_argument(
+        "--v2v-interleave",
+        action="store_true",
+        help="the utterance lengths of one mode and session count take turns (A B, B A) instead of "
+        "running one after another, so that a difference between lengths is not the machine's drift",
+    )
+    p.add_argument(
         "--v2v-window-ms",
         type=int,
         default=500,

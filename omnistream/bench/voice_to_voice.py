@@ -17,6 +17,10 @@ that append (after `ws.send` returned).
 * `commit`: no turn detection; right after the end of speech the client sends
   input_audio_buffer.commit and response.create, and streams nothing more.
 
+`--v2v-interleave` runs the lengths of one mode and session count together, taking turns (A B, then
+B A), so that what a length costs more than another is not the machine's drift between cells run
+one after another (a cell's turns then share the group's speculation counts).
+
 `--v2v-gap-ms` N puts N ms of silence in the middle of each utterance: a pause the speaker goes on
 after. With server_vad a pause longer than the window less the gateway's speculation lead
 (gateway/realtime/speculation.py) starts an answer that the speech after it cancels: each turn
@@ -46,12 +50,11 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from omnistream.bench.speech import RATE, Utterance, dithered, pieces, silence_pcm16, utterance
-from omnistream.bench.stats import _describe
+from omnistream.bench.voice_to_voice_report import Cell, Turn, summarize, table
 
 if TYPE_CHECKING:
     from websockets.asyncio.client import ClientConnection
@@ -63,7 +66,6 @@ AFTER_WINDOW_S = 1.5  # server_vad: the silence after the speech is the window +
 MAX_TOKENS, AUDIO_FRAMES = 16, 24
 TURN_TIMEOUT_S = 120.0
 INSTRUCTIONS = "You are a helpful voice assistant. Keep your answers short."
-METRICS = ("v2v_ms", "detector_ms", "after_detector_ms", "detector_end_ms", "first_chunk_ms")
 
 
 def layout(speech: bytes, trailing_s: float, gap_ms: int = 0) -> tuple[bytes, int]:
@@ -78,22 +80,6 @@ def layout(speech: bytes, trailing_s: float, gap_ms: int = 0) -> tuple[bytes, in
     lead += (-(lead + len(speech))) % piece
     stream = bytes(lead) + speech + silence_pcm16(trailing_s)
     return stream, (lead + len(speech)) // piece - 1
-
-
-@dataclass
-class Turn:
-    mode: str
-    session: int
-    turn: int
-    speech_s: float
-    v2v_ms: float | None = None
-    detector_ms: float | None = None
-    after_detector_ms: float | None = None
-    detector_end_ms: float | None = None
-    continuity_ok: bool | None = None  # response.done's: None without audio
-    first_chunk_ms: float | None = None  # response.done's: the first chunk the audio planner chose
-    status: str = ""
-    error: str = ""
 
 
 def session_config(mode: str, window_ms: int, seed: int) -> dict[str, Any]:
@@ -200,13 +186,6 @@ async def one_turn(
     return turn
 
 
-@dataclass(frozen=True)
-class Cell:
-    mode: str
-    seconds: float  # as asked
-    sessions: int
-
-
 def cells(args: argparse.Namespace) -> list[Cell]:
     """The flags' cells, in run order (mode, then utterance length, then sessions)."""
     modes = [m.strip() for m in args.v2v_modes.split(",") if m.strip()]
@@ -219,79 +198,43 @@ def cells(args: argparse.Namespace) -> list[Cell]:
     return [Cell(m, s, n) for m in modes for s in seconds for n in sessions]
 
 
-async def run_cell(
-    url: str, cell: Cell, speech: Utterance, args: argparse.Namespace, seed: int
-) -> list[Turn]:
-    """`cell.sessions` clients at once, each `--v2v-turns` turns one after another."""
+def groups(plan: list[Cell], interleave: bool) -> list[list[Cell]]:
+    """The cells that run together: each alone, or (`--v2v-interleave`) those of one mode and
+    session count, whose utterance lengths then take turns."""
+    if not interleave:
+        return [[cell] for cell in plan]
+    together: dict[tuple[str, int], list[Cell]] = {}
+    for cell in plan:
+        together.setdefault((cell.mode, cell.sessions), []).append(cell)
+    return list(together.values())
 
-    async def client(k: int) -> list[Turn]:
-        done = []
+
+async def run_group(
+    url: str, group: list[Cell], speech: dict[float, Utterance], args: argparse.Namespace, seed: int
+) -> list[list[Turn]]:
+    """`sessions` clients at once, each `--v2v-turns` rounds one after another; a round is one turn
+    of each cell's length, in the group's order and reversed the next round (A B, B A: each length
+    meets the machine as the others do, where cells run one after another meet it in turn). Each
+    cell's turns."""
+
+    async def client(k: int) -> list[list[Turn]]:
+        done: list[list[Turn]] = [[] for _ in group]
         for t in range(args.v2v_turns):
-            turn = Turn(cell.mode, k, t, speech.seconds)
-            turn_seed = seed + k * args.v2v_turns + t
-            done.append(
-                await one_turn(url, cell.mode, speech, args.v2v_window_ms, turn, turn_seed, args.v2v_gap_ms)
-            )
+            order = range(len(group)) if t % 2 == 0 else reversed(range(len(group)))
+            for i in order:
+                cell = group[i]
+                turn = Turn(cell.mode, k, t, speech[cell.seconds].seconds)
+                turn_seed = seed + (k * args.v2v_turns + t) * len(group) + i
+                utter = speech[cell.seconds]
+                done[i].append(
+                    await one_turn(
+                        url, cell.mode, utter, args.v2v_window_ms, turn, turn_seed, args.v2v_gap_ms
+                    )
+                )
         return done
 
-    per_session = await asyncio.gather(*(client(k) for k in range(cell.sessions)))
-    return [t for turns in per_session for t in turns]
-
-
-def summarize(
-    cell: Cell, speech: Utterance, window_ms: int, turns: list[Turn], speculations: dict[str, float] | None
-) -> dict[str, Any]:
-    out: dict[str, Any] = {
-        "mode": cell.mode,
-        "seconds": cell.seconds,
-        "speech_s": speech.seconds,
-        "text": speech.text,
-        "sessions": cell.sessions,
-        "window_ms": window_ms if cell.mode == "server_vad" else None,
-        "turns": len(turns),
-        "failed": sum(1 for t in turns if t.error or t.v2v_ms is None),
-        "errors": sorted({t.error for t in turns if t.error})[:5],
-    }
-    for name in METRICS:
-        out[name] = _describe([v for t in turns if (v := getattr(t, name)) is not None], 1.0)
-    judged = [t.continuity_ok for t in turns if t.continuity_ok is not None]
-    out["continuity"] = sum(judged) / len(judged) if judged else None
-    out["speculations"] = speculations  # outcome -> count over the cell (None: not read)
-    out["per_turn"] = [asdict(t) for t in turns]
-    return out
-
-
-def _pair(stats: dict[str, Any]) -> str:
-    if not stats.get("samples"):
-        return "-"
-    return f"{stats['median']:.0f} / {stats['p90']:.0f}"
-
-
-def _share(value: float | None) -> str:
-    return "-" if value is None else f"{value:.0%}"
-
-
-def _outcomes(counts: dict[str, float] | None) -> str:
-    if counts is None:
-        return "-"
-    return ", ".join(f"{k} {v:.0f}" for k, v in sorted(counts.items()) if v) or "none"
-
-
-def table(rows: list[dict[str, Any]]) -> str:
-    """The cells as a markdown table: median / p90 of each time (ms)."""
-    lines = [
-        "| mode | speech s | sessions | turns ok | v2v ms | detector ms | after detector ms "
-        "| detector end ms | first chunk ms | continuity | speculations |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for r in rows:
-        mode = f"server_vad {r['window_ms']} ms" if r["mode"] == "server_vad" else r["mode"]
-        lines.append(
-            f"| {mode} | {r['speech_s']:.2f} | {r['sessions']} | {r['turns'] - r['failed']}/{r['turns']} | "
-            + " | ".join(_pair(r[name]) for name in METRICS)
-            + f" | {_share(r['continuity'])} | {_outcomes(r['speculations'])} |"
-        )
-    return "\n".join(lines) + "\n\n(median / p90 of the turns; times from the end of speech at the client)\n"
+    per_session = await asyncio.gather(*(client(k) for k in range(group[0].sessions)))
+    return [[t for session in per_session for t in session[i]] for i in range(len(group))]
 
 
 async def measure(
@@ -303,17 +246,21 @@ async def measure(
     if warm.error:
         print(f"voice-to-voice bench: warm-up turn: {warm.error}", file=sys.stderr)
     rows, seed = [], args.seed * 10**7
-    for cell in plan:
-        label = f"{cell.mode}, {speech[cell.seconds].seconds:.2f} s of speech, {cell.sessions} at once"
+    for group in groups(plan, args.v2v_interleave):
+        lengths = ", ".join(f"{speech[c.seconds].seconds:.2f}" for c in group)
+        label = f"{group[0].mode}, {lengths} s of speech, {group[0].sessions} at once"
         print(f"voice-to-voice bench: {label}", file=sys.stderr)
         before = await asyncio.to_thread(speculations_at, url)
-        turns = await run_cell(url, cell, speech[cell.seconds], args, seed)
+        cells_turns = await run_group(url, group, speech, args, seed)
         after = await asyncio.to_thread(speculations_at, url)
-        seed += cell.sessions * args.v2v_turns
+        seed += group[0].sessions * args.v2v_turns * len(group)
         grew = None
         if before is not None and after is not None:
             grew = {k: v - before.get(k, 0.0) for k, v in after.items()}
-        rows.append(summarize(cell, speech[cell.seconds], args.v2v_window_ms, turns, grew))
+        for cell, turns in zip(group, cells_turns, strict=True):
+            row = summarize(cell, speech[cell.seconds], args.v2v_window_ms, turns, grew)
+            row["interleaved"] = len(group) > 1  # its speculations are then the group's
+            rows.append(row)
     return rows
 
 

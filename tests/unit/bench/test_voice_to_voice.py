@@ -1,9 +1,11 @@
 """`omnistream bench --voice-to-voice`'s pieces that need no stack: where the end of speech falls in
-the streamed audio, the cells the flags ask for, the table (omnistream/bench/voice_to_voice.py)."""
+the streamed audio, the cells the flags ask for and the order their turns run in
+(omnistream/bench/voice_to_voice.py)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 
 import numpy as np
 import pytest
@@ -56,27 +58,29 @@ def test_cells_run_mode_by_length_by_sessions_and_refuse_nonsense():
             v2v.cells(argparse.Namespace(**{**vars(args), **bad}))
 
 
-def test_the_table_gives_median_and_p90_and_a_dash_without_samples():
-    turns = [
-        v2v.Turn(
-            "server_vad",
-            0,
-            i,
-            0.9,
-            v2v_ms=700.0 + i,
-            detector_ms=600.0,
-            after_detector_ms=100.0 + i,
-            continuity_ok=i > 0,
-            first_chunk_ms=160.0 * (i + 1),
-        )
-        for i in range(3)
-    ]
-    turns.append(v2v.Turn("server_vad", 0, 3, 0.9, error="no audio"))
-    speech = Utterance("Hello.", bytes(2 * RATE))
-    row = v2v.summarize(v2v.Cell("server_vad", 1.0, 1), speech, 500, turns, {"released": 3.0, "resumed": 0.0})
-    assert row["failed"] == 1 and row["errors"] == ["no audio"] and row["v2v_ms"]["samples"] == 3
-    text = v2v.table([row])
-    times = "701 / 702 | 600 / 600 | 101 / 102 | - | 320 / 448"
-    assert f"| server_vad 500 ms | 1.00 | 1 | 3/4 | {times} | 67% | released 3 |" in text
-    unread = v2v.summarize(v2v.Cell("commit", 1.0, 1), speech, 500, turns[3:], None)
-    assert v2v.table([unread]).splitlines()[2].endswith("| - | - | - | - | - | - | - |")
+def test_interleaved_lengths_take_turns_a_b_then_b_a_and_each_cell_keeps_its_own_turns(monkeypatch):
+    plan = [v2v.Cell("commit", 1.0, 2), v2v.Cell("commit", 9.0, 2), v2v.Cell("server_vad", 1.0, 2)]
+    assert v2v.groups(plan, interleave=False) == [[c] for c in plan]
+    together = v2v.groups(plan, interleave=True)
+    assert together == [plan[:2], plan[2:]]  # one mode and session count
+    spoken: list[tuple[int, float, int]] = []  # (session, seconds, seed) in the order they ran
+
+    async def one_turn(url, mode, speech, window_ms, turn, seed, gap_ms=0):
+        spoken.append((turn.session, speech.seconds, seed))
+        turn.v2v_ms = speech.seconds
+        return turn
+
+    monkeypatch.setattr(v2v, "one_turn", one_turn)
+    speech = {s: Utterance("x", bytes(int(2 * RATE * s))) for s in (1.0, 9.0)}
+    args = argparse.Namespace(v2v_turns=3, v2v_window_ms=500, v2v_gap_ms=0)
+    per_cell = asyncio.run(v2v.run_group("ws://unused", together[0], speech, args, seed=100))
+    assert [[t.v2v_ms for t in turns] for turns in per_cell] == [[1.0] * 6, [9.0] * 6]
+    assert [(t.session, t.turn) for t in per_cell[1]] == [(0, 0), (0, 1), (0, 2), (1, 0), (1, 1), (1, 2)]
+    first_session = [seconds for session, seconds, _ in spoken if session == 0]
+    assert first_session == [1.0, 9.0, 9.0, 1.0, 1.0, 9.0]  # A B, B A, A B
+    seeds = [seed for _, _, seed in spoken]
+    assert len(set(seeds)) == 12 and min(seeds) == 100  # every turn its own dither
+    # Alone, a cell's turns have the seeds they had before groups existed (seed + session x turns + turn).
+    spoken.clear()
+    asyncio.run(v2v.run_group("ws://unused", [plan[2]], speech, args, seed=100))
+    assert sorted(seed for _, _, seed in spoken) == list(range(100, 106))
