@@ -53,7 +53,11 @@ class LocalThinker:
         messages, tools = request.messages or [], request.tools
         if prompt_ids is None and has_media(request.messages):
             media = await asyncio.to_thread(
-                self.engine.prepare_media, messages, params.use_audio_in_video, tools
+                self.engine.prepare_media,
+                messages,
+                params.use_audio_in_video,
+                tools,
+                ahead=params.encode_only,
             )
             prompt_ids = media.prompt_ids
         elif prompt_ids is None:

@@ -117,7 +117,10 @@ class ThinkerStageEngine(StageEngine, Protocol):
         use_audio_in_video: bool = False,
         tools: Tools = None,
         memo: TokenMemo | None = None,
-    ) -> Any: ...
+        ahead: bool = False,
+    ) -> Any:
+        """`ahead`: the audio of a turn still spoken (encode_only), worked on for its commit."""
+        ...
 
     async def compile_grammar(self, structured: StructuredOutput) -> Any:
         """The output grammar made ready off the event loop, within the engine's bound, for

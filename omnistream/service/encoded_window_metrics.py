@@ -1,5 +1,6 @@
-"""The thinker's audio windows encoded ahead (a realtime turn's, while it was spoken) in Prometheus:
-windows kept, and the committed requests' windows found among them or not.
+"""The thinker's work ahead on a realtime turn's audio while it was spoken, in Prometheus: encoder
+windows kept, and the committed requests' windows found among them or not; log-mel frames kept, and
+the committed turns whose features began with them.
 
 A collector, as the prefix cache's (prefix_metrics.py): the engine thread owns the totals, a scrape
 reads them as they are."""
@@ -41,3 +42,33 @@ class EncodedWindowsCollector(Collector):
         )
         gauge.add_metric(stage, len(w))
         yield gauge
+
+
+class FrameTotals(Protocol):
+    kept: int
+    reused: int
+
+
+class TurnFramesCollector(Collector):
+    """A turn's log-mel frames kept while it was spoken (models/qwen3_omni/thinker/turn_frames.py)."""
+
+    def __init__(self, stage: str, frames: FrameTotals) -> None:
+        self.stage = stage
+        self.frames = frames
+
+    def collect(self) -> Iterator[Metric]:
+        for name, help_, value in (
+            (
+                "kept",
+                "Turns' audio so far whose log-mel frames were kept (extended) while spoken",
+                self.frames.kept,
+            ),
+            (
+                "reused",
+                "Committed turns whose features were computed from frames kept while spoken",
+                self.frames.reused,
+            ),
+        ):
+            counter = CounterMetricFamily(f"omnistream_stage_turn_frames_{name}", help_, labels=["stage"])
+            counter.add_metric([self.stage], value)
+            yield counter

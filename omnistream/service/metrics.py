@@ -15,7 +15,7 @@ from prometheus_client import (
 )
 
 from omnistream.engine.prefix_cache import PrefixCache
-from omnistream.service.encoded_window_metrics import EncodedWindowsCollector
+from omnistream.service.encoded_window_metrics import EncodedWindowsCollector, TurnFramesCollector
 from omnistream.service.prefix_metrics import PrefixCacheCollector
 
 if TYPE_CHECKING:
@@ -157,6 +157,9 @@ class StageMetrics:
         windows = getattr(engine, "encoded_windows", None)
         if windows is not None:  # the transformers thinker's (models/qwen3_omni/thinker/encoded_windows.py)
             r.register(EncodedWindowsCollector(self.stage, windows))
+        frames = getattr(engine, "turn_frames", None)
+        if frames is not None:  # the transformers thinker's (models/qwen3_omni/thinker/turn_frames.py)
+            r.register(TurnFramesCollector(self.stage, frames))
 
     def track_streams(self, servicer: _Streams) -> None:
         """The lifecycle invariant, observable: every engine request has an open stream."""

@@ -87,7 +87,7 @@ class ThinkerServicer(StageServicer):
 
             def prepare() -> Any:
                 if open_.encode_only:  # a turn still spoken: nothing of it is the scope's yet
-                    return self.engine.prepare_media(messages, open_.use_audio_in_video, tools)
+                    return self.engine.prepare_media(messages, open_.use_audio_in_video, tools, ahead=True)
                 # Digests become the scope's kept audio, and its new audio is kept (scope_audio.py).
                 resolved = self.scope_audio.resolve(messages, scope)
                 memo = self.token_memos.get(scope)

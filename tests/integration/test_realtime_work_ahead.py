@@ -1,7 +1,8 @@
 """A turn's audio encoded while it is spoken (gateway/realtime/work_ahead.py), on the real processes:
 a user speaks for seconds (espeak-ng speech streamed at real time) and commits; while they speak the
 gateway sends the audio so far to the thinker, which encodes its complete encoder windows, and the
-committed turn's request takes them. Its answer (transcript and audio, byte for byte, greedy,
+committed turn's request takes them, and its features are computed from the log-mel frames kept
+while it was spoken. Its answer (transcript and audio, byte for byte, greedy,
 float64 stages) is the one a gateway without work ahead gives the same audio, on both tiny builds
 (the other seed and size and the real-shaped checkpoint in `make test-slow`)."""
 
@@ -78,9 +79,11 @@ def worked_ahead_as_without(on, off, stages) -> None:
     thinker = stages["thinker"]
     reused = metric(thinker, "omnistream_stage_encoded_windows_reused_total")
     stored = metric(thinker, "omnistream_stage_encoded_windows_stored_total")
+    frames = metric(thinker, "omnistream_stage_turn_frames_reused_total")
     text, audio = asyncio.run(committed(on, pcm, live=True))
     assert metric(thinker, "omnistream_stage_encoded_windows_stored_total") - stored >= 2
     assert metric(thinker, "omnistream_stage_encoded_windows_reused_total") - reused >= 2
+    assert metric(thinker, "omnistream_stage_turn_frames_reused_total") == frames + 1  # its features
     assert metric_at(f"{gateway_url(on)}/metrics", "omnistream_realtime_work_ahead_total") >= 2
     assert audio and (text, audio) == asyncio.run(committed(off, pcm, live=False))
     assert asyncio.run(wait_for(lambda: gateway_idle(on, stages) and gateway_idle(off, stages), timeout=10))

@@ -23,6 +23,9 @@ import numpy as np
 import torch
 from transformers.feature_extraction_utils import BatchFeature
 
+from omnistream.models.qwen3_omni.thinker.turn_frames import DEFAULT_BUDGET_BYTES as TURN_FRAMES_BYTES
+from omnistream.models.qwen3_omni.thinker.turn_frames import TurnFrames
+
 DEFAULT_BUDGET_BYTES = 256 << 20
 # The call the processor makes (`Qwen3OmniMoeProcessor._process_audio`); any other goes through.
 PROCESSOR_CALL = {"padding": True, "truncation": False, "return_attention_mask": True, "return_tensors": "pt"}
@@ -44,6 +47,8 @@ class CachedAudioFeatures:
         self._keys: dict[int, tuple[weakref.ref[np.ndarray], Any, bytes]] = {}
         self.hits = 0
         self.misses = 0
+        # The frames of turns still spoken, kept for their commits (turn_frames.py).
+        self.turns = TurnFrames(extractor, budget_bytes=min(budget_bytes, TURN_FRAMES_BYTES))
 
     def __getattr__(self, name: str) -> Any:  # everything else is the extractor's
         return getattr(self.extractor, name)
@@ -91,8 +96,13 @@ class CachedAudioFeatures:
             n = int(out["attention_mask"][0].sum())
             return out["input_features"][0, :, :n].clone(), out["attention_mask"][0, :n].clone()
         # A settled item's length is a multiple of the hop: the call's last frame (of the
-        # padding) is dropped in fbank, and its mask is every frame.
-        features = torch.from_numpy(fbank(np.array(item, dtype=np.float32)[None, :], "cpu"))[0]  # writable
+        # padding) is dropped in fbank, and its mask is every frame. A realtime turn's features
+        # are computed from the frames kept while it was spoken where there are (turn_frames.py).
+        features = self.turns.features(item)
+        if features is None:
+            features = torch.from_numpy(fbank(np.array(item, dtype=np.float32)[None, :], "cpu"))[
+                0
+            ]  # writable
         return features, torch.ones(features.shape[-1], dtype=torch.int32)
 
     def _key(self, item: np.ndarray, rate: Any) -> bytes:

@@ -115,16 +115,16 @@ class ThinkerEngine(ThinkerDecode):
         self.max_model_len = max_model_len
         self.max_batch = max_batch
         self.chat = self.text.chat
-        tc = self.config.thinker_config
         self.multimodal_ids = self.text.multimodal_ids
         self.processor = load_processor(model_dir, self.tokenizer)
-        # Spoken turns re-sent by later turns keep their features (audio_features.py).
-        self.processor.feature_extractor = CachedAudioFeatures(self.processor.feature_extractor)
+        # Spoken turns keep their features for later turns, and their frames while spoken (audio_features.py).
+        self.processor.feature_extractor = features = CachedAudioFeatures(self.processor.feature_extractor)
+        self.turn_frames = features.turns  # in Prometheus (omnistream/service/metrics.py)
         self.media_prompts = MediaPromptBuilder(self.processor, self.chat, self.thinker, max_model_len)
         # Encoder input units (mel frames / vision patches) per step, shared by all requests: a slice
         # is at most this much, so decode steps wait for at most one slice. Audio slices are whole
         # attention windows (`n_window_infer` frames).
-        audio = tc.audio_config
+        audio = self.config.thinker_config.audio_config
         self.audio_window = audio.n_window_infer
         self.encode_budget = max(encode_budget or 4 * audio.n_window_infer, self.audio_window)
         # Windows a realtime turn's audio had encoded while it was spoken (encoded_windows.py).
@@ -158,8 +158,7 @@ class ThinkerEngine(ThinkerDecode):
 
     @property
     def accept_layer(self) -> int:
-        """The layer whose hidden rows at a media prompt's multimodal positions go to the talker
-        (the prefill's; settable, as a test of another layer does)."""
+        """The layer whose rows at multimodal positions go to the talker (settable, for tests)."""
         return self.prefill.accept_layer
 
     @accept_layer.setter
@@ -184,11 +183,12 @@ class ThinkerEngine(ThinkerDecode):
         use_audio_in_video: bool = False,
         tools: Tools = None,
         memo: TokenMemo | None = None,
+        ahead: bool = False,
     ) -> MediaPrompt:
         """A chat with media run through the model's processor: ids with expanded placeholders,
         encoder inputs, 3-D positions. CPU-heavy (feature extraction): call it off the event loop.
-        `memo`: the conversation's last prompt text and ids (`MediaPromptBuilder.build`)."""
-        prompt = self.media_prompts.build(messages, use_audio_in_video, tools, memo)
+        `memo` (the conversation's last prompt), `ahead` (a turn still spoken): `MediaPromptBuilder.build`."""
+        prompt = self.media_prompts.build(messages, use_audio_in_video, tools, memo, ahead)
         if self.prefix_cache.enabled:  # the items' digests, here rather than on the engine thread
             prompt.digests = item_digests(prompt)
         return prompt

@@ -137,10 +137,17 @@ class MediaPromptBuilder:
         use_audio_in_video: bool,
         tools: Tools = None,
         memo: TokenMemo | None = None,
+        ahead: bool = False,
     ) -> MediaPrompt:
         """`memo`: the conversation's (its cache scope's) last prompt text, which its next one
-        starts with: only the rest is tokenized (omnistream/engine/token_memo.py)."""
+        starts with: only the rest is tokenized (omnistream/engine/token_memo.py). `ahead`: the
+        audio is a turn still spoken (ThinkerParams.encode_only), whose log-mel frames are kept
+        for its commit (turn_frames.py)."""
         media = check_media(messages, use_audio_in_video)  # first: it checks the parts' form too
+        extractor = self.processor.feature_extractor
+        if ahead and isinstance(extractor, CachedAudioFeatures):
+            for samples in media.audio:
+                extractor.turns.keep(samples)
         self.chat.check(messages, tools)
         rendered, cut = self.chat.render(messages, tools)
         ids = self.chat.tokenize(rendered, cut, memo)

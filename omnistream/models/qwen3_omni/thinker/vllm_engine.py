@@ -151,6 +151,7 @@ class VllmThinkerEngine(RequestBook[_Request]):
         use_audio_in_video: bool = False,
         tools: Tools = None,
         memo: Any = None,
+        ahead: bool = False,
     ) -> Any:
         raise InvalidRequest(TEXT_ONLY, field="messages")
 

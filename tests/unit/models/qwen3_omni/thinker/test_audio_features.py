@@ -277,3 +277,16 @@ def test_a_dithering_extractor_is_called_as_it_is(engine):
     item = settled(tone(1.2, seed=3)).samples
     features, _ = CachedAudioFeatures(Dithering()).item(item, 16000)
     assert calls == [1] and torch.equal(features, _extractors_call(extractor, item)[0])
+
+
+def test_a_turn_worked_on_while_spoken_commits_with_the_features_and_prompt_computed_whole(engine):
+    """The work ahead's prefixes (prepare_media ahead=True, as an encode_only request) keep the
+    turn's frames; its commit's prompt, features included, is the one computed from scratch."""
+    turn = tone(6.3, hz=220, seed=11)
+    for seconds in (2, 4, 6):
+        prefix = {"type": "audio", "audio": type(turn)(turn.samples[: seconds * 16000 - 123])}
+        engine.prepare_media([{"role": "user", "content": [prefix]}], ahead=True)
+    reused = engine.turn_frames.reused
+    messages = _conversation([settled(turn)])
+    _same(_prepared(engine, messages, cached=True), _prepared(engine, messages, cached=False))
+    assert engine.turn_frames.reused == reused + 1
