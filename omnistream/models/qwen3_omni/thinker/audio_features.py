@@ -23,6 +23,7 @@ import numpy as np
 import torch
 from transformers.feature_extraction_utils import BatchFeature
 
+from omnistream.models.qwen3_omni.thinker import log_mel
 from omnistream.models.qwen3_omni.thinker.turn_frames import DEFAULT_BUDGET_BYTES as TURN_FRAMES_BYTES
 from omnistream.models.qwen3_omni.thinker.turn_frames import TurnFrames
 
@@ -90,8 +91,7 @@ class CachedAudioFeatures:
         batching, padding and tensor conversions took ~1.7 of its 2.7 ms on a 9 s turn, the
         realtime commit's own work, growing with the turn (issue 61). The same numbers bit for
         bit (tests/unit/models/qwen3_omni/thinker/test_audio_features.py, over lengths and seeds)."""
-        fbank = getattr(self.extractor, "_torch_extract_fbank_features", None)
-        if fbank is None or getattr(self.extractor, "dither", 0.0) != 0.0:
+        if not log_mel.supports(self.extractor):
             out = self.extractor([item], **kwargs)
             n = int(out["attention_mask"][0].sum())
             return out["input_features"][0, :, :n].clone(), out["attention_mask"][0, :n].clone()
@@ -99,10 +99,9 @@ class CachedAudioFeatures:
         # padding) is dropped in fbank, and its mask is every frame. A realtime turn's features
         # are computed from the frames kept while it was spoken where there are (turn_frames.py).
         features = self.turns.features(item)
-        if features is None:
-            features = torch.from_numpy(fbank(np.array(item, dtype=np.float32)[None, :], "cpu"))[
-                0
-            ]  # writable
+        if features is None:  # the extractor's own computation, on a writable copy for torch
+            wave = np.array(item, dtype=np.float32)[None, :]
+            features = torch.from_numpy(self.extractor._torch_extract_fbank_features(wave, "cpu"))[0]
         return features, torch.ones(features.shape[-1], dtype=torch.int32)
 
     def _key(self, item: np.ndarray, rate: Any) -> bytes:
