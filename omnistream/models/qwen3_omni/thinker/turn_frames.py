@@ -42,6 +42,7 @@ class TurnFrames:
     def __init__(self, extractor: Any, budget_bytes: int = DEFAULT_BUDGET_BYTES) -> None:
         self.extractor = extractor
         self.budget_bytes = budget_bytes
+        self.n_fft, self.hop = int(extractor.n_fft), int(extractor.hop_length)
         self._usable: bool | None = None if budget_bytes > 0 and log_mel.supports(extractor) else False
         self._kept: OrderedDict[bytes, _Kept] = OrderedDict()
         self._bytes = 0
@@ -62,10 +63,9 @@ class TurnFrames:
     def keep(self, samples: np.ndarray) -> None:
         """A turn's audio so far (more will follow): the frames final in it kept, only those new
         since its last call computed."""
-        n_fft, hop = int(self.extractor.n_fft), int(self.extractor.hop_length)
-        if samples.ndim != 1 or samples.size < self._head() + n_fft or not self.usable():
+        if not self._fits(samples):
             return
-        settled = log_mel.settled_frames(samples.size, n_fft, hop)
+        settled = log_mel.settled_frames(samples.size, self.n_fft, self.hop)
         key = self._key(samples)
         with self._lock:
             old = self._kept.get(key)
@@ -80,8 +80,7 @@ class TurnFrames:
     def features(self, item: np.ndarray) -> torch.Tensor | None:
         """A settled turn's features [mels, frames], from the kept frames its samples begin with
         and its later ones; None when none are kept for it."""
-        n_fft, hop = int(self.extractor.n_fft), int(self.extractor.hop_length)
-        if item.ndim != 1 or item.size < self._head() + n_fft or not self.usable():
+        if not self._fits(item):
             return None
         key = self._key(item)
         with self._lock:
@@ -90,7 +89,7 @@ class TurnFrames:
                 self._kept.move_to_end(key)
         if old is None or not _begins(item, old.samples):
             return None
-        total = log_mel.frame_count(item.size, hop)
+        total = log_mel.frame_count(item.size, self.hop)
         start = min(int(old.frames.shape[1]), total - MIN_COLUMNS)
         if start < 2:  # what is left reaches the clip's start: computed whole
             return None
@@ -98,6 +97,10 @@ class TurnFrames:
         with self._lock:
             self.reused += 1
         return log_mel.finish(torch.cat([old.frames[:, :start], tail], dim=1))
+
+    def _fits(self, samples: np.ndarray) -> bool:
+        """Long enough to have a first second to be found by, past one window, and kept here."""
+        return samples.ndim == 1 and samples.size >= self._head() + self.n_fft and self.usable()
 
     def _head(self) -> int:
         return HEAD_SECONDS * int(self.extractor.sampling_rate)
